@@ -1,0 +1,26 @@
+"""Element codecs for the dense INA path, one file each, behind one interface (`Codec`).
+
+A codec turns a block of a float/integer tensor into the payload of one update packet and the payload of
+a result packet back into numbers. Codecs that need a shared scale take part in the exponent
+negotiation: each worker reports `block_exponents(x)`, the switch returns the max over workers, and
+`encode`/`decode` then use that agreed exponent.
+"""
+from __future__ import annotations
+
+from .base import Codec
+from .fixed import FixedPointCodec
+from .int32 import Int32Codec
+from .natural import NaturalCodec
+
+CODECS = {"int32": Int32Codec, "fixed": FixedPointCodec, "nc": NaturalCodec}
+
+
+def get_codec(name: str, **params) -> Codec:
+    try:
+        cls = CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; choose one of {sorted(CODECS)}") from None
+    return cls(**params)
+
+
+__all__ = ["Codec", "CODECS", "get_codec", "Int32Codec", "FixedPointCodec", "NaturalCodec"]

@@ -1,0 +1,161 @@
+"""Natural compression (Horvath et al., 2019): stochastic rounding of |x| to a neighbouring power of two.
+
+Codes are one byte: bit 7 the sign, bits 6..0 m, with m = 0 for zero and 2^(m-64) otherwise (see
+wire.py / docs/protocol.md). In the float32 bit view rounding is exact: |x| = 2^a (1 + mant/2^23) rounds
+up with probability mant/2^23, decided by comparing mant with 23 random bits. Values below the floor
+level 2^F go to 0 or 2^F with probability |x|/2^F, so the operator stays unbiased over its whole range.
+
+The switch side lives here too (`codes_to_int`, `int_to_codes`), so worker and switch share one
+definition of the code table.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .. import rng, wire
+from .base import Codec, block_exponents
+
+_SIGN = np.uint8(0x80)
+
+
+def _check_finite_f32(bits: np.ndarray) -> None:
+    if np.any((bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)):
+        raise ValueError("natural compression: input contains NaN or Inf")
+
+
+def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
+           floor: int = wire.NC_LEVEL_MIN) -> np.ndarray:
+    """NC codes (uint8) for x (any float array, computed on its float32 value)."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    bits = x32.view(np.uint32)
+    _check_finite_f32(bits)
+    n = bits.size
+    expf = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int16)
+    mant = bits & np.uint32(0x7FFFFF)
+    a = expf - 127  # 2^a <= |x| < 2^(a+1) for normal numbers
+    if deterministic:
+        up = mant >= np.uint32(1 << 22)
+    else:
+        r = rng.bits64(seed, offset, n)
+        up = (r >> np.uint64(41)).astype(np.uint32) < mant
+    level = a + up
+    below = a < floor
+    if np.any(below):
+        # |x| < 2^floor: 0 or 2^floor, up with probability |x| / 2^floor (exact in float64)
+        p = np.abs(x32[below]).astype(np.float64) * 2.0 ** (53 - floor)
+        if deterministic:
+            up_b = p >= 2.0**52
+        else:
+            up_b = (r[below] >> np.uint64(11)).astype(np.float64) < p
+        level[below] = np.where(up_b, floor, wire.NC_LEVEL_MIN - 1)  # NC_LEVEL_MIN-1 marks zero
+    if level.size and level.max() > wire.NC_LEVEL_MAX:
+        raise OverflowError(f"natural compression: |x| >= 2^{wire.NC_LEVEL_MAX} is out of range")
+    zero = level < wire.NC_LEVEL_MIN
+    codes = (level + wire.NC_BIAS).astype(np.uint8)
+    codes |= (bits >> np.uint32(31)).astype(np.uint8) << np.uint8(7)
+    codes[zero] = 0
+    return codes
+
+
+_DECODE = np.zeros(256, dtype=np.float64)
+for _m in range(1, 128):
+    _DECODE[_m] = 2.0 ** (_m - wire.NC_BIAS)
+    _DECODE[_m | 0x80] = -(2.0 ** (_m - wire.NC_BIAS))
+
+
+def decode(codes, dtype=np.float32) -> np.ndarray:
+    """Values of NC codes; raises ValueError on the invalid code 0x80."""
+    c = np.asarray(codes, dtype=np.uint8)
+    if np.any(c == _SIGN):
+        raise ValueError("natural compression: 0x80 is not a valid code")
+    return _DECODE[c].astype(dtype, copy=False)
+
+
+@lru_cache(maxsize=512)
+def _int_table(floor: int, top: int):
+    """Per code: its integer value 2^(level - floor) with sign, and whether it is valid for [floor, top]."""
+    value = np.zeros(256, dtype=np.int64)
+    valid = np.zeros(256, dtype=bool)
+    valid[0] = True
+    for lvl in range(floor, top + 1):
+        m = lvl + wire.NC_BIAS
+        value[m], value[m | 0x80] = 1 << (lvl - floor), -(1 << (lvl - floor))
+        valid[m] = valid[m | 0x80] = True
+    return value, valid
+
+
+def codes_to_int(codes: np.ndarray, exp: int):
+    """Switch side: codes of a block with agreed exponent exp -> int64 values, or None if any is invalid."""
+    if exp == wire.EXP_NONE:
+        return np.zeros(codes.size, np.int64) if not np.any(codes) else None
+    floor = wire.nc_floor(exp)
+    value, valid = _int_table(floor, min(exp, wire.NC_LEVEL_MAX))
+    if not valid[codes].all():
+        return None
+    return value[codes]
+
+
+def int_to_codes(sums: np.ndarray, exp: int, deterministic: bool, seed: int, offset: int):
+    """Switch side: compress integer sums (units of 2^floor) back to NC codes.
+
+    Exact in integers: |s| = 2^a + rem rounds up with probability rem / 2^a. Returns (codes, overflow).
+    """
+    floor = wire.nc_floor(exp) if exp != wire.EXP_NONE else wire.NC_LEVEL_MIN
+    s = np.asarray(sums, dtype=np.int64)
+    mag = np.abs(s).astype(np.uint64)
+    nz = mag > 0
+    _, e = np.frexp(mag.astype(np.float64))
+    a = np.maximum(e - 1, 0).astype(np.int64)
+    one = np.uint64(1)
+    # float64 may round mag up past a power of two: correct a so that 2^a <= mag < 2^(a+1)
+    a -= (np.left_shift(one, a.astype(np.uint64)) > mag) & nz
+    rem = mag - np.left_shift(one, a.astype(np.uint64))
+    if deterministic:
+        half = np.where(a > 0, np.left_shift(one, np.maximum(a - 1, 0).astype(np.uint64)), one)
+        up = (rem >= half) & (a > 0)
+    else:
+        r = rng.bits64(seed, offset, s.size)
+        shift = np.clip(64 - a, 1, 63).astype(np.uint64)
+        up = ((r >> shift) < rem) & (a > 0)
+    level = floor + a + up
+    overflow = bool(np.any(nz & (level > wire.NC_LEVEL_MAX)))
+    level = np.minimum(level, wire.NC_LEVEL_MAX)
+    codes = np.where(nz, level + wire.NC_BIAS, 0).astype(np.uint8)
+    codes |= (s < 0).astype(np.uint8) << np.uint8(7)
+    return codes, overflow
+
+
+class NaturalCodec(Codec):
+    """NC on the INA path: 8-bit codes both ways, integer sums in the switch."""
+
+    name = "nc"
+    wire_codec = wire.CODEC_NC8
+    negotiates_exponent = True
+    default_elements = 1024  # 1 KiB of codes, the same payload as 256 int32
+
+    def __init__(self, rounding: str = "stochastic"):
+        if rounding not in ("stochastic", "deterministic"):
+            raise ValueError("rounding must be 'stochastic' or 'deterministic'")
+        self.deterministic = rounding == "deterministic"
+
+    def check_input(self, flat):
+        if not np.issubdtype(flat.dtype, np.floating):
+            raise TypeError(f"codec 'nc' compresses floats; got {flat.dtype}")
+
+    def block_exponents(self, blocks):
+        e = block_exponents(blocks)
+        if np.any((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)):
+            raise OverflowError(f"codec 'nc': values of magnitude >= 2^{wire.NC_LEVEL_MAX} are out of range")
+        return e
+
+    def encode(self, block, exp, world_size, seed, offset):
+        floor = wire.nc_floor(exp) if exp != wire.EXP_NONE else wire.NC_LEVEL_MIN
+        return encode(block, seed, offset, self.deterministic, floor).tobytes()
+
+    def decode(self, payloads, exps, world_size, k):
+        return decode(payloads, np.float64)
+
+    def result_dtype(self):
+        return np.uint8

@@ -1,0 +1,137 @@
+"""The wire format, defined once. Every backend, the scapy layer and the tests import it.
+
+docs/protocol.md describes the same bytes for people; tests/test_wire.py keeps the two honest.
+All multi-byte fields are big-endian (network order).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+VERSION = 1
+DEFAULT_PORT = 0xBEE0  # 48864, SwitchML's UDP port range starts here
+
+# message types
+MSG_UPDATE = 0  # worker -> switch: a block of data for one (slot, set)
+MSG_RESULT = 1  # switch -> worker: the aggregate of a completed (slot, set)
+MSG_JOIN = 2  # worker -> switch: join a job (barrier that resets the job's slots)
+MSG_JOIN_ACK = 3  # switch -> worker: every rank joined; carries the switch's limits
+MSG_JOIN_WAIT = 4  # switch -> worker: not everyone joined yet; payload = bitmap of joined ranks
+MSG_ERROR = 5  # switch -> worker: request rejected; payload = utf-8 reason
+MSG_STATS_REQ = 6  # anyone -> switch: ask for counters
+MSG_STATS = 7  # switch -> asker: counters as JSON
+MSG_NAMES = {
+    MSG_UPDATE: "update", MSG_RESULT: "result", MSG_JOIN: "join", MSG_JOIN_ACK: "join_ack",
+    MSG_JOIN_WAIT: "join_wait", MSG_ERROR: "error", MSG_STATS_REQ: "stats_req", MSG_STATS: "stats",
+}
+
+# element codecs on the wire
+CODEC_NONE = 0  # control messages
+CODEC_INT32 = 1  # signed int32 big-endian; used by the int32 and the fixed-point codecs
+CODEC_NC8 = 2  # natural compression, one byte per element (code table below)
+CODEC_NAMES = {CODEC_NONE: "none", CODEC_INT32: "int32", CODEC_NC8: "nc8"}
+ELEMENT_SIZE = {CODEC_INT32: 4, CODEC_NC8: 1}
+
+# flags
+FLAG_OVERFLOW = 0x01  # the aggregate does not fit the codec's range (int32 sum, NC level > 2^63)
+
+# exponent byte values (signed int8): e means every |x| in the block is < 2^e
+EXP_NONE = -128  # "no data": the block is all zeros, or the packet carries no exponent
+EXP_NONFINITE = 127  # a worker saw NaN/Inf; max() propagates it so every worker raises
+EXP_MIN, EXP_MAX = -127, 126
+
+# natural compression code table: bit 7 = sign, bits 6..0 = m
+#   m = 0        -> 0 (0x80 is not a valid code)
+#   m = 1..127   -> 2^(m - 64), i.e. 2^-63 .. 2^63
+NC_BIAS = 64
+NC_LEVEL_MIN, NC_LEVEL_MAX = -63, 63
+# Inside a packet every code lies in [2^(e - NC_SPAN + 1), 2^e] for the block's agreed exponent e, so
+# the switch holds each element as an integer < 2^(NC_SPAN-1) = 2^55 and a sum over MAX_WORKERS = 64
+# workers stays below 2^61: an int64 accumulator can never overflow.
+NC_SPAN = 56
+MAX_WORKERS = 64
+
+# header: version, type, codec, flags, job, rank, exp_cur, packet id, pool index, count, exp_next, 3 reserved
+HEADER = struct.Struct(">BBBBHBbIHHb3x")
+HEADER_SIZE = HEADER.size  # 20
+POOL_SET_BIT = 0x8000
+POOL_RESERVED_BIT = 0x4000
+POOL_SLOT_MASK = 0x3FFF
+MAX_SLOTS = POOL_SLOT_MASK + 1
+# IPv4 + UDP + Ethernet (with FCS, preamble and inter-frame gap left out) per packet
+WIRE_OVERHEAD = 14 + 20 + 8
+JOIN_PAYLOAD = struct.Struct(">QH")  # nonce, world size
+JOIN_ACK_PAYLOAD = struct.Struct(">IHH")  # generation, slots, max elements per packet
+
+
+class WireError(ValueError):
+    """A packet that does not follow the wire format."""
+
+
+@dataclass
+class Header:
+    msg_type: int
+    job: int = 0
+    rank: int = 0
+    packet_id: int = 0
+    slot: int = 0
+    set: int = 0
+    count: int = 0
+    codec: int = CODEC_NONE
+    exp_cur: int = 0
+    exp_next: int = EXP_NONE
+    flags: int = 0
+    version: int = VERSION
+
+    @property
+    def pool_index(self) -> int:
+        return (self.set << 15) | self.slot
+
+    def pack(self, payload: bytes = b"") -> bytes:
+        return pack(self.msg_type, self.job, self.rank, self.packet_id, self.slot, self.set, self.count,
+                    self.codec, self.exp_cur, self.exp_next, self.flags, payload)
+
+
+def pack(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=CODEC_NONE,
+         exp_cur=0, exp_next=EXP_NONE, flags=0, payload=b"") -> bytes:
+    if not 0 <= slot < MAX_SLOTS or set not in (0, 1):
+        raise WireError(f"slot {slot} / set {set} out of range")
+    head = HEADER.pack(VERSION, msg_type, codec, flags, job, rank, exp_cur, packet_id & 0xFFFFFFFF,
+                       (set << 15) | slot, count, exp_next)
+    return head + bytes(payload)
+
+
+def unpack(data) -> Header:
+    """Parse and check the header; raise WireError for anything a switch must drop."""
+    if len(data) < HEADER_SIZE:
+        raise WireError(f"truncated header: {len(data)} < {HEADER_SIZE} bytes")
+    (version, msg_type, codec, flags, job, rank, exp_cur, packet_id, pool, count,
+     exp_next) = HEADER.unpack_from(data)
+    if version != VERSION:
+        raise WireError(f"unknown version {version}")
+    if msg_type not in MSG_NAMES:
+        raise WireError(f"unknown message type {msg_type}")
+    if pool & POOL_RESERVED_BIT:
+        raise WireError("reserved pool-index bit 14 is set")
+    h = Header(msg_type, job, rank, packet_id, pool & POOL_SLOT_MASK, pool >> 15, count, codec,
+               exp_cur, exp_next, flags, version)
+    if msg_type in (MSG_UPDATE, MSG_RESULT):
+        size = ELEMENT_SIZE.get(codec)
+        if size is None:
+            raise WireError(f"unknown codec {codec}")
+        if len(data) != HEADER_SIZE + count * size:
+            raise WireError(f"payload is {len(data) - HEADER_SIZE} bytes, header says {count} x {size}")
+    return h
+
+
+def payload_view(data, h: Header) -> np.ndarray:
+    """Zero-copy view of an update/result payload as int32 (big-endian) or uint8 codes."""
+    dtype = ">i4" if h.codec == CODEC_INT32 else np.uint8
+    return np.frombuffer(data, dtype=dtype, count=h.count, offset=HEADER_SIZE)
+
+
+def nc_floor(exp: int) -> int:
+    """Lowest NC level (a power of two) usable in a block whose agreed exponent is exp."""
+    return max(exp - NC_SPAN + 1, NC_LEVEL_MIN)

@@ -1,0 +1,318 @@
+"""The SwitchML worker protocol over UDP.
+
+Packet q of the session's stream uses slot (q mod W) and set (q div W) mod 2, so a slot alternates sets
+and is never reused before its previous result is back (self-clocking: the result of q releases q + W).
+For codecs with a shared scale the stream is shifted by D = min(W, blocks): packet q carries the data of
+block q - D and this worker's exponent of block q; the result of packet q returns the max exponent of
+block q, which is exactly what packet q + D needs to quantize its data.
+Lost packets or results are detected by a per-packet timeout with exponential backoff and the packet is
+rebuilt from the source tensor (the counter-based RNG makes the rebuild bit-identical).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import rng, wire
+from .codecs import get_codec
+
+
+class INAError(RuntimeError):
+    """The switch rejected a request (unknown job, wrong world size, bad rank...)."""
+
+
+@dataclass
+class CommStats:
+    packets_sent: int = 0
+    packets_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    retransmissions: int = 0
+    duplicate_results: int = 0
+    stale_results: int = 0
+    elements: int = 0
+    allreduces: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def wire_bytes_sent(self) -> int:
+        return self.bytes_sent + self.packets_sent * wire.WIRE_OVERHEAD
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d["wire_bytes_sent"] = self.wire_bytes_sent
+        return d
+
+
+def parse_address(address) -> tuple[str, int]:
+    if isinstance(address, tuple):
+        return address[0], int(address[1])
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"switch address must look like HOST:PORT, got {address!r}")
+    return host or "127.0.0.1", int(port)
+
+
+class Communicator:
+    """One worker's connection to an INA switch for one job. Use `hostlib.connect(...)`."""
+
+    def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
+                 window: int = 64, elements_per_packet: int | None = None, timeout: float = 30.0,
+                 join_timeout: float | None = None, rto: float = 0.02, max_rto: float = 1.0, seed: int = 0,
+                 **codec_params):
+        if not 1 <= world_size <= wire.MAX_WORKERS:
+            raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        if not 0 <= job <= 0xFFFF:
+            raise ValueError("job id must be in 0..65535")
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.address = parse_address(switch)
+        self.rank, self.world_size, self.job = rank, world_size, job
+        self.codec = get_codec(codec, **codec_params)
+        self.timeout, self.rto, self.max_rto = float(timeout), float(rto), float(max_rto)
+        self.seed = seed
+        self.stats = CommStats()
+        self._calls = 0
+        self._next_pid = 0
+        self._broken: str | None = None
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        self.sock.connect(self.address)
+        self.sock.setblocking(False)
+        self._buf = bytearray(65536)
+        try:
+            self._join(self.timeout if join_timeout is None else join_timeout)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.window = min(window, self.slots)
+        self.k = min(elements_per_packet or self.codec.default_elements, self.max_elements)
+
+    # ------------------------------------------------------------------ helpers
+    def _send(self, data: bytes):
+        try:
+            self.sock.send(data)
+        except (ConnectionRefusedError, BlockingIOError):
+            pass  # counted as sent: the protocol recovers by timeout like any loss
+        self.stats.packets_sent += 1
+        self.stats.bytes_sent += len(data)
+
+    def _recv(self):
+        """One datagram as bytes, or None when nothing is waiting."""
+        try:
+            n = self.sock.recv_into(self._buf)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except ConnectionRefusedError:
+            return b""  # ICMP port unreachable: the switch is not there (yet)
+        self.stats.packets_received += 1
+        self.stats.bytes_received += n
+        return bytes(self._buf[:n])
+
+    def _wait(self, seconds: float):
+        select.select([self.sock], [], [], max(0.0, seconds))
+
+    # ------------------------------------------------------------------ join barrier
+    def _join(self, timeout: float):
+        nonce = secrets.randbits(64)
+        join = wire.pack(wire.MSG_JOIN, job=self.job, rank=self.rank,
+                         payload=wire.JOIN_PAYLOAD.pack(nonce, self.world_size))
+        deadline = time.monotonic() + timeout
+        joined, heard, refused = 0, False, False
+        while True:
+            self._send(join)
+            until = min(time.monotonic() + 0.1, deadline)
+            while time.monotonic() < until:
+                self._wait(until - time.monotonic())
+                while (data := self._recv()) is not None:
+                    if not data:
+                        refused = True
+                        continue
+                    try:
+                        h = wire.unpack(data)
+                    except wire.WireError:
+                        continue
+                    heard = True
+                    if h.msg_type == wire.MSG_ERROR:
+                        raise INAError(f"switch {self.address[0]}:{self.address[1]} rejected rank {self.rank}: "
+                                       + data[wire.HEADER_SIZE:].decode(errors="replace"))
+                    if h.msg_type == wire.MSG_JOIN_WAIT and h.job == self.job:
+                        joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
+                    if h.msg_type == wire.MSG_JOIN_ACK and h.job == self.job:
+                        self.generation, self.slots, self.max_elements = wire.JOIN_ACK_PAYLOAD.unpack_from(
+                            data, wire.HEADER_SIZE)
+                        return
+            if time.monotonic() >= deadline:
+                where = f"{self.address[0]}:{self.address[1]}"
+                if not heard:
+                    why = "connection refused" if refused else "no answer"
+                    raise TimeoutError(f"rank {self.rank}: switch at {where} unreachable ({why}) after {timeout:g} s")
+                missing = [r for r in range(self.world_size) if not joined >> r & 1 and r != self.rank]
+                raise TimeoutError(f"rank {self.rank}: job {self.job}: ranks {missing} did not join "
+                                   f"within {timeout:g} s (a peer is dead or missing)")
+
+    # ------------------------------------------------------------------ allreduce
+    def allreduce(self, x, progress=None):
+        """Sum x over all workers of the job. numpy array or torch tensor in, same type/shape/dtype out."""
+        if self._broken:
+            raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
+        torch_like = type(x).__module__.startswith("torch")
+        arr = _to_numpy(x) if torch_like else np.asarray(x)
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        self.codec.check_input(flat)
+        start = time.perf_counter()
+        try:
+            out = self._allreduce_flat(flat, progress) if flat.size else flat.copy()
+        except TimeoutError as e:
+            self._broken = str(e)
+            raise
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.allreduces += 1
+        self.stats.elements += flat.size
+        out = out.reshape(arr.shape)
+        return _from_numpy(out, x) if torch_like else out
+
+    def _allreduce_flat(self, flat: np.ndarray, progress):
+        codec, k, W, n = self.codec, self.k, self.window, self.world_size
+        N = flat.size
+        nb = -(-N // k)
+        if codec.negotiates_exponent:
+            padded = np.zeros(nb * k, dtype=flat.dtype)
+            padded[:N] = flat
+            exps = codec.block_exponents(padded.reshape(nb, k))
+            del padded
+            D = min(W, nb)
+        else:
+            exps, D = None, 0
+        total = nb + D
+        agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
+        result = np.zeros(nb * k, dtype=codec.result_dtype())
+        done = np.zeros(total, dtype=bool)
+        base = self._next_pid
+        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
+        self._calls += 1
+        overflow = False
+
+        def build(q: int) -> bytes:
+            pid = base + q
+            exp_next = int(exps[q]) if exps is not None and q < nb else wire.EXP_NONE
+            if q < D:
+                payload, count, exp_cur = b"", 0, 0
+            else:
+                j = q - D
+                lo, hi = j * k, min(j * k + k, N)
+                exp_cur = int(agreed[j]) if exps is not None else 0
+                block = flat[lo:hi]
+                if exp_cur == wire.EXP_NONFINITE:
+                    block = np.zeros(hi - lo, dtype=flat.dtype)  # everyone raises at the end
+                payload, count = codec.encode(block, exp_cur, n, seed, lo), hi - lo
+            return wire.pack(wire.MSG_UPDATE, self.job, self.rank, pid, pid % W, (pid // W) & 1, count,
+                             codec.wire_codec, exp_cur, exp_next, 0, payload)
+
+        outstanding: dict[int, list] = {}  # q -> [first_sent, deadline, rto, tries]
+        next_q = ndone = 0
+        next_scan = 0.0
+        report_every = max(1, total // 100)
+        while ndone < total:
+            now = time.monotonic()
+            while next_q < total and (next_q < W or done[next_q - W]) and (next_q < D or done[next_q - D] or D == 0):
+                self._send(build(next_q))
+                outstanding[next_q] = [now, now + self.rto, self.rto, 0]
+                next_q += 1
+            self._wait(0.002 if outstanding else 0.0)
+            while (data := self._recv()) is not None:
+                if not data:
+                    continue
+                try:
+                    h = wire.unpack(data)
+                except wire.WireError:
+                    continue
+                if h.msg_type == wire.MSG_ERROR:
+                    self._broken = "switch error"
+                    raise INAError(data[wire.HEADER_SIZE:].decode(errors="replace"))
+                q = (h.packet_id - base) & 0xFFFFFFFF
+                if h.msg_type != wire.MSG_RESULT or h.job != self.job or q >= total:
+                    self.stats.stale_results += 1
+                    continue
+                if done[q]:
+                    self.stats.duplicate_results += 1
+                    continue
+                expect = 0 if q < D else min(k, N - (q - D) * k)
+                if h.count != expect or h.codec != codec.wire_codec:
+                    self.stats.stale_results += 1
+                    continue
+                if h.flags & wire.FLAG_OVERFLOW:
+                    overflow = True
+                if exps is not None and q < nb:
+                    agreed[q] = h.exp_next
+                if q >= D:
+                    lo = (q - D) * k
+                    result[lo:lo + h.count] = wire.payload_view(data, h)
+                done[q] = True
+                ndone += 1
+                del outstanding[q]
+                if progress is not None and ndone % report_every == 0:
+                    progress(min(N, ndone * k))
+            now = time.monotonic()
+            if now >= next_scan:
+                next_scan = now + 0.002
+                for q, o in outstanding.items():
+                    if now < o[1]:
+                        continue
+                    if now - o[0] > self.timeout:
+                        raise TimeoutError(
+                            f"rank {self.rank}: job {self.job}: no result for packet {base + q} (slot {(base + q) % W}) "
+                            f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead or the switch is gone")
+                    self._send(build(q))
+                    self.stats.retransmissions += 1
+                    o[2] = min(o[2] * 2, self.max_rto)
+                    o[1], o[3] = now + o[2], o[3] + 1
+        self._next_pid = (base + total) & 0xFFFFFFFF
+        if progress is not None:
+            progress(N)
+        if exps is not None and np.any(agreed == wire.EXP_NONFINITE):
+            raise ValueError("allreduce input contains NaN or Inf (on at least one worker)")
+        if overflow:
+            raise OverflowError(f"allreduce result overflows codec {codec.name!r}")
+        values = codec.decode(result, agreed, n, k)[:N]
+        return values.astype(flat.dtype, copy=False)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _to_numpy(t):
+    import torch
+
+    t = t.detach().to("cpu")
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.float()
+    return t.numpy()
+
+
+def _from_numpy(a, like):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype=like.dtype, device=like.device)
+
+
+def connect(switch, rank: int, world_size: int, job: int = 1, codec: str = "int32", **kwargs) -> Communicator:
+    """Join `job` on the switch at "HOST:PORT" (blocks until all world_size ranks joined)."""
+    return Communicator(switch, rank, world_size, job=job, codec=codec, **kwargs)

@@ -1,0 +1,256 @@
+"""Reference model of the INA switch data plane. Every other backend is tested against this file.
+
+It follows SwitchML's per-packet state machine (../shared/switchml-conformance.md section 3): S slots x 2
+sets per job, worker bitmaps with the clear-the-other-set rule, write on first / add / read-only on
+duplicate, multicast on completion, unicast resend of a completed set, drop otherwise, max exponent.
+Where SwitchML's P4 can be driven into silent wrong sums by stale packets (a late duplicate from a worker
+that has moved on, a worker two uses ahead), the model compares packet ids and drops them instead.
+
+The model is transport-free: `process(data, src)` returns the packets to send as (bytes, address) pairs,
+where addresses are whatever the transport passes in (a UDP (host, port) tuple, a test's port number).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hostlib import rng, wire
+from hostlib.codecs import natural
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# counters kept per slot (arrays of shape [slots]) and their meaning
+SLOT_COUNTERS = ("received", "multicast", "resent", "dropped")
+# switch-wide drop reasons
+DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "bad_slot", "stale", "mismatch",
+                "duplicate", "bad_codes")
+
+
+def serial_gt(a: int, b: int) -> bool:
+    """a > b in 32-bit serial-number arithmetic (RFC 1982): packet ids may wrap."""
+    return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
+
+
+@dataclass
+class SlotSet:
+    """One (slot, set) pair: what SwitchML keeps in registers, plus the round's packet id."""
+
+    bitmap: int = 0
+    count: int = 0
+    round_id: int | None = None
+    complete: bool = False
+    codec: int = wire.CODEC_NONE
+    n_elems: int = 0
+    exp_cur: int = 0
+    exp_max: int = wire.EXP_NONE
+    acc: np.ndarray | None = None
+    result: bytes = b""  # payload of the result, kept for unicast resends
+    flags: int = 0
+
+
+@dataclass
+class Job:
+    job_id: int
+    world_size: int
+    slots: int
+    max_elements: int
+    sets: list = field(default_factory=list)  # sets[2*slot + set]
+    addresses: dict = field(default_factory=dict)  # rank -> last source address
+    counters: dict = field(default_factory=dict)
+    generation: int = 0
+    members: dict = field(default_factory=dict)  # rank -> nonce of the current generation
+    pending: dict = field(default_factory=dict)  # rank -> nonce of the next generation
+    join_addresses: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.reset_slots()
+        self.counters = {name: np.zeros(self.slots, dtype=np.int64) for name in SLOT_COUNTERS}
+
+    def reset_slots(self):
+        self.sets = [SlotSet() for _ in range(2 * self.slots)]
+
+
+class Switch:
+    """The data plane of one switch, shared by any number of isolated jobs."""
+
+    def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
+                 nc_rounding: str = "stochastic", seed: int = 0):
+        if not 1 <= slots <= wire.MAX_SLOTS:
+            raise ValueError(f"slots must be in 1..{wire.MAX_SLOTS}")
+        if not 1 <= max_elements <= 16384:
+            raise ValueError("max_elements must be in 1..16384")
+        if nc_rounding not in ("stochastic", "deterministic"):
+            raise ValueError("nc_rounding must be 'stochastic' or 'deterministic'")
+        self.jobs: dict[int, Job] = {}
+        for job_id, n in jobs.items():
+            if not 0 <= job_id <= 0xFFFF:
+                raise ValueError(f"job id {job_id} out of range 0..65535")
+            if not 1 <= n <= wire.MAX_WORKERS:
+                raise ValueError(f"job {job_id}: world size {n} out of range 1..{wire.MAX_WORKERS}")
+            self.jobs[job_id] = Job(job_id, n, slots, max_elements)
+        self.slots, self.max_elements = slots, max_elements
+        self.nc_deterministic = nc_rounding == "deterministic"
+        self.seed = seed
+        self.nc_elements_rounded = 0  # counter for the switch's NC random stream
+        self.drops = dict.fromkeys(DROP_REASONS, 0)
+        self.packets_in = self.packets_out = 0
+        self.overflows = 0
+
+    # ------------------------------------------------------------------ entry point
+    def process(self, data, src) -> list[tuple[bytes, object]]:
+        """Handle one received packet; return the packets to emit. Never raises on bad input."""
+        self.packets_in += 1
+        try:
+            h = wire.unpack(data)
+        except wire.WireError:
+            return self._drop("malformed")
+        if h.msg_type == wire.MSG_UPDATE:
+            out = self._update(h, data, src)
+        elif h.msg_type == wire.MSG_JOIN:
+            out = self._join(h, data, src)
+        elif h.msg_type == wire.MSG_STATS_REQ:
+            out = [(wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode()), src)]
+        else:  # results, acks... are never sent to a switch
+            return self._drop("malformed")
+        self.packets_out += len(out)
+        return out
+
+    def _drop(self, reason, job: Job | None = None, slot: int | None = None):
+        self.drops[reason] += 1
+        if job is not None and slot is not None:
+            job.counters["dropped"][slot] += 1
+        return []
+
+    # ------------------------------------------------------------------ control: join barrier
+    def _error(self, h, src, text):
+        return [(wire.pack(wire.MSG_ERROR, job=h.job, rank=h.rank, payload=text.encode()), src)]
+
+    def _join(self, h, data, src):
+        job = self.jobs.get(h.job)
+        if job is None:
+            self.drops["unknown_job"] += 1
+            return self._error(h, src, f"unknown job {h.job}; this switch serves jobs {sorted(self.jobs)}")
+        if len(data) != wire.HEADER_SIZE + wire.JOIN_PAYLOAD.size:
+            return self._drop("malformed")
+        nonce, world = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
+        if world != job.world_size:
+            self.drops["unknown_worker"] += 1
+            return self._error(h, src, f"job {h.job} has {job.world_size} workers, not {world}")
+        if h.rank >= job.world_size:
+            self.drops["unknown_worker"] += 1
+            return self._error(h, src, f"rank {h.rank} out of range for job {h.job} of {job.world_size} workers")
+        job.join_addresses[h.rank] = src
+        job.addresses[h.rank] = src
+        if job.members.get(h.rank) == nonce and not job.pending:
+            return [(self._join_ack(job, h.rank), src)]  # the ack was lost: send it again
+        job.pending[h.rank] = nonce
+        if len(job.pending) < job.world_size:
+            bitmap = sum(1 << r for r in job.pending)
+            return [(wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=bitmap.to_bytes(8, "big")), src)]
+        # every rank joined: a new generation starts with clean slots
+        job.members, job.pending = job.pending, {}
+        job.generation += 1
+        job.reset_slots()
+        return [(self._join_ack(job, r), job.join_addresses[r]) for r in range(job.world_size)]
+
+    def _join_ack(self, job, rank):
+        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation, job.slots, job.max_elements)
+        return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload)
+
+    # ------------------------------------------------------------------ data plane
+    def _update(self, h, data, src):
+        job = self.jobs.get(h.job)
+        if job is None:
+            return self._drop("unknown_job")
+        if h.rank >= job.world_size:
+            return self._drop("unknown_worker")
+        if h.slot >= job.slots or h.count > job.max_elements:
+            return self._drop("bad_slot")
+        s, x = h.slot, h.set
+        job.counters["received"][s] += 1
+        st = job.sets[2 * s + x]
+        bit = 1 << h.rank
+        before = st.bitmap
+        dup = bool(before & bit)
+
+        if dup:
+            if h.packet_id != st.round_id:
+                return self._drop("stale", job, s)  # same set, other round: a protocol violation
+            job.sets[2 * s + (1 - x)].bitmap &= ~bit
+            if st.complete:
+                job.counters["resent"][s] += 1
+                return [(self._result(job, h, st, h.rank), src)]  # unicast back where it came from
+            return self._drop("duplicate", job, s)
+
+        if before == 0:
+            if st.round_id is not None and not serial_gt(h.packet_id, st.round_id):
+                return self._drop("stale", job, s)  # a late packet of a round that is over
+            values = self._values(h, data)
+            if values is None:
+                return self._drop("bad_codes", job, s)
+            st.round_id, st.complete, st.count = h.packet_id, False, 0
+            st.codec, st.n_elems, st.exp_cur, st.exp_max = h.codec, h.count, h.exp_cur, h.exp_next
+            st.acc = values  # write
+            st.flags = 0
+        else:
+            if h.packet_id != st.round_id or st.complete:
+                return self._drop("stale", job, s)  # late retransmission from a worker that moved on
+            if (h.codec, h.count, h.exp_cur) != (st.codec, st.n_elems, st.exp_cur):
+                return self._drop("mismatch", job, s)
+            values = self._values(h, data)
+            if values is None:
+                return self._drop("bad_codes", job, s)
+            st.acc = st.acc + values  # add
+            st.exp_max = max(st.exp_max, h.exp_next)
+        st.bitmap = before | bit
+        job.sets[2 * s + (1 - x)].bitmap &= ~bit
+        job.addresses[h.rank] = src
+        st.count += 1
+        if st.count < job.world_size:
+            return []
+        st.complete = True
+        self._finish(st)
+        job.counters["multicast"][s] += 1
+        return [(self._result(job, h, st, r), job.addresses[r]) for r in range(job.world_size)]
+
+    def _values(self, h, data):
+        """Payload as int64 (int32 elements, or NC codes as multiples of the block's floor level)."""
+        payload = wire.payload_view(data, h)
+        if h.codec == wire.CODEC_INT32:
+            return payload.astype(np.int64)
+        return natural.codes_to_int(payload, h.exp_cur)
+
+    def _finish(self, st: SlotSet):
+        """Turn the accumulator into the result payload (once per round, so resends are identical)."""
+        if st.codec == wire.CODEC_INT32:
+            if st.acc.size and (st.acc.min() < INT32_MIN or st.acc.max() > INT32_MAX):
+                st.flags |= wire.FLAG_OVERFLOW
+                self.overflows += 1
+            st.result = st.acc.astype(">i4").tobytes()  # wraps like the hardware; the flag says so
+        else:
+            codes, overflow = natural.int_to_codes(st.acc, st.exp_cur, self.nc_deterministic,
+                                                   self.seed, self.nc_elements_rounded)
+            self.nc_elements_rounded += st.acc.size
+            if overflow:
+                st.flags |= wire.FLAG_OVERFLOW
+                self.overflows += 1
+            st.result = codes.tobytes()
+
+    def _result(self, job, h, st, rank):
+        return wire.pack(wire.MSG_RESULT, job=job.job_id, rank=rank, packet_id=st.round_id, slot=h.slot,
+                         set=h.set, count=st.n_elems, codec=st.codec, exp_cur=st.exp_cur,
+                         exp_next=st.exp_max, flags=st.flags, payload=st.result)
+
+    # ------------------------------------------------------------------ counters
+    def stats(self, per_slot: bool = False) -> dict:
+        jobs = {}
+        for job_id, job in self.jobs.items():
+            j = {"world_size": job.world_size, "generation": job.generation}
+            j.update({name: int(c.sum()) for name, c in job.counters.items()})
+            if per_slot:
+                j["per_slot"] = {name: c.tolist() for name, c in job.counters.items()}
+            jobs[str(job_id)] = j
+        return {"packets_in": self.packets_in, "packets_out": self.packets_out,
+                "dropped": dict(self.drops), "overflows": self.overflows, "jobs": jobs}

@@ -1,0 +1,148 @@
+"""UDP server around a switch backend, with an optional impaired network (loss, duplication, reordering)."""
+from __future__ import annotations
+
+import json
+import random
+import select
+import socket
+import sys
+import threading
+import time
+
+from hostlib import wire
+
+from .model import Switch
+
+RCVBUF = 8 << 20
+
+
+class Impairment:
+    """Per-direction network faults: drop with probability loss, deliver twice with probability dup,
+    hold a packet back behind the next one with probability reorder."""
+
+    def __init__(self, loss=0.0, dup=0.0, reorder=0.0, seed=None):
+        for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+        self.loss, self.dup, self.reorder = loss, dup, reorder
+        self.rand = random.Random(seed)
+        self.held = None
+        self.dropped = self.duplicated = self.reordered = 0
+
+    @property
+    def active(self):
+        return bool(self.loss or self.dup or self.reorder)
+
+    def apply(self, item) -> list:
+        if self.loss and self.rand.random() < self.loss:
+            self.dropped += 1
+            return []
+        out = [item]
+        if self.dup and self.rand.random() < self.dup:
+            self.duplicated += 1
+            out.append(item)
+        if self.held is not None:
+            out.append(self.held)
+            self.held = None
+        elif self.reorder and self.rand.random() < self.reorder:
+            self.reordered += 1
+            self.held, out = out[0], out[1:]
+        return out
+
+    def flush(self) -> list:
+        held, self.held = self.held, None
+        return [held] if held is not None else []
+
+    def stats(self):
+        return {"dropped": self.dropped, "duplicated": self.duplicated, "reordered": self.reordered}
+
+
+class UDPServer:
+    """Runs one backend (anything with process(data, src) and stats()) on a UDP socket."""
+
+    def __init__(self, backend: Switch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
+                 reorder=0.0, seed=None):
+        self.backend = backend
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
+        self.sock.bind((host, port))
+        self.address = self.sock.getsockname()
+        rs = random.Random(seed)
+        self.rx = Impairment(loss, dup, reorder, rs.random())
+        self.tx = Impairment(loss, dup, reorder, rs.random())
+        self.stop_event = threading.Event()
+        self.bytes_in = self.bytes_out = self.send_errors = 0
+        self.started = time.monotonic()
+
+    def _send(self, items):
+        for data, dst in items:
+            try:
+                self.sock.sendto(data, dst)
+                self.bytes_out += len(data)
+            except OSError:
+                self.send_errors += 1  # e.g. a worker that went away; never fatal to the switch
+
+    def _handle(self, data, src):
+        for d, s in (self.rx.apply((data, src)) if self.rx.active else [(data, src)]):
+            out = self.backend.process(d, s)
+            if self.tx.active:
+                out = [p for item in out for p in self.tx.apply(item)]
+            self._send(out)
+
+    def serve_forever(self, poll_interval=0.01):
+        buf = bytearray(65536)
+        view = memoryview(buf)
+        sock = self.sock
+        sock.setblocking(False)
+        while not self.stop_event.is_set():
+            ready, _, _ = select.select([sock], [], [], poll_interval)
+            if not ready:  # idle: release any packet held back for reordering
+                for d, s in self.rx.flush():
+                    self._send(self.backend.process(d, s))
+                self._send(self.tx.flush())
+                continue
+            for _ in range(256):  # drain a batch before looking at the stop flag again
+                try:
+                    n, src = sock.recvfrom_into(buf)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    continue
+                self.bytes_in += n
+                self._handle(bytes(view[:n]), src)
+
+    def start_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="switchsim", daemon=True)
+        t.start()
+        return t
+
+    def stop(self):
+        self.stop_event.set()
+
+    def close(self):
+        self.sock.close()
+
+    def stats(self) -> dict:
+        s = self.backend.stats()
+        s.update({"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "send_errors": self.send_errors,
+                  "impairment": {"rx": self.rx.stats(), "tx": self.tx.stats()},
+                  "uptime_s": round(time.monotonic() - self.started, 3)})
+        return s
+
+
+def query_stats(address: tuple[str, int], timeout=2.0) -> dict:
+    """Ask a running switch for its counters (MSG_STATS_REQ)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        s.sendto(wire.pack(wire.MSG_STATS_REQ), address)
+        data, _ = s.recvfrom(1 << 20)
+    h = wire.unpack(data)
+    if h.msg_type != wire.MSG_STATS:
+        raise RuntimeError(f"switch answered {wire.MSG_NAMES.get(h.msg_type)} to a stats request")
+    return json.loads(bytes(data[wire.HEADER_SIZE:]))
+
+
+def print_json(obj, file=sys.stdout):
+    file.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    file.flush()
