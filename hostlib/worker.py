@@ -65,7 +65,7 @@ class Communicator:
 
     def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
                  window: int = 64, elements_per_packet: int | None = None, timeout: float = 30.0,
-                 join_timeout: float | None = None, rto: float = 0.02, max_rto: float = 1.0, seed: int = 0,
+                 join_timeout: float | None = None, rto: float = 0.05, max_rto: float = 0.2, seed: int = 0,
                  **codec_params):
         if not 1 <= world_size <= wire.MAX_WORKERS:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
@@ -78,7 +78,10 @@ class Communicator:
         self.address = parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
-        self.timeout, self.rto, self.max_rto = float(timeout), float(rto), float(max_rto)
+        # rto is the floor of the retransmission timeout; above it the timeout follows the measured
+        # round trip (RFC 6298, Karn's rule: only packets sent once are sampled)
+        self.timeout, self.min_rto, self.max_rto = float(timeout), float(rto), float(max_rto)
+        self.rto, self._srtt, self._rttvar = float(rto), None, 0.0
         self.seed = seed
         self.stats = CommStats()
         self._calls = 0
@@ -260,7 +263,9 @@ class Communicator:
                     result[lo:lo + h.count] = wire.payload_view(data, h)
                 done[q] = True
                 ndone += 1
-                del outstanding[q]
+                o = outstanding.pop(q)
+                if o[3] == 0:
+                    self._rtt_sample(time.monotonic() - o[0])
                 if progress is not None and ndone % report_every == 0:
                     progress(min(N, ndone * k))
             now = time.monotonic()
@@ -286,6 +291,14 @@ class Communicator:
             raise OverflowError(f"allreduce result overflows codec {codec.name!r}")
         values = codec.decode(result, agreed, n, k)[:N]
         return values.astype(flat.dtype, copy=False)
+
+    def _rtt_sample(self, r: float):
+        if self._srtt is None:
+            self._srtt, self._rttvar = r, r / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
+            self._srtt = 0.875 * self._srtt + 0.125 * r
+        self.rto = min(max(self._srtt + 4 * self._rttvar, self.min_rto), self.max_rto)
 
     # ------------------------------------------------------------------ lifetime
     def close(self):

@@ -110,6 +110,10 @@ class UDPServer:
                 except OSError:
                     continue
                 self.bytes_in += n
+                if n >= wire.HEADER_SIZE and buf[1] == wire.MSG_STATS_REQ:  # answered here: adds transport counters
+                    reply = json.dumps(self.stats()).encode()
+                    self._send([(wire.pack(wire.MSG_STATS, payload=reply), src)])
+                    continue
                 self._handle(bytes(view[:n]), src)
 
     def start_thread(self) -> threading.Thread:

@@ -1,0 +1,120 @@
+"""`switchsim` command line: serve a switch, run the demo, read a running switch's counters."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from hostlib import wire
+
+
+def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
+    out = {}
+    for spec in jobs or []:
+        try:
+            job, n = spec.split(":")
+            out[int(job)] = int(n)
+        except ValueError:
+            raise SystemExit(f"switchsim: --job wants ID:WORKERS, got {spec!r}") from None
+    if workers is not None or not out:
+        out.setdefault(1, workers or 2)
+    return out
+
+
+def cmd_serve(args) -> int:
+    from .model import Switch
+    from .server import UDPServer, print_json
+
+    try:
+        switch = Switch(parse_jobs(args.workers, args.job), slots=args.slots,
+                        max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding, seed=args.seed)
+        server = UDPServer(switch, args.host, args.port, loss=args.loss, dup=args.dup, reorder=args.reorder,
+                           seed=args.seed)
+    except (ValueError, OSError) as e:
+        print(f"switchsim: {e}", file=sys.stderr)
+        return 2
+    host, port = server.address
+    jobs = ", ".join(f"job {j}: {job.world_size} workers" for j, job in switch.jobs.items())
+    print(f"switchsim listening on {host}:{port} ({jobs}; {args.slots} slots, "
+          f"<= {args.elements_per_packet} elements/packet, backend {args.backend})", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    stats = server.stats()
+    if args.json_stats:
+        print_json(stats)
+    else:
+        drops = sum(stats["dropped"].values())
+        print(f"switchsim: {stats['packets_in']} packets in, {stats['packets_out']} out, {drops} dropped "
+              f"({', '.join(f'{k} {v}' for k, v in stats['dropped'].items() if v) or 'none'})", flush=True)
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from .server import print_json, query_stats
+    from hostlib.worker import parse_address
+
+    try:
+        print_json(query_stats(parse_address(args.switch), timeout=args.timeout))
+    except (OSError, TimeoutError) as e:
+        print(f"switchsim: no answer from {args.switch}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="switchsim", description="In-network aggregation emulator (switch side)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def network(sp):
+        sp.add_argument("--loss", type=float, default=0.0, help="drop probability per packet and direction")
+        sp.add_argument("--dup", type=float, default=0.0, help="duplication probability per packet and direction")
+        sp.add_argument("--reorder", type=float, default=0.0, help="probability to hold a packet behind the next")
+        sp.add_argument("--slots", type=int, default=512, help="slots per job (each has 2 sets)")
+        sp.add_argument("--elements-per-packet", type=int, default=1024, help="largest packet the switch accepts")
+        sp.add_argument("--nc-rounding", choices=("stochastic", "deterministic"), default="stochastic",
+                        help="how the switch re-compresses NC sums")
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--backend", choices=("python",), default="python")
+
+    s = sub.add_parser("serve", help="run a switch on UDP")
+    s.add_argument("--workers", type=int, help="workers of job 1 (default 2)")
+    s.add_argument("--job", action="append", metavar="ID:WORKERS", help="serve this job (repeatable)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
+    s.add_argument("--json-stats", action="store_true", help="print the counters as JSON on exit")
+    network(s)
+    s.set_defaults(func=cmd_serve)
+
+    d = sub.add_parser("demo", help="switch + N worker processes on loopback, checked against numpy")
+    d.add_argument("--workers", type=int, default=4)
+    d.add_argument("--size", type=int, default=1 << 20, help="float32 elements per worker")
+    d.add_argument("--codec", choices=("nc", "fixed", "int32"), default="nc")
+    d.add_argument("--window", type=int, default=128)
+    d.add_argument("--elements", type=int, default=None, help="elements per packet (codec default)")
+    d.add_argument("--timeout", type=float, default=60.0)
+    d.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    network(d)
+    d.set_defaults(func=cmd_demo)
+
+    t = sub.add_parser("stats", help="print a running switch's counters")
+    t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")
+    t.add_argument("--timeout", type=float, default=2.0)
+    t.set_defaults(func=cmd_stats)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

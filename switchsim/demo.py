@@ -1,0 +1,201 @@
+"""`switchsim demo`: a switch process and N worker processes on loopback, checked against numpy."""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def make_input(codec: str, size: int, rank: int, seed: int = 1234) -> np.ndarray:
+    rs = np.random.default_rng(seed * 1000 + rank)
+    if codec == "int32":
+        return rs.integers(-(1 << 20), 1 << 20, size, dtype=np.int64).astype(np.int32)
+    return rs.standard_normal(size, dtype=np.float32)
+
+
+def _worker(rank, args, address, progress, results):
+    import hostlib
+
+    try:
+        x = make_input(args.codec, args.size, rank)
+        with hostlib.connect(address, rank, args.workers, job=1, codec=args.codec, window=args.window,
+                             elements_per_packet=args.elements, timeout=args.timeout) as comm:
+            t0 = time.perf_counter()
+            out = comm.allreduce(x, progress=lambda done: setattr(progress, "value", done))
+            seconds = time.perf_counter() - t0
+            rep = {"rank": rank, "seconds": seconds, "stats": comm.stats.as_dict(),
+                   "digest": hashlib.sha256(out.tobytes()).hexdigest()}
+        if rank == 0:
+            rep["check"] = check_result(args, out)
+        results.put(rep)
+    except Exception as e:  # reported by the parent, which exits non-zero
+        results.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
+
+
+def check_result(args, out) -> dict:
+    """Compare with the exact sum computed by numpy in float64 (or int64)."""
+    from hostlib.codecs import fixed
+    from hostlib.codecs.base import block_exponents
+
+    xs = [make_input(args.codec, args.size, r) for r in range(args.workers)]
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    err = out.astype(np.float64) - exact
+    norm = float(np.linalg.norm(exact)) or 1.0
+    res = {"max_abs_error": float(np.abs(err).max()), "rel_l2_error": float(np.linalg.norm(err)) / norm}
+    if args.codec == "int32":
+        res["bound"] = 0.0
+        res["ok"] = bool(np.array_equal(out.astype(np.int64), exact.astype(np.int64)))
+    elif args.codec == "fixed":
+        k = args.elements or 256
+        nb = -(-args.size // k)
+        e = np.full(nb, -128, dtype=np.int64)
+        for x in xs:
+            p = np.zeros(nb * k, np.float32)
+            p[: x.size] = x
+            e = np.maximum(e, block_exponents(p.reshape(nb, k)))
+        # quantization bound, plus half an ulp for rounding the sum to the float32 output
+        bound = np.repeat(fixed.error_bound(e, args.workers), k)[: args.size]
+        bound = bound + np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64) / 2
+        res["bound"] = float(bound.max())
+        res["ok"] = bool(np.all(np.abs(err) <= bound))
+    else:  # NC: E|err|^2 <= 1/8 sum|x_i|^2 (workers) + 1/8 E|S'|^2 (switch), E|S'|^2 <= |S|^2 + 1/8 sum|x_i|^2
+        sq = sum(float(np.dot(x.astype(np.float64), x)) for x in xs)
+        expected = sq / 8 + (norm**2 + sq / 8) / 8
+        res["bound"] = float(np.sqrt(expected)) / norm
+        res["ok"] = bool(float(np.dot(err, err)) <= 1.5 * expected)
+    return res
+
+
+def start_switch(args) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--workers", str(args.workers),
+           "--loss", str(args.loss), "--dup", str(args.dup), "--reorder", str(args.reorder),
+           "--slots", str(args.slots), "--elements-per-packet", str(args.elements_per_packet),
+           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--json-stats"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"listening on ([\d.]+):(\d+)", line)
+    if not m:
+        proc.kill()
+        raise RuntimeError(f"switch did not start: {line!r}")
+    return proc, f"{m.group(1)}:{m.group(2)}"
+
+
+def stop_switch(proc) -> dict:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {}
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        return {}
+
+
+def run_demo(args) -> int:
+    if args.workers < 1 or args.size < 1:
+        print("switchsim demo: --workers and --size must be >= 1", file=sys.stderr)
+        return 2
+    proc, address = start_switch(args)
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    progress = [ctx.Value("q", 0, lock=False) for _ in range(args.workers)]
+    t0 = time.perf_counter()
+    procs = [ctx.Process(target=_worker, args=(r, args, address, progress[r], results), daemon=True)
+             for r in range(args.workers)]
+    for p in procs:
+        p.start()
+    reports = []
+    try:
+        bar = None
+        if not args.json:
+            from tqdm import tqdm
+
+            bar = tqdm(total=args.size * args.workers, unit="el", unit_scale=True,
+                       desc=f"allreduce {args.codec} x{args.workers}", file=sys.stderr)
+        deadline = time.monotonic() + args.timeout * 4 + 120
+        while len(reports) < args.workers and time.monotonic() < deadline:
+            try:
+                reports.append(results.get(timeout=0.1))
+            except Exception:
+                pass
+            if bar is not None:
+                bar.n = sum(v.value for v in progress)
+                bar.refresh()
+        if bar is not None:
+            bar.close()
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        switch_stats = stop_switch(proc)
+    wall = time.perf_counter() - t0
+    return report(args, reports, switch_stats, wall)
+
+
+def report(args, reports, switch_stats, wall) -> int:
+    errors = [r for r in reports if "error" in r]
+    missing = args.workers - len(reports)
+    ok = not errors and not missing
+    summary = {"workers": args.workers, "size": args.size, "codec": args.codec, "loss": args.loss,
+               "wall_seconds": round(wall, 3), "errors": [f"rank {r['rank']}: {r['error']}" for r in errors]}
+    if missing:
+        summary["errors"].append(f"{missing} workers did not report")
+    if ok:
+        reports.sort(key=lambda r: r["rank"])
+        stats = [r["stats"] for r in reports]
+        secs = max(r["seconds"] for r in reports)
+        f32 = 4 * args.size
+        summary.update({
+            "allreduce_seconds": round(secs, 4),
+            "goodput_gbit_s": round(f32 * 8 / secs / 1e9, 4),
+            "bytes_sent_per_worker": int(np.mean([s["bytes_sent"] for s in stats])),
+            "wire_bytes_sent_per_worker": int(np.mean([s["wire_bytes_sent"] for s in stats])),
+            "float32_bytes": f32,
+            "packets_sent_per_worker": int(np.mean([s["packets_sent"] for s in stats])),
+            "retransmissions": int(sum(s["retransmissions"] for s in stats)),
+            "check": reports[0]["check"],
+            "identical_on_all_workers": len({r["digest"] for r in reports}) == 1,
+            "switch": {k: switch_stats.get(k) for k in ("packets_in", "packets_out", "dropped", "jobs")},
+        })
+        summary["bytes_ratio_vs_float32"] = round(summary["bytes_sent_per_worker"] / f32, 4)
+        ok = summary["check"]["ok"] and summary["identical_on_all_workers"]
+    summary["ok"] = ok
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_table(summary)
+    return 0 if ok else 1
+
+
+def print_table(s):
+    rows = [("workers x elements", f"{s['workers']} x {s['size']:,} ({s['codec']}, loss {s['loss']:.0%})")]
+    if "allreduce_seconds" in s:
+        c = s["check"]
+        sw = s["switch"]
+        rows += [
+            ("allreduce time", f"{s['allreduce_seconds']:.3f} s ({s['goodput_gbit_s']:.3f} Gbit/s of float32)"),
+            ("bytes sent per worker", f"{s['bytes_sent_per_worker']:,} B = {s['bytes_ratio_vs_float32']:.3f} x float32 "
+                                      f"({s['wire_bytes_sent_per_worker']:,} B with Eth/IP/UDP headers)"),
+            ("packets sent per worker", f"{s['packets_sent_per_worker']:,}"),
+            ("retransmissions (all workers)", f"{s['retransmissions']:,}"),
+            ("max |error| vs numpy", f"{c['max_abs_error']:.3g}"),
+            ("relative L2 error", f"{c['rel_l2_error']:.3g} (bound {c['bound']:.3g})"),
+            ("switch packets in / out", f"{sw.get('packets_in')} / {sw.get('packets_out')}"),
+            ("switch drops", ", ".join(f"{k} {v}" for k, v in (sw.get("dropped") or {}).items() if v) or "none"),
+        ]
+    rows.append(("result", "OK" if s["ok"] else "FAILED " + "; ".join(s["errors"])))
+    width = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
