@@ -1,0 +1,133 @@
+"""Shared fixtures. `switch_backend` is the one parameter a new backend (C core, DPDK, BMv2) adds itself to."""
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from switchsim.model import Switch
+from switchsim.server import UDPServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ModelHarness:
+    """Drives the reference model in-process; a 'port' is just an int address."""
+
+    name = "model"
+
+    def __init__(self, jobs, **kw):
+        self.switch = Switch(jobs, **kw)
+
+    def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
+        return [(dst, pkt) for pkt, dst in self.switch.process(data, port)]
+
+    def stats(self):
+        return self.switch.stats()
+
+    def close(self):
+        pass
+
+
+class UDPHarness:
+    """Drives a switch served over UDP on loopback; port k is a UDP socket of its own."""
+
+    name = "udp"
+    quiet = 0.05  # a reply never takes longer than this on loopback; also how long "nothing" is awaited
+
+    def __init__(self, jobs, **kw):
+        self.server = UDPServer(Switch(jobs, **kw), "127.0.0.1", 0)
+        self.thread = self.server.start_thread()
+        self.socks: dict[int, socket.socket] = {}
+
+    def _sock(self, port):
+        if port not in self.socks:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            s.setblocking(False)
+            self.socks[port] = s
+        return self.socks[port]
+
+    def send(self, port, data):
+        self._sock(port).sendto(data, self.server.address)
+        out, deadline = [], time.monotonic() + self.quiet
+        by_fd = {s.fileno(): p for p, s in self.socks.items()}
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(list(self.socks.values()), [], [], left)
+            for s in ready:
+                out.append((by_fd[s.fileno()], s.recv(65536)))
+        return out
+
+    def stats(self):
+        return self.server.backend.stats()
+
+    def close(self):
+        self.server.stop()
+        self.thread.join(5)
+        self.server.close()
+        for s in self.socks.values():
+            s.close()
+
+
+BACKENDS = {"model": ModelHarness, "udp": UDPHarness}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def switch_backend(request):
+    """Factory: switch_backend(jobs={1: n}, **switch_kwargs) -> harness with send(port, bytes)."""
+    made = []
+
+    def make(jobs, **kw):
+        h = BACKENDS[request.param](jobs, **kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+class SwitchProcess:
+    """`switchsim serve` in a child process (its own interpreter, like a real deployment)."""
+
+    def __init__(self, *args):
+        cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--json-stats", *map(str, args)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on ([\d.]+):(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError(f"switch failed to start: {line!r} {self.proc.stderr.read()}")
+        self.address = f"{m.group(1)}:{m.group(2)}"
+
+    def stop(self) -> str:
+        """SIGTERM the child we started (by PID) and return what it printed."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out
+
+
+@pytest.fixture
+def switch_process():
+    started = []
+
+    def start(*args):
+        sp = SwitchProcess(*args)
+        started.append(sp)
+        return sp
+
+    yield start
+    for sp in started:
+        sp.stop()

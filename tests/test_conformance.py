@@ -1,0 +1,147 @@
+"""The SwitchML PTF conformance matrix (../shared/switchml-conformance.md) for 2 and 3 workers, plus the
+stale-packet cases where this emulator deliberately differs from SwitchML's P4 (it drops instead of
+corrupting). Packet steps are mapped by meaning: slot 0, window 1, so uses of the slot get packet ids
+0 (set 0), 1 (set 1), 2 (set 0), 3 (set 1). Runs against every backend in conftest.BACKENDS."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hostlib import wire
+
+R = 37  # the exponent every packet carries; SwitchML's tests expect it back
+
+
+def V(k):
+    return np.arange(64, dtype=np.int64) * k
+
+
+def W(worker, slot, set_, k, pid, port=None, exp=R):
+    return ("send", worker, worker if port is None else port, slot, set_, k, pid, exp)
+
+
+NONE = ("none",)
+
+
+def MC(slot, set_, k, pid, exp=R):
+    return ("mc", slot, set_, k, pid, exp)
+
+
+def UC(rank, port, slot, set_, k, pid):
+    return ("uc", rank, port, slot, set_, k, pid)
+
+
+def rnd(n, slot, set_, k, pid):
+    """One round: every worker sends; nothing comes back until the last, then a multicast."""
+    return [(W(w, slot, set_, k, pid), NONE) for w in range(n - 1)] + [(W(n - 1, slot, set_, k, pid), MC(slot, set_, n * k, pid))]
+
+
+def cases(n):
+    basic = rnd(n, 0, 0, 1, 0)
+    c = {
+        "BasicReduction": basic,
+        "OtherSetReduction": rnd(n, 0, 1, 1, 1),
+        "BothSetsReduction": basic + rnd(n, 0, 1, 3, 1),
+        "SlotReuse": rnd(n, 0, 0, 1, 0) + rnd(n, 0, 1, 1, 1) + rnd(n, 0, 0, 3, 2) + rnd(n, 0, 1, 3, 3),
+        "IgnoreRetransmissions": [(W(0, 0, 1, 1, 1), NONE)] * 3
+        + [(W(w, 0, 1, 1, 1), NONE) for w in range(1, n - 1)] + [(W(n - 1, 0, 1, 1, 1), MC(0, 1, n, 1))],
+        "RetransmitFromPreviousSet": rnd(n, 0, 1, 1, 1) + [(W(1, 0, 0, 3 if n == 2 else 1, 2), NONE)]
+        + [(W(0, 0, 1, 1, 1), UC(0, 0, 0, 1, n, 1))] * 3,
+        "SlotReuseAndRetransmit": rnd(n, 0, 0, 1, 0) + rnd(n, 0, 1, 1, 1) + rnd(n, 0, 0, 3, 2)
+        + [(W(1, 0, 1, 3, 3), NONE), (W(0, 0, 0, 3, 2), UC(0, 0, 0, 0, 3 * n, 2))]
+        + ([(W(2, 0, 0, 3, 2), UC(2, 2, 0, 0, 9, 2))] if n == 3 else []),
+    }
+    ra = basic + [(W(1, 0, 0, 1, 0), UC(1, 1, 0, 0, n, 0))] * 3 + [(W(0, 0, 0, 1, 0), UC(0, 0, 0, 0, n, 0))] * 2
+    if n == 3:  # W2's retransmission arrives from port 0: the reply goes back out where it came from
+        ra += [(W(2, 0, 0, 1, 0, port=0), UC(2, 0, 0, 0, 3, 0))]
+    c["RetransmitAfterReduction"] = ra
+    if n == 2:  # workers move to other UDP ports: replies follow the source of their packets
+        c["DifferentPortsReduction"] = basic + [(W(0, 1, 0, 1, 0, port=10), NONE),
+                                                (W(1, 1, 0, 1, 0, port=11), ("mc_ports", 1, 0, 2, 0, (10, 11)))]
+    # beyond SwitchML: stale packets are detected by packet id and dropped instead of corrupting a sum
+    c["LateDuplicateAfterMoveIsDropped"] = (rnd(n, 0, 0, 1, 0) + rnd(n, 0, 1, 1, 1)
+                                            + [(W(0, 0, 0, 1, 0), NONE)]  # W0 moved on: old packet is stale
+                                            + rnd(n, 0, 0, 5, 2))  # next round on set 0 sums only fresh data
+    c["WorkerTwoAheadIsDropped"] = (rnd(n, 0, 0, 1, 0) + [(W(0, 0, 0, 7, 2), NONE)]  # others still in set 0
+                                    + [(W(0, 0, 0, 1, 0), UC(0, 0, 0, 0, n, 0))])  # the stored result is intact
+    return c
+
+
+MATRIX = [(n, name) for n in (2, 3) for name in cases(n)]
+
+
+def update(worker, slot, set_, k, pid, exp, job=1):
+    return wire.pack(wire.MSG_UPDATE, job=job, rank=worker, packet_id=pid, slot=slot, set=set_, count=64,
+                     codec=wire.CODEC_INT32, exp_cur=0, exp_next=exp, payload=V(k).astype(">i4").tobytes())
+
+
+def check_result(port_pkt, rank, slot, set_, k, pid, exp=R):
+    port, data = port_pkt
+    h = wire.unpack(data)
+    assert (h.msg_type, h.job, h.rank, h.slot, h.set, h.packet_id) == (wire.MSG_RESULT, 1, rank, slot, set_, pid)
+    assert h.exp_next == exp and h.flags == 0
+    np.testing.assert_array_equal(wire.payload_view(data, h), V(k))
+
+
+@pytest.mark.parametrize("n,case", MATRIX, ids=[f"{n}w-{c}" for n, c in MATRIX])
+def test_conformance(switch_backend, n, case):
+    sw = switch_backend({1: n}, slots=4, max_elements=64)
+    for step, (send, expect) in enumerate(cases(n)[case]):
+        _, worker, port, slot, set_, k, pid, exp = send
+        out = sw.send(port, update(worker, slot, set_, k, pid, exp))
+        where = f"step {step}: W{worker}>({slot},{set_},V{k},pid {pid}) from port {port}"
+        if expect[0] == "none":
+            assert out == [], f"{where}: expected nothing, got {len(out)} packets"
+        elif expect[0] in ("mc", "mc_ports"):
+            _, s, x, k2, p = expect[:5]
+            ports = expect[5] if expect[0] == "mc_ports" else tuple(range(n))
+            assert sorted(o[0] for o in out) == sorted(ports), f"{where}: multicast reached {[o[0] for o in out]}"
+            for o in out:
+                check_result(o, ports.index(o[0]), s, x, k2, p)
+        else:
+            _, rank, p_out, s, x, k2, p = expect
+            assert len(out) == 1 and out[0][0] == p_out, f"{where}: expected one unicast on port {p_out}, got {out}"
+            check_result(out[0], rank, s, x, k2, p)
+
+
+def test_exponent_is_max_over_workers(switch_backend):
+    sw = switch_backend({1: 3}, slots=2, max_elements=64)
+    assert sw.send(0, update(0, 1, 0, 1, 1, exp=-5)) == []
+    assert sw.send(1, update(1, 1, 0, 1, 1, exp=12)) == []
+    out = sw.send(2, update(2, 1, 0, 1, 1, exp=wire.EXP_NONE))
+    assert len(out) == 3 and all(wire.unpack(d).exp_next == 12 for _, d in out)
+
+
+def test_bad_packets_are_dropped_and_counted(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    assert sw.send(0, update(0, 0, 0, 1, 0, R, job=9)) == []  # unknown job
+    assert sw.send(0, update(5, 0, 0, 1, 0, R)) == []  # rank outside the job
+    assert sw.send(0, update(0, 3, 0, 1, 0, R)) == []  # slot beyond the pool
+    assert sw.send(0, update(0, 0, 0, 1, 0, R)[:-3]) == []  # truncated payload
+    assert sw.send(0, b"\x00" * 7) == []  # not even a header
+    d = sw.stats()["dropped"]
+    assert (d["unknown_job"], d["unknown_worker"], d["bad_slot"], d["malformed"]) == (1, 1, 1, 2)
+    # and the switch still works
+    sw.send(0, update(0, 0, 0, 1, 0, R))
+    assert len(sw.send(1, update(1, 0, 0, 1, 0, R))) == 2
+
+
+def test_int32_overflow_is_flagged(switch_backend):
+    sw = switch_backend({1: 2}, slots=1, max_elements=64)
+    big = np.full(64, 2**31 - 1, dtype=">i4").tobytes()
+    pkts = [wire.pack(wire.MSG_UPDATE, job=1, rank=r, count=64, codec=wire.CODEC_INT32, payload=big) for r in (0, 1)]
+    sw.send(0, pkts[0])
+    out = sw.send(1, pkts[1])
+    assert len(out) == 2 and all(wire.unpack(d).flags & wire.FLAG_OVERFLOW for _, d in out)
+    assert sw.stats()["overflows"] == 1
+
+
+def test_mismatched_round_is_dropped(switch_backend):
+    """A packet of the same round whose element count or agreed exponent differs is not summed."""
+    sw = switch_backend({1: 2}, slots=1, max_elements=64)
+    sw.send(0, update(0, 0, 0, 1, 0, R))
+    bad = wire.pack(wire.MSG_UPDATE, job=1, rank=1, count=32, codec=wire.CODEC_INT32, exp_next=R,
+                    payload=V(1)[:32].astype(">i4").tobytes())
+    assert sw.send(1, bad) == []
+    assert sw.stats()["dropped"]["mismatch"] == 1
+    assert len(sw.send(1, update(1, 0, 0, 1, 0, R))) == 2
