@@ -1,0 +1,51 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+
+def switchsim(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "switchsim", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("codec,loss", [("int32", 0.02), ("fixed", 0.0), ("nc", 0.02)])
+def test_demo_json_checks_against_numpy(codec, loss):
+    r = switchsim("demo", "--workers", 3, "--size", 30000, "--codec", codec, "--loss", loss, "--json",
+                  "--timeout", 30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout)
+    assert s["ok"] and s["identical_on_all_workers"] and s["check"]["ok"]
+    assert s["switch"]["jobs"]["1"]["multicast"] > 0
+    if codec == "int32":
+        assert s["check"]["max_abs_error"] == 0
+    if codec == "nc":
+        assert s["bytes_ratio_vs_float32"] < 0.5
+    if loss:
+        assert s["retransmissions"] > 0
+
+
+def test_demo_table_output():
+    r = switchsim("demo", "--workers", 2, "--size", 5000, "--codec", "fixed")
+    assert r.returncode == 0, r.stderr
+    assert "bytes sent per worker" in r.stdout and "OK" in r.stdout
+
+
+def test_serve_rejects_bad_configuration():
+    r = switchsim("serve", "--workers", 100, "--port", 0, timeout=20)
+    assert r.returncode == 2 and "world size 100" in r.stderr
+    r = switchsim("serve", "--job", "x", "--port", 0, timeout=20)
+    assert r.returncode != 0 and "ID:WORKERS" in r.stderr
+
+
+def test_stats_command(switch_process):
+    sw = switch_process("--workers", 2)
+    r = switchsim("stats", sw.address, timeout=20)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["jobs"]["1"]["world_size"] == 2 and "impairment" in s
+    r = switchsim("stats", "127.0.0.1:9", "--timeout", 0.5, timeout=20)
+    assert r.returncode == 1 and "no answer" in r.stderr

@@ -1,0 +1,170 @@
+"""End to end over UDP on loopback: `switchsim serve` in a child process, workers as threads."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hostlib
+from hostlib.codecs import fixed
+from hostlib.codecs.base import block_exponents
+
+
+def run_workers(address, xs, codec, job=1, calls=1, **kw):
+    """Each rank allreduces its tensor `calls` times; returns (outputs of the last call, errors, stats)."""
+    n = len(xs)
+    outs, errors, stats = [None] * n, [None] * n, [None] * n
+
+    def work(r):
+        try:
+            with hostlib.connect(address, r, n, job=job, codec=codec, **kw) as comm:
+                for _ in range(calls):
+                    outs[r] = comm.allreduce(xs[r])
+                stats[r] = comm.stats
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[r] = e
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    return outs, errors, stats
+
+
+LOSSY = [(n, loss) for n in (2, 3, 5, 8) for loss in (0.0, 0.01, 0.05, 0.10)]
+
+
+@pytest.mark.parametrize("n,loss", LOSSY, ids=[f"{n}w-loss{int(p * 100)}" for n, p in LOSSY])
+def test_int32_exact_under_loss_duplication_reordering(switch_process, n, loss):
+    sw = switch_process("--workers", n, "--loss", loss, "--dup", loss, "--reorder", loss, "--seed", n)
+    rs = np.random.default_rng(n)
+    xs = [rs.integers(-(2**24), 2**24, 3000).astype(np.int32) for _ in range(n)]
+    outs, errors, stats = run_workers(sw.address, xs, "int32", calls=2, elements_per_packet=64, window=16,
+                                      timeout=30)
+    assert errors == [None] * n
+    exact = np.sum(np.array(xs, dtype=np.int64), axis=0)
+    for o in outs:
+        assert o.dtype == np.int32 and np.array_equal(o, exact)
+    report = json.loads(sw.stop())
+    if loss:
+        assert sum(s.retransmissions for s in stats) > 0
+        assert report["impairment"]["rx"]["dropped"] > 0 and report["impairment"]["tx"]["duplicated"] > 0
+
+
+def test_fixed_point_within_proven_bound_under_loss(switch_process):
+    n = 4
+    sw = switch_process("--workers", n, "--loss", 0.05, "--reorder", 0.05)
+    rs = np.random.default_rng(1)
+    xs = [(rs.standard_normal(20000) * 10.0 ** rs.integers(-3, 3, 20000)).astype(np.float32) for _ in range(n)]
+    k = 128
+    outs, errors, _ = run_workers(sw.address, xs, "fixed", elements_per_packet=k, window=16, timeout=30)
+    assert errors == [None] * n
+    nb = -(-xs[0].size // k)
+    pad = lambda x: np.concatenate([x, np.zeros(nb * k - x.size, x.dtype)]).reshape(nb, k)  # noqa: E731
+    e = np.max([block_exponents(pad(x)) for x in xs], axis=0)
+    exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
+    bound = np.repeat(fixed.error_bound(e, n), k)[: exact.size] + np.spacing(np.abs(exact).astype(np.float32)) / 2
+    for o in outs:
+        assert o.dtype == np.float32 and np.all(np.abs(o - exact) <= bound)
+        assert np.array_equal(o, outs[0])
+
+
+def test_nc_over_udp_is_unbiased_with_the_predicted_error(switch_process):
+    n = 3
+    sw = switch_process("--workers", n)
+    rs = np.random.default_rng(2)
+    xs = [rs.standard_normal(50000).astype(np.float32) for _ in range(n)]
+    outs, errors, stats = run_workers(sw.address, xs, "nc", window=16, timeout=30)
+    assert errors == [None] * n
+    exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
+    err = outs[0].astype(np.float64) - exact
+    sq = sum(float(np.dot(x.astype(np.float64), x)) for x in xs)
+    expected = sq / 8 + (float(exact @ exact) + sq / 8) / 8  # bound on E|err|^2 (worker + switch NC)
+    assert float(err @ err) <= 1.2 * expected
+    assert abs(err.mean()) < 5 * np.sqrt(expected / exact.size / exact.size)  # unbiased
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    # 8-bit codes both ways: about a quarter of float32's bytes
+    assert stats[0].bytes_sent < 0.3 * 4 * xs[0].size
+
+
+def test_two_jobs_share_one_switch(switch_process):
+    sw = switch_process("--job", "1:2", "--job", "7:3", "--loss", 0.02)
+    rs = np.random.default_rng(3)
+    a = [rs.integers(-1000, 1000, 5000) for _ in range(2)]
+    b = [rs.integers(-1000, 1000, 7000) for _ in range(3)]
+    res = {}
+    ta = threading.Thread(target=lambda: res.setdefault("a", run_workers(sw.address, a, "int32", job=1, window=8)))
+    tb = threading.Thread(target=lambda: res.setdefault("b", run_workers(sw.address, b, "int32", job=7, window=8)))
+    ta.start(), tb.start(), ta.join(120), tb.join(120)
+    assert res["a"][1] == [None] * 2 and res["b"][1] == [None] * 3
+    assert all(np.array_equal(o, np.sum(a, axis=0)) for o in res["a"][0])
+    assert all(np.array_equal(o, np.sum(b, axis=0)) for o in res["b"][0])
+
+
+def test_missing_peer_at_join_times_out_clearly(switch_process):
+    sw = switch_process("--workers", 3)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[1, 2\] did not join"):
+        hostlib.connect(sw.address, 0, 3, timeout=1.0)
+    assert time.monotonic() - t0 < 5
+
+
+def test_dead_peer_mid_allreduce_times_out_clearly(switch_process):
+    sw = switch_process("--workers", 2)
+    box = {}
+
+    def doomed():  # rank 1 joins, then dies without sending data
+        box["c1"] = hostlib.connect(sw.address, 1, 2, timeout=5)
+
+    t = threading.Thread(target=doomed)
+    t.start()
+    c0 = hostlib.connect(sw.address, 0, 2, timeout=1.0)
+    t.join()
+    box["c1"].close()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="a peer is dead"):
+        c0.allreduce(np.arange(1000))
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(RuntimeError, match="reconnect"):
+        c0.allreduce(np.arange(10))
+    c0.close()
+
+
+def test_unreachable_switch_and_rejected_joins(switch_process):
+    with pytest.raises(TimeoutError, match="unreachable"):
+        hostlib.connect("127.0.0.1:9", 0, 1, timeout=0.5)
+    sw = switch_process("--workers", 2)
+    with pytest.raises(hostlib.INAError, match="unknown job 5"):
+        hostlib.connect(sw.address, 0, 2, job=5, timeout=2)
+    with pytest.raises(hostlib.INAError, match="has 2 workers, not 3"):
+        hostlib.connect(sw.address, 0, 3, timeout=2)
+
+
+def test_nan_and_overflow_raise_on_every_worker(switch_process):
+    sw = switch_process("--workers", 2)
+    xs = [np.ones(3000, np.float32), np.ones(3000, np.float32)]
+    xs[1][1234] = np.nan
+    _, errors, _ = run_workers(sw.address, xs, "fixed", timeout=10)
+    assert all(isinstance(e, ValueError) and "NaN" in str(e) for e in errors)
+    big = [np.full(100, 2**31 - 1, np.int64)] * 2
+    _, errors, _ = run_workers(sw.address, big, "int32", timeout=10)
+    assert all(isinstance(e, OverflowError) for e in errors)
+
+
+def test_shapes_dtypes_and_torch_tensors(switch_process):
+    sw = switch_process("--workers", 2)
+    xs = [np.arange(24, dtype=np.float64).reshape(2, 3, 4) * (r + 1) for r in range(2)]
+    outs, errors, _ = run_workers(sw.address, xs, "fixed")
+    assert errors == [None, None]
+    assert outs[0].shape == (2, 3, 4) and outs[0].dtype == np.float64
+    np.testing.assert_allclose(outs[0], xs[0] * 3, atol=1e-6)
+    torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install '.[torch]')")
+    ts = [torch.arange(10, dtype=torch.int32) * (r + 1) for r in range(2)]
+    outs, errors, _ = run_workers(sw.address, ts, "int32")
+    assert errors == [None, None] and isinstance(outs[0], torch.Tensor) and outs[0].dtype == torch.int32
+    assert torch.equal(outs[0], torch.arange(10, dtype=torch.int32) * 3)
