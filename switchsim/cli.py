@@ -45,7 +45,7 @@ def cmd_serve(args) -> int:
         pass
     finally:
         server.close()
-    stats = server.stats()
+    stats = server.stats(per_slot=args.json_stats)
     if args.json_stats:
         print_json(stats)
     else:
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job", action="append", metavar="ID:WORKERS", help="serve this job (repeatable)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
-    s.add_argument("--json-stats", action="store_true", help="print the counters as JSON on exit")
+    s.add_argument("--json-stats", action="store_true", help="print the counters (with per-slot arrays) as JSON on exit")
     network(s)
     s.set_defaults(func=cmd_serve)
 

@@ -127,8 +127,8 @@ class UDPServer:
     def close(self):
         self.sock.close()
 
-    def stats(self) -> dict:
-        s = self.backend.stats()
+    def stats(self, per_slot: bool = False) -> dict:
+        s = self.backend.stats(per_slot=per_slot)
         s.update({"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "send_errors": self.send_errors,
                   "impairment": {"rx": self.rx.stats(), "tx": self.tx.stats()},
                   "uptime_s": round(time.monotonic() - self.started, 3)})

@@ -51,6 +51,8 @@ def test_int32_exact_under_loss_duplication_reordering(switch_process, n, loss):
     for o in outs:
         assert o.dtype == np.int32 and np.array_equal(o, exact)
     report = json.loads(sw.stop())
+    per_slot = report["jobs"]["1"]["per_slot"]
+    assert sum(per_slot["multicast"]) == report["jobs"]["1"]["multicast"] >= 2 * (3000 // 64)
     if loss:
         assert sum(s.retransmissions for s in stats) > 0
         assert report["impairment"]["rx"]["dropped"] > 0 and report["impairment"]["tx"]["duplicated"] > 0
