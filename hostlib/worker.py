@@ -65,7 +65,7 @@ class Communicator:
 
     def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
                  window: int = 64, elements_per_packet: int | None = None, timeout: float = 30.0,
-                 join_timeout: float | None = None, rto: float = 0.05, max_rto: float = 0.2, seed: int = 0,
+                 join_timeout: float | None = None, rto: float = 0.03, max_rto: float = 0.1, seed: int = 0,
                  **codec_params):
         if not 1 <= world_size <= wire.MAX_WORKERS:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
