@@ -1,25 +1,31 @@
 # Everything runs from a virtual environment in .venv (Debian 12's system Python is externally managed).
+# `make demo` installs the package alone; `make test` adds the [test,torch] extras.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install install-test demo test clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.base
 	$(PY) -m pip install -q -e '.[test,torch]'
-	touch $(STAMP)
+	touch $@
 
-install: $(STAMP)
+install: $(VENV)/.base
+install-test: $(VENV)/.test
 
-demo: $(STAMP)
+demo: $(VENV)/.base
 	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec nc
-	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec fixed --loss 0.05
+	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec fixed
+	$(VENV)/bin/switchsim demo --workers 4 --size 1048576 --codec int32 --loss 0.05
 
-test: $(STAMP)
+test: $(VENV)/.test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
