@@ -10,12 +10,11 @@ rebuilt from the source tensor (the counter-based RNG makes the rebuild bit-iden
 """
 from __future__ import annotations
 
-import math
 import secrets
 import select
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,14 +38,13 @@ class CommStats:
     elements: int = 0
     allreduces: int = 0
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     @property
     def wire_bytes_sent(self) -> int:
         return self.bytes_sent + self.packets_sent * wire.WIRE_OVERHEAD
 
     def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d = dict(self.__dict__)
         d["wire_bytes_sent"] = self.wire_bytes_sent
         return d
 
@@ -93,6 +91,7 @@ class Communicator:
         self.sock.connect(self.address)
         self.sock.setblocking(False)
         self._buf = bytearray(65536)
+        self._view = memoryview(self._buf)
         try:
             self._join(self.timeout if join_timeout is None else join_timeout)
         except BaseException:
@@ -120,7 +119,7 @@ class Communicator:
             return b""  # ICMP port unreachable: the switch is not there (yet)
         self.stats.packets_received += 1
         self.stats.bytes_received += n
-        return bytes(self._buf[:n])
+        return bytes(self._view[:n])
 
     def _wait(self, seconds: float):
         select.select([self.sock], [], [], max(0.0, seconds))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
-import os
 import re
 import signal
 import subprocess

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hostlib import rng, wire
+from hostlib import wire
 from hostlib.codecs import natural
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

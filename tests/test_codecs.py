@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from hostlib import rng, wire
 from hostlib.codecs import dithering, fixed, get_codec, natural
