@@ -41,8 +41,7 @@ def _worker(rank, args, address, progress, results):
 
 def check_result(args, out) -> dict:
     """Compare with the exact sum computed by numpy in float64 (or int64)."""
-    from hostlib.codecs import fixed
-    from hostlib.codecs.base import block_exponents
+    from hostlib.codecs import fixed, natural
 
     xs = [make_input(args.codec, args.size, r) for r in range(args.workers)]
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
@@ -53,21 +52,11 @@ def check_result(args, out) -> dict:
         res["bound"] = 0.0
         res["ok"] = bool(np.array_equal(out.astype(np.int64), exact.astype(np.int64)))
     elif args.codec == "fixed":
-        k = args.elements or 256
-        nb = -(-args.size // k)
-        e = np.full(nb, -128, dtype=np.int64)
-        for x in xs:
-            p = np.zeros(nb * k, np.float32)
-            p[: x.size] = x
-            e = np.maximum(e, block_exponents(p.reshape(nb, k)))
-        # quantization bound, plus half an ulp for rounding the sum to the float32 output
-        bound = np.repeat(fixed.error_bound(e, args.workers), k)[: args.size]
-        bound = bound + np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64) / 2
+        bound = fixed.allreduce_error_bound(xs, args.elements or 256, exact)
         res["bound"] = float(bound.max())
         res["ok"] = bool(np.all(np.abs(err) <= bound))
-    else:  # NC: E|err|^2 <= 1/8 sum|x_i|^2 (workers) + 1/8 E|S'|^2 (switch), E|S'|^2 <= |S|^2 + 1/8 sum|x_i|^2
-        sq = sum(float(np.dot(x.astype(np.float64), x)) for x in xs)
-        expected = sq / 8 + (norm**2 + sq / 8) / 8
+    else:
+        expected = natural.allreduce_expected_sq_error(xs, exact)
         res["bound"] = float(np.sqrt(expected)) / norm
         res["ok"] = bool(float(np.dot(err, err)) <= 1.5 * expected)
     return res

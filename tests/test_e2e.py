@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import hostlib
-from hostlib.codecs import fixed
-from hostlib.codecs.base import block_exponents
+from hostlib.codecs import fixed, natural
 
 
 def run_workers(address, xs, codec, job=1, calls=1, **kw):
@@ -66,11 +65,8 @@ def test_fixed_point_within_proven_bound_under_loss(switch_process):
     k = 128
     outs, errors, _ = run_workers(sw.address, xs, "fixed", elements_per_packet=k, window=16, timeout=30)
     assert errors == [None] * n
-    nb = -(-xs[0].size // k)
-    pad = lambda x: np.concatenate([x, np.zeros(nb * k - x.size, x.dtype)]).reshape(nb, k)  # noqa: E731
-    e = np.max([block_exponents(pad(x)) for x in xs], axis=0)
     exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
-    bound = np.repeat(fixed.error_bound(e, n), k)[: exact.size] + np.spacing(np.abs(exact).astype(np.float32)) / 2
+    bound = fixed.allreduce_error_bound(xs, k, exact)
     for o in outs:
         assert o.dtype == np.float32 and np.all(np.abs(o - exact) <= bound)
         assert np.array_equal(o, outs[0])
@@ -85,8 +81,7 @@ def test_nc_over_udp_is_unbiased_with_the_predicted_error(switch_process):
     assert errors == [None] * n
     exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
     err = outs[0].astype(np.float64) - exact
-    sq = sum(float(np.dot(x.astype(np.float64), x)) for x in xs)
-    expected = sq / 8 + (float(exact @ exact) + sq / 8) / 8  # bound on E|err|^2 (worker + switch NC)
+    expected = natural.allreduce_expected_sq_error(xs, exact)
     assert float(err @ err) <= 1.2 * expected
     assert abs(err.mean()) < 5 * np.sqrt(expected / exact.size / exact.size)  # unbiased
     assert all(np.array_equal(o, outs[0]) for o in outs)

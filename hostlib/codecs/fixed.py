@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import wire
-from .base import Codec
+from .base import Codec, block_exponents
 
 INT32_MAX = 2**31 - 1
 
@@ -23,6 +23,22 @@ def scale_for(exps, world_size: int) -> np.ndarray:
 def error_bound(exps, world_size: int) -> np.ndarray:
     """Max |allreduce - exact sum| per block for the given agreed exponents."""
     return world_size / scale_for(exps, world_size)
+
+
+def allreduce_error_bound(inputs, k: int, exact: np.ndarray) -> np.ndarray:
+    """Per element: the most a fixed-point allreduce of `inputs` (one float array per worker, k elements
+    per packet) may differ from `exact`, the true sum: the quantization bound of each block's agreed
+    exponent, plus half a float32 ulp for rounding the result to float32."""
+    n = len(inputs)
+    size = exact.size
+    nb = -(-size // k)
+    e = np.full(nb, wire.EXP_NONE, dtype=np.int64)
+    for x in inputs:
+        padded = np.zeros(nb * k, dtype=np.float32)
+        padded[:size] = np.ravel(x)
+        e = np.maximum(e, block_exponents(padded.reshape(nb, k)))
+    bound = np.repeat(error_bound(e, n), k)[:size]
+    return bound + np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64) / 2
 
 
 class FixedPointCodec(Codec):

@@ -127,6 +127,13 @@ def int_to_codes(sums: np.ndarray, exp: int, deterministic: bool, seed: int, off
     return codes, overflow
 
 
+def allreduce_expected_sq_error(inputs, exact: np.ndarray) -> float:
+    """Bound on E|allreduce - exact|^2 for NC both ways: each worker's C adds at most |x_i|^2/8, and the
+    switch's C of S' = sum C(x_i) adds at most E|S'|^2/8 with E|S'|^2 <= |S|^2 + sum |x_i|^2/8."""
+    sq = sum(float(np.dot(np.ravel(x).astype(np.float64), np.ravel(x))) for x in inputs)
+    return sq / 8 + (float(np.dot(exact, exact)) + sq / 8) / 8
+
+
 class NaturalCodec(Codec):
     """NC on the INA path: 8-bit codes both ways, integer sums in the switch."""
 
