@@ -21,16 +21,34 @@ def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
     return out
 
 
-def cmd_serve(args) -> int:
+BACKENDS = ("python", "c")
+
+
+def make_server(args):
+    """(switch, server) for --backend: the reference model under the Python UDP loop, or the C core under
+    the C UDP loop."""
+    jobs = parse_jobs(args.workers, args.job)
+    kw = dict(slots=args.slots, max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding,
+              seed=args.seed)
+    net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
+    if args.backend == "c":
+        from .native import CoreSwitch, CUDPServer
+
+        switch = CoreSwitch(jobs, **kw)
+        return switch, CUDPServer(switch, args.host, args.port, **net)
     from .model import Switch
-    from .server import UDPServer, print_json
+    from .server import UDPServer
+
+    switch = Switch(jobs, **kw)
+    return switch, UDPServer(switch, args.host, args.port, **net)
+
+
+def cmd_serve(args) -> int:
+    from .server import print_json
 
     try:
-        switch = Switch(parse_jobs(args.workers, args.job), slots=args.slots,
-                        max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding, seed=args.seed)
-        server = UDPServer(switch, args.host, args.port, loss=args.loss, dup=args.dup, reorder=args.reorder,
-                           seed=args.seed)
-    except (ValueError, OSError) as e:
+        switch, server = make_server(args)
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"switchsim: {e}", file=sys.stderr)
         return 2
     host, port = server.address
@@ -85,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--nc-rounding", choices=("stochastic", "deterministic"), default="stochastic",
                         help="how the switch re-compresses NC sums")
         sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--backend", choices=("python",), default="python")
+        sp.add_argument("--backend", choices=BACKENDS, default="python",
+                        help="python: reference model; c: C core and C UDP loop")
 
     s = sub.add_parser("serve", help="run a switch on UDP")
     s.add_argument("--workers", type=int, help="workers of job 1 (default 2)")

@@ -66,7 +66,7 @@ def start_switch(args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--workers", str(args.workers),
            "--loss", str(args.loss), "--dup", str(args.dup), "--reorder", str(args.reorder),
            "--slots", str(args.slots), "--elements-per-packet", str(args.elements_per_packet),
-           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--json-stats"]
+           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--backend", args.backend, "--json-stats"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"listening on ([\d.]+):(\d+)", line)
@@ -136,7 +136,8 @@ def report(args, reports, switch_stats, wall) -> int:
     errors = [r for r in reports if "error" in r]
     missing = args.workers - len(reports)
     ok = not errors and not missing
-    summary = {"workers": args.workers, "size": args.size, "codec": args.codec, "loss": args.loss,
+    summary = {"workers": args.workers, "size": args.size, "codec": args.codec, "backend": args.backend,
+               "loss": args.loss,
                "wall_seconds": round(wall, 3), "errors": [f"rank {r['rank']}: {r['error']}" for r in errors]}
     if missing:
         summary["errors"].append(f"{missing} workers did not report")

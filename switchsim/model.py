@@ -72,24 +72,28 @@ class Job:
         self.sets = [SlotSet() for _ in range(2 * self.slots)]
 
 
+def check_config(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: str) -> None:
+    """The limits every backend enforces, with one wording."""
+    if not 1 <= slots <= wire.MAX_SLOTS:
+        raise ValueError(f"slots must be in 1..{wire.MAX_SLOTS}")
+    if not 1 <= max_elements <= 16384:
+        raise ValueError("max_elements must be in 1..16384")
+    if nc_rounding not in ("stochastic", "deterministic"):
+        raise ValueError("nc_rounding must be 'stochastic' or 'deterministic'")
+    for job_id, n in jobs.items():
+        if not 0 <= job_id <= 0xFFFF:
+            raise ValueError(f"job id {job_id} out of range 0..65535")
+        if not 1 <= n <= wire.MAX_WORKERS:
+            raise ValueError(f"job {job_id}: world size {n} out of range 1..{wire.MAX_WORKERS}")
+
+
 class Switch:
     """The data plane of one switch, shared by any number of isolated jobs."""
 
     def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
                  nc_rounding: str = "stochastic", seed: int = 0):
-        if not 1 <= slots <= wire.MAX_SLOTS:
-            raise ValueError(f"slots must be in 1..{wire.MAX_SLOTS}")
-        if not 1 <= max_elements <= 16384:
-            raise ValueError("max_elements must be in 1..16384")
-        if nc_rounding not in ("stochastic", "deterministic"):
-            raise ValueError("nc_rounding must be 'stochastic' or 'deterministic'")
-        self.jobs: dict[int, Job] = {}
-        for job_id, n in jobs.items():
-            if not 0 <= job_id <= 0xFFFF:
-                raise ValueError(f"job id {job_id} out of range 0..65535")
-            if not 1 <= n <= wire.MAX_WORKERS:
-                raise ValueError(f"job {job_id}: world size {n} out of range 1..{wire.MAX_WORKERS}")
-            self.jobs[job_id] = Job(job_id, n, slots, max_elements)
+        check_config(jobs, slots, max_elements, nc_rounding)
+        self.jobs: dict[int, Job] = {j: Job(j, n, slots, max_elements) for j, n in jobs.items()}
         self.slots, self.max_elements = slots, max_elements
         self.nc_deterministic = nc_rounding == "deterministic"
         self.seed = seed

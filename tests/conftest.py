@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from switchsim import native
 from switchsim.model import Switch
 from switchsim.server import UDPServer
 
@@ -21,10 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class ModelHarness:
     """Drives the reference model in-process; a 'port' is just an int address."""
 
-    name = "model"
+    switch_class = Switch
 
     def __init__(self, jobs, **kw):
-        self.switch = Switch(jobs, **kw)
+        self.switch = self.switch_class(jobs, **kw)
 
     def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         return [(dst, pkt) for pkt, dst in self.switch.process(data, port)]
@@ -39,11 +40,11 @@ class ModelHarness:
 class UDPHarness:
     """Drives a switch served over UDP on loopback; port k is a UDP socket of its own."""
 
-    name = "udp"
+    switch_class, server_class = Switch, UDPServer
     quiet = 0.05  # a reply never takes longer than this on loopback; also how long "nothing" is awaited
 
     def __init__(self, jobs, **kw):
-        self.server = UDPServer(Switch(jobs, **kw), "127.0.0.1", 0)
+        self.server = self.server_class(self.switch_class(jobs, **kw), "127.0.0.1", 0)
         self.thread = self.server.start_thread()
         self.socks: dict[int, socket.socket] = {}
 
@@ -76,12 +77,28 @@ class UDPHarness:
             s.close()
 
 
-BACKENDS = {"model": ModelHarness, "udp": UDPHarness}
+class CoreHarness(ModelHarness):
+    """The C core in-process, through cffi."""
+
+    switch_class = native.CoreSwitch
+
+
+class CUDPHarness(UDPHarness):
+    """The C core under the C recvmmsg/sendmmsg loop."""
+
+    switch_class, server_class = native.CoreSwitch, native.CUDPServer
+
+
+BACKENDS = {"model": ModelHarness, "udp": UDPHarness, "c": CoreHarness, "c-udp": CUDPHarness}
+NEEDS_NATIVE = {"c", "c-udp"}
+NATIVE_MISSING = f"the C core is not built: {native.IMPORT_ERROR}"
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def switch_backend(request):
     """Factory: switch_backend(jobs={1: n}, **switch_kwargs) -> harness with send(port, bytes)."""
+    if request.param in NEEDS_NATIVE and not native.available():
+        pytest.skip(NATIVE_MISSING)
     made = []
 
     def make(jobs, **kw):
@@ -97,8 +114,9 @@ def switch_backend(request):
 class SwitchProcess:
     """`switchsim serve` in a child process (its own interpreter, like a real deployment)."""
 
-    def __init__(self, *args):
-        cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--json-stats", *map(str, args)]
+    def __init__(self, *args, backend="python"):
+        cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--json-stats", "--backend", backend,
+               *map(str, args)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on ([\d.]+):(\d+)", line)
@@ -119,12 +137,18 @@ class SwitchProcess:
         return out
 
 
-@pytest.fixture
-def switch_process():
+SERVE_BACKENDS = ("python", "c")
+
+
+@pytest.fixture(params=SERVE_BACKENDS)
+def switch_process(request):
+    """Factory: start `switchsim serve ARGS --backend B` for each serve backend B."""
+    if request.param == "c" and not native.available():
+        pytest.skip(NATIVE_MISSING)
     started = []
 
     def start(*args):
-        sp = SwitchProcess(*args)
+        sp = SwitchProcess(*args, backend=request.param)
         started.append(sp)
         return sp
 

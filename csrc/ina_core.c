@@ -1,0 +1,506 @@
+/* switchsim/model.py in C. The model is the specification: every branch below names the model's, in the
+ * same order, so that outputs and counters agree (tests/test_native.py checks it on random traffic). */
+#include "ina_core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ina_rng.h"
+
+typedef struct {
+    uint64_t bitmap;
+    uint32_t count;
+    uint32_t round_id;
+    uint8_t has_round, complete, codec, flags;
+    int8_t exp_cur, exp_max;
+    uint16_t n_elems;
+    int64_t *acc;    /* max_elements */
+    uint8_t *result; /* max_elements * 4: the result payload, kept for unicast resends */
+    uint32_t result_len;
+} slot_set;
+
+typedef struct {
+    uint32_t job_id, world_size;
+    uint64_t generation;
+    slot_set *sets; /* sets[2 * slot + set] */
+    int64_t *acc_mem;
+    uint8_t *result_mem;
+    uint64_t *counters; /* [INA_SLOT_COUNTERS][slots] */
+    uint64_t addresses[INA_MAX_WORKERS];
+    uint64_t join_addresses[INA_MAX_WORKERS];
+    uint64_t members_nonce[INA_MAX_WORKERS], pending_nonce[INA_MAX_WORKERS];
+    uint64_t members, pending; /* bitmaps of ranks */
+} job_t;
+
+struct ina_switch {
+    uint32_t slots, max_elements;
+    int nc_deterministic;
+    uint64_t seed, rng_key;
+    uint64_t nc_elements_rounded;
+    ina_counters c;
+    uint32_t n_jobs;
+    job_t *jobs;
+    int32_t job_index[65536];
+    uint8_t ctrl[INA_CTRL_PAYLOAD]; /* payload of control replies */
+};
+
+/* ------------------------------------------------------------------ byte order */
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static inline uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void wr32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+
+typedef struct {
+    uint8_t msg_type, codec, flags, rank, set;
+    int8_t exp_cur, exp_next;
+    uint16_t job, slot, count;
+    uint32_t packet_id;
+} header;
+
+static void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_t rank, uint32_t packet_id,
+                       uint16_t slot, uint8_t set, uint16_t count, uint8_t codec, int8_t exp_cur,
+                       int8_t exp_next, uint8_t flags)
+{
+    h[INA_OFF_VERSION] = INA_VERSION;
+    h[INA_OFF_TYPE] = msg_type;
+    h[INA_OFF_CODEC] = codec;
+    h[INA_OFF_FLAGS] = flags;
+    wr16(h + INA_OFF_JOB, job);
+    h[INA_OFF_RANK] = rank;
+    h[INA_OFF_EXP_CUR] = (uint8_t)exp_cur;
+    wr32(h + INA_OFF_PACKET_ID, packet_id);
+    wr16(h + INA_OFF_POOL, (uint16_t)(set << 15 | slot));
+    wr16(h + INA_OFF_COUNT, count);
+    h[INA_OFF_EXP_NEXT] = (uint8_t)exp_next;
+    h[17] = h[18] = h[19] = 0;
+}
+
+/* wire.unpack: 0 if the header is one a switch may act on */
+static int parse(const uint8_t *p, size_t len, header *h)
+{
+    if (len < INA_HEADER_SIZE || p[INA_OFF_VERSION] != INA_VERSION || p[INA_OFF_TYPE] >= INA_MSG_COUNT)
+        return -1;
+    uint16_t pool = rd16(p + INA_OFF_POOL);
+    if (pool & INA_POOL_RESERVED_BIT)
+        return -1;
+    h->msg_type = p[INA_OFF_TYPE];
+    h->codec = p[INA_OFF_CODEC];
+    h->flags = p[INA_OFF_FLAGS];
+    h->job = rd16(p + INA_OFF_JOB);
+    h->rank = p[INA_OFF_RANK];
+    h->exp_cur = (int8_t)p[INA_OFF_EXP_CUR];
+    h->packet_id = rd32(p + INA_OFF_PACKET_ID);
+    h->slot = pool & INA_POOL_SLOT_MASK;
+    h->set = (uint8_t)(pool >> 15);
+    h->count = rd16(p + INA_OFF_COUNT);
+    h->exp_next = (int8_t)p[INA_OFF_EXP_NEXT];
+    if (h->msg_type == INA_MSG_UPDATE || h->msg_type == INA_MSG_RESULT) {
+        size_t size = h->codec == INA_CODEC_INT32 ? 4 : h->codec == INA_CODEC_NC8 ? 1 : 0;
+        if (!size || len != INA_HEADER_SIZE + (size_t)h->count * size)
+            return -1;
+    }
+    return 0;
+}
+
+static inline int serial_gt(uint32_t a, uint32_t b)
+{
+    uint32_t d = a - b;
+    return d != 0 && d < 0x80000000u;
+}
+
+static inline int nc_floor(int exp)
+{
+    int f = exp - INA_NC_SPAN + 1;
+    return f > INA_NC_LEVEL_MIN ? f : INA_NC_LEVEL_MIN;
+}
+
+/* ------------------------------------------------------------------ life cycle */
+ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_deterministic, uint64_t seed)
+{
+    if (slots < 1 || slots > INA_MAX_SLOTS || max_elements < 1 || max_elements > INA_MAX_ELEMENTS)
+        return NULL;
+    ina_switch *sw = calloc(1, sizeof *sw);
+    if (!sw)
+        return NULL;
+    sw->slots = slots;
+    sw->max_elements = max_elements;
+    sw->nc_deterministic = nc_deterministic;
+    sw->seed = seed;
+    sw->rng_key = ina_rng_key(seed);
+    memset(sw->job_index, 0xff, sizeof sw->job_index);
+    return sw;
+}
+
+static void job_reset_slots(const ina_switch *sw, job_t *j)
+{
+    for (uint32_t i = 0; i < 2 * sw->slots; i++) {
+        slot_set *st = &j->sets[i];
+        int64_t *acc = st->acc;
+        uint8_t *result = st->result;
+        memset(st, 0, sizeof *st);
+        st->acc = acc;
+        st->result = result;
+        st->exp_max = INA_EXP_NONE;
+    }
+}
+
+int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
+{
+    if (job_id > 0xFFFF || world_size < 1 || world_size > INA_MAX_WORKERS || sw->job_index[job_id] >= 0)
+        return -1;
+    job_t *jobs = realloc(sw->jobs, (sw->n_jobs + 1) * sizeof *jobs);
+    if (!jobs)
+        return -1;
+    sw->jobs = jobs;
+    job_t *j = &jobs[sw->n_jobs];
+    memset(j, 0, sizeof *j);
+    size_t n_sets = 2 * (size_t)sw->slots;
+    j->sets = calloc(n_sets, sizeof *j->sets);
+    /* calloc: pages of slots never used are never touched */
+    j->acc_mem = calloc(n_sets * sw->max_elements, sizeof(int64_t));
+    j->result_mem = calloc(n_sets * sw->max_elements, 4);
+    j->counters = calloc((size_t)INA_SLOT_COUNTERS * sw->slots, sizeof(uint64_t));
+    if (!j->sets || !j->acc_mem || !j->result_mem || !j->counters) {
+        free(j->sets); free(j->acc_mem); free(j->result_mem); free(j->counters);
+        return -1;
+    }
+    for (size_t i = 0; i < n_sets; i++) {
+        j->sets[i].acc = j->acc_mem + i * sw->max_elements;
+        j->sets[i].result = j->result_mem + i * sw->max_elements * 4;
+    }
+    job_reset_slots(sw, j);
+    j->job_id = job_id;
+    j->world_size = world_size;
+    sw->job_index[job_id] = (int32_t)sw->n_jobs++;
+    return 0;
+}
+
+void ina_switch_free(ina_switch *sw)
+{
+    if (!sw)
+        return;
+    for (uint32_t i = 0; i < sw->n_jobs; i++) {
+        free(sw->jobs[i].sets); free(sw->jobs[i].acc_mem); free(sw->jobs[i].result_mem);
+        free(sw->jobs[i].counters);
+    }
+    free(sw->jobs);
+    free(sw);
+}
+
+/* ------------------------------------------------------------------ counters */
+const ina_counters *ina_switch_counters(const ina_switch *sw) { return &sw->c; }
+uint32_t ina_switch_jobs(const ina_switch *sw) { return sw->n_jobs; }
+uint32_t ina_switch_slots(const ina_switch *sw) { return sw->slots; }
+void ina_switch_count_out(ina_switch *sw, uint64_t n) { sw->c.packets_out += n; }
+
+void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
+                         uint64_t *generation)
+{
+    *job_id = sw->jobs[i].job_id;
+    *world_size = sw->jobs[i].world_size;
+    *generation = sw->jobs[i].generation;
+}
+
+const uint64_t *ina_switch_job_slot_counters(const ina_switch *sw, uint32_t i) { return sw->jobs[i].counters; }
+
+static inline uint64_t *slot_counter(const ina_switch *sw, job_t *j, int which, uint32_t slot)
+{
+    return &j->counters[(size_t)which * sw->slots + slot];
+}
+
+static int drop(ina_switch *sw, int reason, job_t *j, int slot)
+{
+    sw->c.drops[reason]++;
+    if (j && slot >= 0)
+        (*slot_counter(sw, j, INA_SLOT_DROPPED, (uint32_t)slot))++;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ control: join barrier */
+static int ctrl(ina_switch *sw, ina_out *o, uint64_t dst, uint8_t type, uint16_t job, uint8_t rank, uint32_t len)
+{
+    o->dst = dst;
+    put_header(o->hdr, type, job, rank, 0, 0, 0, 0, INA_CODEC_NONE, 0, INA_EXP_NONE, 0);
+    o->payload = sw->ctrl;
+    o->len = len;
+    o->stable = 0;
+    return 1;
+}
+
+static int error(ina_switch *sw, ina_out *o, uint64_t src, const header *h, const char *text)
+{
+    size_t n = strlen(text);
+    memcpy(sw->ctrl, text, n);
+    return ctrl(sw, o, src, INA_MSG_ERROR, h->job, h->rank, (uint32_t)n);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int join_ack(ina_switch *sw, job_t *j, ina_out *o, uint8_t rank, uint64_t dst)
+{
+    /* every ack carries the same payload, so they share the control buffer */
+    wr32(sw->ctrl, (uint32_t)j->generation);
+    wr16(sw->ctrl + 4, (uint16_t)sw->slots);
+    wr16(sw->ctrl + 6, (uint16_t)sw->max_elements);
+    return ctrl(sw, o, dst, INA_MSG_JOIN_ACK, (uint16_t)j->job_id, rank, INA_JOIN_ACK_PAYLOAD_SIZE);
+}
+
+static int on_join(ina_switch *sw, const header *h, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)
+{
+    char text[INA_CTRL_PAYLOAD];
+    int32_t ji = sw->job_index[h->job];
+    if (ji < 0) {
+        sw->c.drops[INA_DROP_UNKNOWN_JOB]++;
+        uint32_t *sorted = malloc(sw->n_jobs * sizeof *sorted + 1);
+        int n = snprintf(text, sizeof text, "unknown job %u; this switch serves jobs [", h->job);
+        if (sorted) {
+            for (uint32_t i = 0; i < sw->n_jobs; i++)
+                sorted[i] = sw->jobs[i].job_id;
+            qsort(sorted, sw->n_jobs, sizeof *sorted, cmp_u32);
+            for (uint32_t i = 0; i < sw->n_jobs && n < (int)sizeof text - 16; i++)
+                n += snprintf(text + n, sizeof text - n, i ? ", %u" : "%u", sorted[i]);
+            free(sorted);
+        }
+        snprintf(text + n, sizeof text - n, "]");
+        return error(sw, out, src, h, text);
+    }
+    job_t *j = &sw->jobs[ji];
+    if (len != INA_HEADER_SIZE + INA_JOIN_PAYLOAD_SIZE)
+        return drop(sw, INA_DROP_MALFORMED, NULL, -1);
+    uint64_t nonce = (uint64_t)rd32(pkt + INA_HEADER_SIZE) << 32 | rd32(pkt + INA_HEADER_SIZE + 4);
+    uint16_t world = rd16(pkt + INA_HEADER_SIZE + 8);
+    if (world != j->world_size) {
+        sw->c.drops[INA_DROP_UNKNOWN_WORKER]++;
+        snprintf(text, sizeof text, "job %u has %u workers, not %u", h->job, j->world_size, world);
+        return error(sw, out, src, h, text);
+    }
+    if (h->rank >= j->world_size) {
+        sw->c.drops[INA_DROP_UNKNOWN_WORKER]++;
+        snprintf(text, sizeof text, "rank %u out of range for job %u of %u workers", h->rank, h->job,
+                 j->world_size);
+        return error(sw, out, src, h, text);
+    }
+    uint64_t bit = 1ULL << h->rank;
+    j->join_addresses[h->rank] = src;
+    j->addresses[h->rank] = src;
+    if ((j->members & bit) && j->members_nonce[h->rank] == nonce && !j->pending)
+        return join_ack(sw, j, out, h->rank, src); /* the ack was lost: send it again */
+    j->pending |= bit;
+    j->pending_nonce[h->rank] = nonce;
+    if ((uint32_t)__builtin_popcountll(j->pending) < j->world_size) {
+        uint64_t b = j->pending;
+        for (int i = 7; i >= 0; i--, b >>= 8)
+            sw->ctrl[i] = (uint8_t)b;
+        return ctrl(sw, out, src, INA_MSG_JOIN_WAIT, h->job, h->rank, 8);
+    }
+    /* every rank joined: a new generation starts with clean slots */
+    j->members = j->pending;
+    memcpy(j->members_nonce, j->pending_nonce, sizeof j->members_nonce);
+    j->pending = 0;
+    j->generation++;
+    job_reset_slots(sw, j);
+    for (uint32_t r = 0; r < j->world_size; r++)
+        join_ack(sw, j, &out[r], (uint8_t)r, j->join_addresses[r]);
+    return (int)j->world_size;
+}
+
+/* ------------------------------------------------------------------ data plane */
+/* payload -> int64 (int32 elements, or NC codes as multiples of the block's floor level); 0 if a code is
+ * invalid for the block's exponent (model: natural.codes_to_int) */
+static int values(const header *h, const uint8_t *p, int64_t *v, int add)
+{
+    uint32_t n = h->count;
+    if (h->codec == INA_CODEC_INT32) {
+        if (add)
+            for (uint32_t i = 0; i < n; i++)
+                v[i] += (int32_t)rd32(p + 4 * i);
+        else
+            for (uint32_t i = 0; i < n; i++)
+                v[i] = (int32_t)rd32(p + 4 * i);
+        return 1;
+    }
+    if (h->exp_cur == INA_EXP_NONE) {
+        uint8_t any = 0;
+        for (uint32_t i = 0; i < n; i++)
+            any |= p[i];
+        if (any)
+            return 0;
+        if (!add)
+            memset(v, 0, n * sizeof *v);
+        return 1;
+    }
+    int floor = nc_floor(h->exp_cur);
+    int top = h->exp_cur < INA_NC_LEVEL_MAX ? h->exp_cur : INA_NC_LEVEL_MAX;
+    /* validate first, so a bad packet leaves the accumulator untouched */
+    for (uint32_t i = 0; i < n; i++) {
+        int m = p[i] & 0x7F;
+        if (m == 0 ? p[i] != 0 : (m - INA_NC_BIAS < floor || m - INA_NC_BIAS > top))
+            return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int m = p[i] & 0x7F;
+        int64_t x = m ? (int64_t)1 << (m - INA_NC_BIAS - floor) : 0;
+        x = (p[i] & 0x80) ? -x : x;
+        v[i] = add ? v[i] + x : x;
+    }
+    return 1;
+}
+
+/* model: Switch._finish; the result payload is computed once per round so resends are identical */
+static void finish(ina_switch *sw, slot_set *st)
+{
+    uint32_t n = st->n_elems;
+    const int64_t *acc = st->acc;
+    if (st->codec == INA_CODEC_INT32) {
+        int over = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            over |= acc[i] < INT32_MIN || acc[i] > INT32_MAX;
+            wr32(st->result + 4 * i, (uint32_t)acc[i]); /* wraps like the hardware; the flag says so */
+        }
+        if (over) {
+            st->flags |= INA_FLAG_OVERFLOW;
+            sw->c.overflows++;
+        }
+        st->result_len = 4 * n;
+        return;
+    }
+    int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
+    uint64_t key = sw->rng_key, base = sw->nc_elements_rounded;
+    int over = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t s = acc[i];
+        uint64_t mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
+        if (!mag) {
+            st->result[i] = 0;
+            continue;
+        }
+        int a = 63 - __builtin_clzll(mag);
+        uint64_t rem = mag - ((uint64_t)1 << a);
+        int up;
+        if (a == 0)
+            up = 0;
+        else if (sw->nc_deterministic)
+            up = rem >= ((uint64_t)1 << (a - 1));
+        else {
+            int shift = 64 - a;
+            shift = shift < 1 ? 1 : shift > 63 ? 63 : shift;
+            up = (ina_rng_word(key, base + i) >> shift) < rem;
+        }
+        int level = floor + a + up;
+        if (level > INA_NC_LEVEL_MAX) {
+            over = 1;
+            level = INA_NC_LEVEL_MAX;
+        }
+        st->result[i] = (uint8_t)((level + INA_NC_BIAS) | (s < 0 ? 0x80 : 0));
+    }
+    sw->nc_elements_rounded += n;
+    if (over) {
+        st->flags |= INA_FLAG_OVERFLOW;
+        sw->c.overflows++;
+    }
+    st->result_len = n;
+}
+
+static void result(const job_t *j, const header *h, const slot_set *st, uint8_t rank, uint64_t dst, ina_out *o)
+{
+    o->dst = dst;
+    put_header(o->hdr, INA_MSG_RESULT, (uint16_t)j->job_id, rank, st->round_id, h->slot, h->set, st->n_elems,
+               st->codec, st->exp_cur, st->exp_max, st->flags);
+    o->payload = st->result;
+    o->len = st->result_len;
+    o->stable = 1;
+}
+
+static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
+{
+    int32_t ji = sw->job_index[h->job];
+    if (ji < 0)
+        return drop(sw, INA_DROP_UNKNOWN_JOB, NULL, -1);
+    job_t *j = &sw->jobs[ji];
+    if (h->rank >= j->world_size)
+        return drop(sw, INA_DROP_UNKNOWN_WORKER, NULL, -1);
+    if (h->slot >= sw->slots || h->count > sw->max_elements)
+        return drop(sw, INA_DROP_BAD_SLOT, NULL, -1);
+    uint32_t s = h->slot, x = h->set;
+    (*slot_counter(sw, j, INA_SLOT_RECEIVED, s))++;
+    slot_set *st = &j->sets[2 * s + x], *other = &j->sets[2 * s + (1 - x)];
+    uint64_t bit = 1ULL << h->rank, before = st->bitmap;
+    const uint8_t *payload = pkt + INA_HEADER_SIZE;
+
+    if (before & bit) {
+        if (h->packet_id != st->round_id)
+            return drop(sw, INA_DROP_STALE, j, (int)s); /* same set, other round: a protocol violation */
+        other->bitmap &= ~bit;
+        if (st->complete) {
+            (*slot_counter(sw, j, INA_SLOT_RESENT, s))++;
+            result(j, h, st, h->rank, src, out); /* unicast back where it came from */
+            return 1;
+        }
+        return drop(sw, INA_DROP_DUPLICATE, j, (int)s);
+    }
+    if (before == 0) {
+        if (st->has_round && !serial_gt(h->packet_id, st->round_id))
+            return drop(sw, INA_DROP_STALE, j, (int)s); /* a late packet of a round that is over */
+        if (!values(h, payload, st->acc, 0))
+            return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
+        st->round_id = h->packet_id;
+        st->has_round = 1;
+        st->complete = 0;
+        st->count = 0;
+        st->codec = h->codec;
+        st->n_elems = h->count;
+        st->exp_cur = h->exp_cur;
+        st->exp_max = h->exp_next;
+        st->flags = 0;
+    } else {
+        if (h->packet_id != st->round_id || st->complete)
+            return drop(sw, INA_DROP_STALE, j, (int)s); /* late retransmission from a worker that moved on */
+        if (h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur)
+            return drop(sw, INA_DROP_MISMATCH, j, (int)s);
+        if (!values(h, payload, st->acc, 1))
+            return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
+        if (h->exp_next > st->exp_max)
+            st->exp_max = h->exp_next;
+    }
+    st->bitmap = before | bit;
+    other->bitmap &= ~bit;
+    j->addresses[h->rank] = src;
+    if (++st->count < j->world_size)
+        return 0;
+    st->complete = 1;
+    finish(sw, st);
+    (*slot_counter(sw, j, INA_SLOT_MULTICAST, s))++;
+    for (uint32_t r = 0; r < j->world_size; r++)
+        result(j, h, st, (uint8_t)r, j->addresses[r], &out[r]);
+    return (int)j->world_size;
+}
+
+int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)
+{
+    header h;
+    int n;
+    sw->c.packets_in++;
+    if (parse(pkt, len, &h) < 0)
+        return drop(sw, INA_DROP_MALFORMED, NULL, -1);
+    if (h.msg_type == INA_MSG_UPDATE)
+        n = on_update(sw, &h, pkt, src, out);
+    else if (h.msg_type == INA_MSG_JOIN)
+        n = on_join(sw, &h, pkt, len, src, out);
+    else if (h.msg_type == INA_MSG_STATS_REQ)
+        return INA_PUNT; /* the control plane answers, and counts its reply */
+    else
+        return drop(sw, INA_DROP_MALFORMED, NULL, -1); /* results, acks... are never sent to a switch */
+    sw->c.packets_out += (uint64_t)n;
+    return n;
+}

@@ -1,0 +1,57 @@
+/* The aggregator core: switchsim/model.py in C, packet for packet and counter for counter.
+ * Transport-free like the model: ina_switch_process() takes one packet and a source address (an opaque
+ * 64-bit id the transport chooses) and fills the packets to emit. */
+#ifndef INA_CORE_H
+#define INA_CORE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ina_wire.h"
+
+#define INA_MAX_OUT INA_MAX_WORKERS /* a multicast, or the join acks of a full job */
+#define INA_PUNT (-1)               /* a packet for the control plane (stats request) */
+#define INA_CTRL_PAYLOAD 1024       /* longest control payload (error text) */
+
+/* drop reasons, in the order of model.DROP_REASONS */
+enum {
+    INA_DROP_MALFORMED, INA_DROP_UNKNOWN_JOB, INA_DROP_UNKNOWN_WORKER, INA_DROP_BAD_SLOT, INA_DROP_STALE,
+    INA_DROP_MISMATCH, INA_DROP_DUPLICATE, INA_DROP_BAD_CODES, INA_DROP_COUNT
+};
+/* per-slot counters, in the order of model.SLOT_COUNTERS */
+enum { INA_SLOT_RECEIVED, INA_SLOT_MULTICAST, INA_SLOT_RESENT, INA_SLOT_DROPPED, INA_SLOT_COUNTERS };
+
+/* One packet to send: a header of its own plus a payload. `stable` payloads live in slot memory and stay
+ * valid until that (slot, set) completes again (after every worker got this result), so a transport may
+ * send them without copying; others are valid until the next call. */
+typedef struct {
+    uint64_t dst;
+    uint8_t hdr[INA_HEADER_SIZE];
+    const uint8_t *payload;
+    uint32_t len;
+    uint32_t stable;
+} ina_out;
+
+typedef struct {
+    uint64_t packets_in, packets_out, overflows;
+    uint64_t drops[INA_DROP_COUNT];
+} ina_counters;
+
+typedef struct ina_switch ina_switch;
+
+ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_deterministic, uint64_t seed);
+void ina_switch_free(ina_switch *sw);
+/* 0 on success, -1 for a bad id / world size or a job served twice */
+int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
+/* number of packets written to out (<= INA_MAX_OUT), or INA_PUNT */
+int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out);
+void ina_switch_count_out(ina_switch *sw, uint64_t n); /* replies the control plane sent itself */
+
+const ina_counters *ina_switch_counters(const ina_switch *sw);
+uint32_t ina_switch_jobs(const ina_switch *sw);
+/* job i (in the order added): id, world size, generation, and its [INA_SLOT_COUNTERS][slots] counters */
+void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
+                         uint64_t *generation);
+const uint64_t *ina_switch_job_slot_counters(const ina_switch *sw, uint32_t i);
+uint32_t ina_switch_slots(const ina_switch *sw);
+
+#endif

@@ -1,0 +1,17 @@
+/* Worker-side codec kernels (natural compression, fixed point) used by hostlib when built. */
+#ifndef INA_KERNELS_H
+#define INA_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define INA_KERNEL_NONFINITE 1 /* NaN or Inf in the input */
+#define INA_KERNEL_OVERFLOW 2  /* a level above 2^63 */
+#define INA_KERNEL_BAD_CODE 3  /* the invalid NC code 0x80 */
+
+/* NC codes for float32 x, elements offset.. of the stream of seed; values below 2^floor go to 0 / 2^floor */
+int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
+                  int floor);
+int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
+/* big-endian int32 of rint(x * scale), clipped to +-limit */
+void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be);
+#endif

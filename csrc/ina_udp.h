@@ -1,0 +1,32 @@
+/* The switch on a UDP socket with the interpreter off the per-packet path: recvmmsg a batch, run each
+ * packet through the core, sendmmsg what it emits (headers per destination, result payloads sent from slot
+ * memory without a copy). The same network impairments as switchsim/server.py, done here in C. */
+#ifndef INA_UDP_H
+#define INA_UDP_H
+#include <stdint.h>
+
+#include "ina_core.h"
+
+#define INA_UDP_BATCH 64
+#define INA_UDP_MAX_PUNT 16
+
+typedef struct {
+    uint64_t bytes_in, bytes_out, send_errors, recv_batches, punts_dropped;
+    uint64_t dropped[2], duplicated[2], reordered[2]; /* [0] = received side, [1] = sent side */
+} ina_udp_counters;
+
+typedef struct ina_udp ina_udp;
+
+/* fd: a bound IPv4 UDP socket owned by the caller; loss/dup/reorder are probabilities per packet and side */
+ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reorder, uint64_t seed);
+void ina_udp_free(ina_udp *u);
+/* Serve a while: returns the number of control-plane packets (stats requests) waiting, or 0 when idle for
+ * 10 ms, after 256 batches, on a signal or once stopped, so the caller can look at its own state; -1 on a
+ * socket error, with errno set. Call it in a loop. */
+int ina_udp_run(ina_udp *u);
+void ina_udp_stop(ina_udp *u);
+/* waiting control packet i: bytes, length, and source (IPv4 address and port, host order) */
+const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port);
+void ina_udp_punt_clear(ina_udp *u);
+const ina_udp_counters *ina_udp_counters_of(const ina_udp *u);
+#endif

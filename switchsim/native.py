@@ -1,0 +1,165 @@
+"""The C aggregator core (csrc/ina_core.c) and its C UDP loop, behind the same interfaces as the reference
+model (`Switch`) and the Python server (`UDPServer`). Built by cffi at install time."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+from hostlib import wire
+
+from .model import DROP_REASONS, SLOT_COUNTERS, check_config
+from .server import RCVBUF
+
+try:
+    from ._native import ffi, lib
+except ImportError as e:  # not built (no compiler at install time)
+    ffi = lib = None
+    IMPORT_ERROR = str(e)
+else:
+    IMPORT_ERROR = ""
+
+MASK64 = (1 << 64) - 1
+
+
+def available() -> bool:
+    return lib is not None
+
+
+def require():
+    if lib is None:
+        raise RuntimeError(f"the C core is not built ({IMPORT_ERROR}); reinstall with a C compiler: pip install -e .")
+
+
+def core_stats(core, per_slot: bool = False) -> dict:
+    """model.Switch.stats() for a C core (an `ina_switch *`), the same keys and numbers."""
+    c = lib.ina_switch_counters(core)
+    slots = lib.ina_switch_slots(core)
+    jobs = {}
+    job_id, world, gen = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("uint64_t *")
+    for i in range(lib.ina_switch_jobs(core)):
+        lib.ina_switch_job_info(core, i, job_id, world, gen)
+        counters = lib.ina_switch_job_slot_counters(core, i)
+        arrays = {name: [counters[k * slots + s] for s in range(slots)] for k, name in enumerate(SLOT_COUNTERS)}
+        j = {"world_size": world[0], "generation": gen[0]}
+        j.update({name: sum(a) for name, a in arrays.items()})
+        if per_slot:
+            j["per_slot"] = arrays
+        jobs[str(job_id[0])] = j
+    return {"packets_in": c.packets_in, "packets_out": c.packets_out,
+            "dropped": {name: c.drops[k] for k, name in enumerate(DROP_REASONS)},
+            "overflows": c.overflows, "jobs": jobs}
+
+
+def new_core(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: str, seed: int):
+    """An `ina_switch *` (freed with the returned object) serving `jobs`."""
+    require()
+    check_config(jobs, slots, max_elements, nc_rounding)
+    core = ffi.gc(lib.ina_switch_new(slots, max_elements, nc_rounding == "deterministic", seed & MASK64),
+                  lib.ina_switch_free)
+    if core == ffi.NULL:
+        raise MemoryError("cannot allocate the switch")
+    for job_id, n in jobs.items():
+        if lib.ina_switch_add_job(core, job_id, n) != 0:
+            raise MemoryError(f"cannot allocate job {job_id}")
+    return core
+
+
+class CoreSwitch:
+    """model.Switch's interface on the C core: process(data, src) -> [(bytes, dst)], stats()."""
+
+    def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
+                 nc_rounding: str = "stochastic", seed: int = 0):
+        self.core = new_core(jobs, slots, max_elements, nc_rounding, seed)
+        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in jobs.items()}
+        self.slots, self.max_elements = slots, max_elements
+        self._out = ffi.new("ina_out[]", lib.INA_MAX_OUT)
+        self._ids: dict[object, int] = {}  # source address -> 64-bit id the core keeps
+        self._addrs: list[object] = []
+
+    def _id(self, src) -> int:
+        i = self._ids.get(src)
+        if i is None:
+            i = self._ids[src] = len(self._addrs)
+            self._addrs.append(src)
+        return i
+
+    def process(self, data, src) -> list[tuple[bytes, object]]:
+        data = bytes(data)
+        n = lib.ina_switch_process(self.core, data, len(data), self._id(src), self._out)
+        if n == lib.INA_PUNT:  # stats request: the control plane answers
+            reply = wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode())
+            lib.ina_switch_count_out(self.core, 1)
+            return [(reply, src)]
+        out = []
+        for o in self._out[0:n]:
+            out.append((bytes(ffi.buffer(o.hdr)) + bytes(ffi.buffer(o.payload, o.len)), self._addrs[o.dst]))
+        return out
+
+    def stats(self, per_slot: bool = False) -> dict:
+        return core_stats(self.core, per_slot)
+
+
+def _impairment_stats(c) -> dict:
+    return {side: {"dropped": c.dropped[i], "duplicated": c.duplicated[i], "reordered": c.reordered[i]}
+            for i, side in enumerate(("rx", "tx"))}
+
+
+class CUDPServer:
+    """UDPServer's interface with the per-packet loop in C (csrc/ina_udp.c). Stats requests come up to
+    this Python control plane; everything else stays in C."""
+
+    def __init__(self, backend: CoreSwitch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
+                 reorder=0.0, seed=None):
+        for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+        self.backend = backend
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
+        self.sock.bind((host, port))
+        self.address = self.sock.getsockname()
+        self.loop = ffi.gc(lib.ina_udp_new(backend.core, self.sock.fileno(), loss, dup, reorder,
+                                           (seed or 0) & MASK64), lib.ina_udp_free)
+        if self.loop == ffi.NULL:
+            raise MemoryError("cannot allocate the UDP loop")
+        self._stopped = threading.Event()
+        self.started = time.monotonic()
+
+    def serve_forever(self):
+        length, ip, port = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("uint16_t *")
+        while not self._stopped.is_set():
+            n = lib.ina_udp_run(self.loop)  # releases the GIL until stopped or a stats request waits
+            if n < 0:
+                raise OSError(ffi.errno, "switch UDP loop failed")
+            for i in range(n):
+                lib.ina_udp_punt(self.loop, i, length, ip, port)
+                dst = (socket.inet_ntoa(ip[0].to_bytes(4, "big")), port[0])
+                reply = wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode())
+                try:
+                    self.sock.sendto(reply, dst)
+                except OSError:
+                    pass
+            lib.ina_udp_punt_clear(self.loop)
+
+    def start_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="switchsim-c", daemon=True)
+        t.start()
+        return t
+
+    def stop(self):
+        self._stopped.set()
+        lib.ina_udp_stop(self.loop)
+
+    def close(self):
+        self.sock.close()
+
+    def stats(self, per_slot: bool = False) -> dict:
+        s = self.backend.stats(per_slot=per_slot)
+        c = lib.ina_udp_counters_of(self.loop)
+        s.update({"bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "send_errors": c.send_errors,
+                  "impairment": _impairment_stats(c), "uptime_s": round(time.monotonic() - self.started, 3)})
+        return s
