@@ -14,23 +14,34 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import rng, wire
+from .. import kernels, rng, wire
 from .base import Codec, block_exponents
 
 _SIGN = np.uint8(0x80)
-
-
-def _check_finite_f32(bits: np.ndarray) -> None:
-    if np.any((bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)):
-        raise ValueError("natural compression: input contains NaN or Inf")
+NONFINITE_MESSAGE = "natural compression: input contains NaN or Inf"
+OVERFLOW_MESSAGE = f"natural compression: |x| >= 2^{wire.NC_LEVEL_MAX} is out of range"
+BAD_CODE_MESSAGE = "natural compression: 0x80 is not a valid code"
 
 
 def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
            floor: int = wire.NC_LEVEL_MIN) -> np.ndarray:
-    """NC codes (uint8) for x (any float array, computed on its float32 value)."""
+    """NC codes (uint8) for x (any float array, computed on its float32 value); the C kernel when built."""
     x32 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if not kernels.enabled():
+        return encode_reference(x32, seed, offset, deterministic, floor)
+    codes, status = kernels.nc_encode(x32, seed, offset, deterministic, floor)
+    if status == kernels.NONFINITE:
+        raise ValueError(NONFINITE_MESSAGE)
+    if status == kernels.OVERFLOW:
+        raise OverflowError(OVERFLOW_MESSAGE)
+    return codes
+
+
+def encode_reference(x32: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int) -> np.ndarray:
+    """The numpy definition of `encode` that the C kernel matches bit for bit."""
     bits = x32.view(np.uint32)
-    _check_finite_f32(bits)
+    if np.any((bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)):
+        raise ValueError(NONFINITE_MESSAGE)
     n = bits.size
     expf = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int16)
     mant = bits & np.uint32(0x7FFFFF)
@@ -51,7 +62,7 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
             up_b = (r[below] >> np.uint64(11)).astype(np.float64) < p
         level[below] = np.where(up_b, floor, wire.NC_LEVEL_MIN - 1)  # NC_LEVEL_MIN-1 marks zero
     if level.size and level.max() > wire.NC_LEVEL_MAX:
-        raise OverflowError(f"natural compression: |x| >= 2^{wire.NC_LEVEL_MAX} is out of range")
+        raise OverflowError(OVERFLOW_MESSAGE)
     zero = level < wire.NC_LEVEL_MIN
     codes = (level + wire.NC_BIAS).astype(np.uint8)
     codes |= (bits >> np.uint32(31)).astype(np.uint8) << np.uint8(7)
@@ -68,8 +79,13 @@ for _m in range(1, 128):
 def decode(codes, dtype=np.float32) -> np.ndarray:
     """Values of NC codes; raises ValueError on the invalid code 0x80."""
     c = np.asarray(codes, dtype=np.uint8)
+    if dtype == np.float32 and kernels.enabled():
+        out, status = kernels.nc_decode(np.ascontiguousarray(c).reshape(-1))
+        if status:
+            raise ValueError(BAD_CODE_MESSAGE)
+        return out.reshape(c.shape)
     if np.any(c == _SIGN):
-        raise ValueError("natural compression: 0x80 is not a valid code")
+        raise ValueError(BAD_CODE_MESSAGE)
     return _DECODE[c].astype(dtype, copy=False)
 
 

@@ -1,0 +1,72 @@
+/* Replays a packet trace through the core and writes what it emits, for tests/test_native.py, which
+ * builds this with AddressSanitizer and compares the output with the reference model's.
+ * in:  u32 slots, u32 max_elements, u32 deterministic, u64 seed, u32 jobs, jobs x (u32 id, u32 world),
+ *      then packets: u32 len, u64 src, bytes (little-endian framing)
+ * out: per emitted packet: u32 index of the packet that caused it, u64 dst, u32 len, bytes
+ * It also runs the codec kernels over odd-sized buffers so the sanitizer sees their loops. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ina_core.h"
+#include "ina_kernels.h"
+
+static int rd(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
+
+static int kernels(void)
+{
+    for (size_t n = 0; n < 300; n += 37) {
+        float *x = malloc((n + 1) * sizeof *x), *y = malloc((n + 1) * sizeof *y);
+        uint8_t *codes = malloc(n + 1), *be = malloc(4 * n + 1);
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)((double)(i * 2654435761u % 1000) - 500.0) * 1e-3f;
+        if (ina_nc_encode(x, n, codes, 1, 2, 0, -20) != 0 || ina_nc_decode(codes, n, y) != 0)
+            return 1;
+        ina_fixed_quantize(x, n, 1e6, 1 << 30, be);
+        free(x), free(y), free(codes), free(be);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        return 2;
+    FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
+    if (!in || !out)
+        return 2;
+    uint32_t slots, k, det, jobs;
+    uint64_t seed;
+    if (!rd(in, &slots, 4) || !rd(in, &k, 4) || !rd(in, &det, 4) || !rd(in, &seed, 8) || !rd(in, &jobs, 4))
+        return 2;
+    ina_switch *sw = ina_switch_new(slots, k, (int)det, seed);
+    if (!sw)
+        return 3;
+    for (uint32_t i = 0; i < jobs; i++) {
+        uint32_t id, world;
+        if (!rd(in, &id, 4) || !rd(in, &world, 4) || ina_switch_add_job(sw, id, world) != 0)
+            return 3;
+    }
+    static ina_out o[INA_MAX_OUT];
+    uint32_t len;
+    uint64_t src;
+    for (uint32_t index = 0; rd(in, &len, 4) && rd(in, &src, 8); index++) {
+        uint8_t *pkt = malloc(len ? len : 1); /* exact size: a read past the end is a sanitizer report */
+        if (!rd(in, pkt, len))
+            return 2;
+        int n = ina_switch_process(sw, pkt, len, src, o);
+        for (int i = 0; i < n; i++) {
+            uint32_t total = INA_HEADER_SIZE + o[i].len;
+            fwrite(&index, 4, 1, out);
+            fwrite(&o[i].dst, 8, 1, out);
+            fwrite(&total, 4, 1, out);
+            fwrite(o[i].hdr, 1, INA_HEADER_SIZE, out);
+            fwrite(o[i].payload, 1, o[i].len, out);
+        }
+        free(pkt);
+    }
+    ina_switch_free(sw);
+    fclose(in);
+    fclose(out);
+    return kernels();
+}

@@ -1,0 +1,44 @@
+"""The C codec kernels (csrc/ina_kernels.c), used by hostlib.codecs when built; numpy otherwise.
+
+Set INA_KERNELS=numpy to force the numpy reference (benchmarks compare the two).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    from ._kernels import ffi, lib
+except ImportError:  # not built: the numpy reference serves
+    ffi = lib = None
+
+MASK64 = (1 << 64) - 1
+NONFINITE, OVERFLOW, BAD_CODE = 1, 2, 3
+
+
+def enabled() -> bool:
+    return lib is not None and os.environ.get("INA_KERNELS", "native") != "numpy"
+
+
+def nc_encode(x32: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int):
+    """(codes, status) for contiguous float32 x32; status is 0, NONFINITE or OVERFLOW."""
+    codes = np.empty(x32.size, dtype=np.uint8)
+    rc = lib.ina_nc_encode(ffi.from_buffer("float[]", x32), x32.size, ffi.from_buffer("uint8_t[]", codes),
+                           seed & MASK64, offset & MASK64, int(deterministic), floor)
+    return codes, rc
+
+
+def nc_decode(codes: np.ndarray):
+    """(float32 values, status) for contiguous uint8 codes; status is 0 or BAD_CODE."""
+    out = np.empty(codes.size, dtype=np.float32)
+    rc = lib.ina_nc_decode(ffi.from_buffer("uint8_t[]", codes), codes.size, ffi.from_buffer("float[]", out))
+    return out, rc
+
+
+def fixed_quantize(x32: np.ndarray, scale: float, limit: int) -> bytes:
+    """Big-endian int32 bytes of clip(rint(x * scale), -limit, limit) for contiguous float32 x32."""
+    out = bytearray(4 * x32.size)
+    lib.ina_fixed_quantize(ffi.from_buffer("float[]", x32), x32.size, float(scale), int(limit),
+                           ffi.from_buffer("uint8_t[]", out))
+    return bytes(out)
