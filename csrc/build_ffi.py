@@ -78,10 +78,12 @@ void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, u
 DPDK_CDEF = """
 typedef struct {
     uint64_t rx_packets, tx_packets, rx_bytes, tx_bytes, tx_full, not_ina, arp_replies, punts_dropped;
+    uint64_t dropped[2], duplicated[2], reordered[2]; /* impairments: [0] received side, [1] sent side */
 } ina_dpdk_counters;
 typedef struct ina_dpdk ina_dpdk;
 int ina_dpdk_eal_init(int argc, char **argv);
-ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, char *err, size_t errlen);
+ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, double loss, double dup,
+                       double reorder, uint64_t seed, char *err, size_t errlen);
 int ina_dpdk_run(ina_dpdk *d);
 void ina_dpdk_stop(ina_dpdk *d);
 const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src);
@@ -119,7 +121,7 @@ def _pkg_config(*args):
                                       text=True).stdout)
 
 
-if dpdk_available() and os.path.exists(os.path.join(HERE, "ina_dpdk.c")):
+if dpdk_available():
     dpdk_ffi = _ffi("switchsim._dpdk", CORE_CDEF + DPDK_CDEF, ["ina_core.h", "ina_dpdk.h"],
                     _src("ina_core.c", "ina_dpdk.c"), cflags=_pkg_config("--cflags"),
                     extra_link_args=_pkg_config("--libs"))

@@ -9,25 +9,17 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "ina_rng.h"
+#include "ina_impair.h"
 
 #define RX_BUF 65536
 #define IDLE_MS 10
 #define RUN_BATCHES 256 /* then return, so the caller sees signals and its stop flag */
 
-typedef struct {
-    uint8_t *buf;
-    uint32_t len;
-    uint64_t src;
-    int full;
-} held_pkt;
-
 struct ina_udp {
     ina_switch *sw;
     int fd;
     volatile int stop;
-    double loss, dup, reorder;
-    uint64_t rng_key, rng_ctr;
+    ina_impair side[2]; /* [0] received packets, [1] sent packets */
     ina_udp_counters c;
     /* receive batch */
     struct mmsghdr rmsg[INA_UDP_BATCH];
@@ -42,15 +34,12 @@ struct ina_udp {
     uint8_t sctrl[INA_UDP_BATCH][INA_CTRL_PAYLOAD];
     int n_send;
     ina_out out[INA_MAX_OUT];
-    held_pkt held[2]; /* [0] a received packet held back, [1] a packet to send held back */
     /* control-plane packets for the caller */
     uint8_t punt[INA_UDP_MAX_PUNT][2048];
     uint32_t punt_len[INA_UDP_MAX_PUNT];
     struct sockaddr_in punt_src[INA_UDP_MAX_PUNT];
     int n_punt;
 };
-
-static double uniform(ina_udp *u) { return (double)(ina_rng_word(u->rng_key, u->rng_ctr++) >> 11) * 0x1p-53; }
 
 ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reorder, uint64_t seed)
 {
@@ -60,18 +49,15 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
     if (!u)
         return NULL;
     u->rbuf = malloc((size_t)INA_UDP_BATCH * RX_BUF);
-    u->held[0].buf = malloc(RX_BUF);
-    u->held[1].buf = malloc(RX_BUF + INA_HEADER_SIZE);
-    if (!u->rbuf || !u->held[0].buf || !u->held[1].buf) {
+    int bad = !u->rbuf;
+    for (int i = 0; i < 2; i++)
+        bad |= ina_impair_init(&u->side[i], loss, dup, reorder, seed + (uint64_t)i, RX_BUF + INA_HEADER_SIZE);
+    if (bad) {
         ina_udp_free(u);
         return NULL;
     }
     u->sw = sw;
     u->fd = fd;
-    u->loss = loss;
-    u->dup = dup;
-    u->reorder = reorder;
-    u->rng_key = ina_rng_key(seed);
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -84,13 +70,22 @@ void ina_udp_free(ina_udp *u)
     if (!u)
         return;
     free(u->rbuf);
-    free(u->held[0].buf);
-    free(u->held[1].buf);
+    ina_impair_free(&u->side[0]);
+    ina_impair_free(&u->side[1]);
     free(u);
 }
 
 void ina_udp_stop(ina_udp *u) { u->stop = 1; }
-const ina_udp_counters *ina_udp_counters_of(const ina_udp *u) { return &u->c; }
+const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
+{
+    ina_udp_counters *c = (ina_udp_counters *)&u->c;
+    for (int i = 0; i < 2; i++) {
+        c->dropped[i] = u->side[i].dropped;
+        c->duplicated[i] = u->side[i].duplicated;
+        c->reordered[i] = u->side[i].reordered;
+    }
+    return c;
+}
 void ina_udp_punt_clear(ina_udp *u) { u->n_punt = 0; }
 
 const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port)
@@ -153,97 +148,41 @@ static void queue(ina_udp *u, uint64_t dst, const uint8_t *hdr, const uint8_t *p
         flush(u);
 }
 
-static void release_tx(ina_udp *u)
+static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
+                      uint32_t len, int copied)
 {
-    held_pkt *h = &u->held[1];
-    if (!h->full)
-        return;
-    h->full = 0;
-    queue(u, h->src, h->buf, h->buf + INA_HEADER_SIZE, h->len, 1);
+    (void)hlen;
+    queue(ctx, dst, hdr, payload, len, copied);
 }
 
-/* the sending side of the impaired network, as switchsim.server.Impairment.apply */
-static void emit(ina_udp *u, const ina_out *o)
+static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
+                    uint32_t unused_len, int copied)
 {
-    if (u->loss && uniform(u) < u->loss) {
-        u->c.dropped[1]++;
-        return;
-    }
-    int twice = u->dup && uniform(u) < u->dup;
-    if (twice)
-        u->c.duplicated[1]++;
-    if (u->held[1].full) {
-        queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
-        if (twice)
-            queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
-        release_tx(u);
-    } else if (u->reorder && uniform(u) < u->reorder) {
-        u->c.reordered[1]++;
-        held_pkt *h = &u->held[1];
-        memcpy(h->buf, o->hdr, INA_HEADER_SIZE);
-        memcpy(h->buf + INA_HEADER_SIZE, o->payload, o->len);
-        h->len = o->len;
-        h->src = o->dst;
-        h->full = 1;
-        if (twice)
-            queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
-    } else {
-        queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
-        if (twice)
-            queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
-    }
-}
-
-/* ------------------------------------------------------------------ receiving */
-static void deliver(ina_udp *u, const uint8_t *pkt, uint32_t len, uint64_t src)
-{
+    ina_udp *u = ctx;
+    (void)unused, (void)unused_len, (void)copied;
     int n = ina_switch_process(u->sw, pkt, len, src, u->out);
-    int impaired = u->loss || u->dup || u->reorder;
     for (int i = 0; i < n; i++) {
-        if (impaired)
-            emit(u, &u->out[i]);
+        const ina_out *o = &u->out[i];
+        if (ina_impair_active(&u->side[1]))
+            ina_impair_apply(&u->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, send_sink, u);
         else
-            queue(u, u->out[i].dst, u->out[i].hdr, u->out[i].payload, u->out[i].len, !u->out[i].stable);
+            queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
     }
-}
-
-static void release_rx(ina_udp *u)
-{
-    held_pkt *h = &u->held[0];
-    if (!h->full)
-        return;
-    h->full = 0; /* the buffer is not reused before deliver returns: only a later packet can be held */
-    deliver(u, h->buf, h->len, h->src);
 }
 
 static void receive(ina_udp *u, const uint8_t *pkt, uint32_t len, uint64_t src)
 {
-    if (u->loss && uniform(u) < u->loss) {
-        u->c.dropped[0]++;
-        return;
-    }
-    int twice = u->dup && uniform(u) < u->dup;
-    if (twice)
-        u->c.duplicated[0]++;
-    if (u->held[0].full) {
-        deliver(u, pkt, len, src);
-        if (twice)
-            deliver(u, pkt, len, src);
-        release_rx(u);
-    } else if (u->reorder && uniform(u) < u->reorder) {
-        u->c.reordered[0]++;
-        held_pkt *h = &u->held[0];
-        memcpy(h->buf, pkt, len);
-        h->len = len;
-        h->src = src;
-        h->full = 1;
-        if (twice)
-            deliver(u, pkt, len, src);
-    } else {
-        deliver(u, pkt, len, src);
-        if (twice)
-            deliver(u, pkt, len, src);
-    }
+    if (ina_impair_active(&u->side[0]))
+        ina_impair_apply(&u->side[0], src, pkt, len, pkt + len, 0, deliver, u);
+    else
+        deliver(u, src, pkt, len, NULL, 0, 0);
+}
+
+static void release_held(ina_udp *u)
+{
+    ina_impair_flush(&u->side[0], deliver, u);
+    ina_impair_flush(&u->side[1], send_sink, u);
+    flush(u);
 }
 
 int ina_udp_run(ina_udp *u)
@@ -254,9 +193,7 @@ int ina_udp_run(ina_udp *u)
         if (r < 0)
             return errno == EINTR ? 0 : -1; /* a signal: let the caller's handlers run */
         if (r == 0) { /* idle: let any packet held back for reordering go, and return to the caller */
-            release_rx(u);
-            release_tx(u);
-            flush(u);
+            release_held(u);
             return 0;
         }
         for (int i = 0; i < INA_UDP_BATCH; i++) {
@@ -295,10 +232,7 @@ int ina_udp_run(ina_udp *u)
         if (u->n_punt)
             return u->n_punt;
     }
-    if (u->stop) {
-        release_rx(u);
-        release_tx(u);
-        flush(u);
-    }
+    if (u->stop)
+        release_held(u);
     return 0;
 }

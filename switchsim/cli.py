@@ -21,7 +21,7 @@ def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
     return out
 
 
-BACKENDS = ("python", "c")
+BACKENDS = ("python", "c", "dpdk")
 
 
 def make_server(args):
@@ -31,6 +31,12 @@ def make_server(args):
     kw = dict(slots=args.slots, max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding,
               seed=args.seed)
     net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
+    if args.backend == "dpdk":
+        from .dpdk import DPDKServer
+
+        server = DPDKServer(jobs, args.host, args.port, **kw, loss=args.loss, dup=args.dup, reorder=args.reorder,
+                            eal=args.eal, vdev=args.vdev, iface=args.iface, dpdk_port=args.dpdk_port)
+        return server, server
     if args.backend == "c":
         from .native import CoreSwitch, CUDPServer
 
@@ -104,13 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how the switch re-compresses NC sums")
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--backend", choices=BACKENDS, default="python",
-                        help="python: reference model; c: C core and C UDP loop")
+                        help="python: reference model; c: C core and C UDP loop; dpdk: C core on a DPDK port")
 
     s = sub.add_parser("serve", help="run a switch on UDP")
     s.add_argument("--workers", type=int, help="workers of job 1 (default 2)")
     s.add_argument("--job", action="append", metavar="ID:WORKERS", help="serve this job (repeatable)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
+    s.add_argument("--iface", help="dpdk: drive this kernel interface with net_af_packet (e.g. a veth)")
+    s.add_argument("--vdev", action="append", help="dpdk: an EAL virtual device, e.g. net_memif0,role=server")
+    s.add_argument("--eal", help=f"dpdk: EAL arguments replacing the defaults ({'--no-huge ...'}), e.g. for a NIC")
+    s.add_argument("--dpdk-port", type=int, default=0, help="dpdk: port id to serve on")
     s.add_argument("--json-stats", action="store_true", help="print the counters (with per-slot arrays) as JSON on exit")
     network(s)
     s.set_defaults(func=cmd_serve)

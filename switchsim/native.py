@@ -33,8 +33,9 @@ def require():
         raise RuntimeError(f"the C core is not built ({IMPORT_ERROR}); reinstall with a C compiler: pip install -e .")
 
 
-def core_stats(core, per_slot: bool = False) -> dict:
-    """model.Switch.stats() for a C core (an `ina_switch *`), the same keys and numbers."""
+def core_stats(core, per_slot: bool = False, ffi=ffi, lib=lib) -> dict:
+    """model.Switch.stats() for a C core (an `ina_switch *` of the cffi module (ffi, lib)), the same keys
+    and numbers."""
     c = lib.ina_switch_counters(core)
     slots = lib.ina_switch_slots(core)
     jobs = {}
@@ -53,9 +54,10 @@ def core_stats(core, per_slot: bool = False) -> dict:
             "overflows": c.overflows, "jobs": jobs}
 
 
-def new_core(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: str, seed: int):
-    """An `ina_switch *` (freed with the returned object) serving `jobs`."""
-    require()
+def new_core(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: str, seed: int, ffi=ffi, lib=lib):
+    """An `ina_switch *` of the cffi module (ffi, lib), freed with the returned object, serving `jobs`."""
+    if lib is None:
+        require()
     check_config(jobs, slots, max_elements, nc_rounding)
     core = ffi.gc(lib.ina_switch_new(slots, max_elements, nc_rounding == "deterministic", seed & MASK64),
                   lib.ina_switch_free)

@@ -4,15 +4,18 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from switchsim import native
+from switchsim import dpdk, native
+from switchsim.server import query_stats
 from switchsim.model import Switch
 from switchsim.server import UDPServer
 
@@ -41,6 +44,7 @@ class UDPHarness:
     """Drives a switch served over UDP on loopback; port k is a UDP socket of its own."""
 
     switch_class, server_class = Switch, UDPServer
+    bind_ip = "127.0.0.1"
     quiet = 0.05  # a reply never takes longer than this on loopback; also how long "nothing" is awaited
 
     def __init__(self, jobs, **kw):
@@ -51,7 +55,7 @@ class UDPHarness:
     def _sock(self, port):
         if port not in self.socks:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
+            s.bind((self.bind_ip, 0))
             s.setblocking(False)
             self.socks[port] = s
         return self.socks[port]
@@ -89,7 +93,94 @@ class CUDPHarness(UDPHarness):
     switch_class, server_class = native.CoreSwitch, native.CUDPServer
 
 
-BACKENDS = {"model": ModelHarness, "udp": UDPHarness, "c": CoreHarness, "c-udp": CUDPHarness}
+class DPDKNet:
+    """A network namespace holding the switch's end of a veth pair; the test process (the workers) keeps
+    the other end. The DPDK switch drives its end with net_af_packet and answers ARP for SWITCH_IP."""
+
+    def __init__(self):
+        tag = os.getpid() % 100000
+        self.ns, self.worker_if, self.switch_if = f"ina-test-{tag}", f"inaw{tag}", f"inas{tag}"
+        self.worker_ip, self.switch_ip = f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2"
+        self.next_port = 41000
+        self.up = False
+        self.error = self._why_not()
+        if not self.error:
+            try:
+                for cmd in (f"ip netns add {self.ns}", f"ip link add {self.worker_if} type veth peer name {self.switch_if}",
+                            f"ip link set {self.switch_if} netns {self.ns}",
+                            f"ip addr add {self.worker_ip}/24 dev {self.worker_if}", f"ip link set {self.worker_if} up",
+                            f"ip netns exec {self.ns} ip link set {self.switch_if} up"):
+                    subprocess.run(cmd.split(), check=True, capture_output=True, text=True)
+                self.up = True
+            except subprocess.CalledProcessError as e:
+                self.error = f"cannot create a test network namespace ({e.cmd}: {e.stderr.strip()})"
+                self.close()
+
+    @staticmethod
+    def _why_not():
+        if not dpdk.available():
+            return f"the DPDK backend is not built ({dpdk.IMPORT_ERROR}); make test installs libdpdk-dev"
+        if os.geteuid() != 0:
+            return "DPDK tests need root to create a network namespace and a veth pair"
+        if not shutil.which("ip"):
+            return "DPDK tests need iproute2's ip command"
+        return ""
+
+    def port(self):
+        self.next_port += 1
+        return self.next_port
+
+    def serve_args(self, port):
+        return ["ip", "netns", "exec", self.ns, sys.executable, "-m", "switchsim", "serve", "--backend", "dpdk",
+                "--iface", self.switch_if, "--host", self.switch_ip, "--port", str(port)]
+
+    def close(self):
+        subprocess.run(["ip", "link", "del", self.worker_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+_dpdk_net = None
+
+
+def dpdk_net() -> DPDKNet:
+    global _dpdk_net
+    if _dpdk_net is None:
+        _dpdk_net = DPDKNet()
+    if _dpdk_net.error:
+        pytest.skip(_dpdk_net.error)
+    return _dpdk_net
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _dpdk_net is not None and _dpdk_net.up:
+        _dpdk_net.close()
+
+
+class DPDKHarness(UDPHarness):
+    """The C core on DPDK (af_packet on a veth), in its own process inside the test's namespace."""
+
+    quiet = 0.1
+
+    def __init__(self, jobs, slots=512, max_elements=1024, nc_rounding="stochastic", seed=0):
+        net = dpdk_net()
+        args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")]
+        args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed]
+        self.proc = SwitchProcess(*args, cmd=net.serve_args(net.port()))
+        host, port = self.proc.address.split(":")
+        self.server = SimpleNamespace(address=(host, int(port)))
+        self.bind_ip = net.worker_ip
+        self.socks = {}
+
+    def stats(self):
+        return query_stats(self.server.address)
+
+    def close(self):
+        self.proc.stop()
+        for s in self.socks.values():
+            s.close()
+
+
+BACKENDS = {"model": ModelHarness, "udp": UDPHarness, "c": CoreHarness, "c-udp": CUDPHarness, "dpdk": DPDKHarness}
 NEEDS_NATIVE = {"c", "c-udp"}
 NATIVE_MISSING = f"the C core is not built: {native.IMPORT_ERROR}"
 
@@ -99,6 +190,8 @@ def switch_backend(request):
     """Factory: switch_backend(jobs={1: n}, **switch_kwargs) -> harness with send(port, bytes)."""
     if request.param in NEEDS_NATIVE and not native.available():
         pytest.skip(NATIVE_MISSING)
+    if request.param == "dpdk":
+        dpdk_net()
     made = []
 
     def make(jobs, **kw):
@@ -114,11 +207,14 @@ def switch_backend(request):
 class SwitchProcess:
     """`switchsim serve` in a child process (its own interpreter, like a real deployment)."""
 
-    def __init__(self, *args, backend="python"):
-        cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--json-stats", "--backend", backend,
-               *map(str, args)]
+    def __init__(self, *args, backend="python", cmd=None):
+        if cmd is None:
+            cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", backend]
+        cmd = [*cmd, "--json-stats", *map(str, args)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
+        while line.startswith(("TELEMETRY", "EAL")):  # DPDK's own start-up lines
+            line = self.proc.stdout.readline()
         m = re.search(r"listening on ([\d.]+):(\d+)", line)
         if not m:
             self.proc.kill()
@@ -137,18 +233,23 @@ class SwitchProcess:
         return out
 
 
-SERVE_BACKENDS = ("python", "c")
+SERVE_BACKENDS = ("python", "c", "dpdk")
 
 
 @pytest.fixture(params=SERVE_BACKENDS)
 def switch_process(request):
-    """Factory: start `switchsim serve ARGS --backend B` for each serve backend B."""
+    """Factory: start `switchsim serve ARGS --backend B` for each serve backend B (dpdk: in the test's
+    namespace, reached through the veth)."""
     if request.param == "c" and not native.available():
         pytest.skip(NATIVE_MISSING)
+    net = dpdk_net() if request.param == "dpdk" else None
     started = []
 
     def start(*args):
-        sp = SwitchProcess(*args, backend=request.param)
+        if net:
+            sp = SwitchProcess(*args, cmd=net.serve_args(net.port()))
+        else:
+            sp = SwitchProcess(*args, backend=request.param)
         started.append(sp)
         return sp
 

@@ -1,0 +1,338 @@
+/* DPDK poll loop around the core, in the shape of DPDK's examples/skeleton: burst in, work, burst out,
+ * no allocation per packet but the reply mbufs. */
+#include "ina_dpdk.h"
+#include "ina_impair.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <rte_arp.h>
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_ether.h>
+#include <rte_ip.h>
+#include <rte_errno.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+#include <rte_udp.h>
+
+#define BURST 32
+#define RING 1024
+#define POOL_SIZE 8191
+#define MAX_PEERS 1024
+#define RUN_POLLS 2000  /* empty polls before returning to the caller */
+#define RUN_BURSTS 4096 /* bursts before returning to the caller, so it sees signals and its stop flag */
+#define SPIN_POLLS 256  /* empty polls before sleeping between polls: workers may share our cores */
+#define L2_L4 (sizeof(struct rte_ether_hdr) + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
+
+typedef struct {
+    struct rte_ether_addr mac;
+    uint32_t ip;    /* network order */
+    uint16_t port;  /* network order */
+} peer_t;
+
+struct ina_dpdk {
+    ina_switch *sw;
+    uint16_t port;
+    uint32_t ip;       /* network order */
+    uint16_t udp_port; /* network order */
+    struct rte_ether_addr mac;
+    struct rte_mempool *pool;
+    volatile int stop;
+    ina_impair side[2]; /* [0] received packets, [1] sent packets */
+    ina_dpdk_counters c;
+    peer_t peers[MAX_PEERS];
+    uint32_t n_peers, last_peer;
+    ina_out out[INA_MAX_OUT];
+    struct rte_mbuf *tx[BURST];
+    uint16_t n_tx;
+    uint16_t ip_id;
+    uint8_t punt[INA_DPDK_MAX_PUNT][2048];
+    uint32_t punt_len[INA_DPDK_MAX_PUNT];
+    uint64_t punt_src[INA_DPDK_MAX_PUNT];
+    int n_punt;
+};
+
+int ina_dpdk_eal_init(int argc, char **argv) { return rte_eal_init(argc, argv); }
+uint16_t ina_dpdk_port_count(void) { return rte_eth_dev_count_avail(); }
+void ina_dpdk_stop(ina_dpdk *d) { d->stop = 1; }
+void ina_dpdk_punt_clear(ina_dpdk *d) { d->n_punt = 0; }
+const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d)
+{
+    ina_dpdk_counters *c = (ina_dpdk_counters *)&d->c;
+    for (int i = 0; i < 2; i++) {
+        c->dropped[i] = d->side[i].dropped;
+        c->duplicated[i] = d->side[i].duplicated;
+        c->reordered[i] = d->side[i].reordered;
+    }
+    return c;
+}
+void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac) { memcpy(mac, d->mac.addr_bytes, RTE_ETHER_ADDR_LEN); }
+
+const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src)
+{
+    *len = d->punt_len[i];
+    *src = d->punt_src[i];
+    return d->punt[i];
+}
+
+ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, double loss, double dup,
+                       double reorder, uint64_t seed, char *err, size_t errlen)
+{
+    if (!rte_eth_dev_is_valid_port(port)) {
+        snprintf(err, errlen, "DPDK port %u does not exist (%u ports; check --vdev / the EAL arguments)", port,
+                 rte_eth_dev_count_avail());
+        return NULL;
+    }
+    ina_dpdk *d = rte_zmalloc("ina_dpdk", sizeof *d, 0);
+    if (!d) {
+        snprintf(err, errlen, "rte_zmalloc failed (EAL memory, -m)");
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++)
+        if (ina_impair_init(&d->side[i], loss, dup, reorder, seed + (uint64_t)i, 65536 + INA_HEADER_SIZE)) {
+            snprintf(err, errlen, "out of memory");
+            return NULL;
+        }
+    d->sw = sw;
+    d->port = port;
+    d->ip = rte_cpu_to_be_32(ip);
+    d->udp_port = rte_cpu_to_be_16(udp_port);
+    char name[32];
+    snprintf(name, sizeof name, "ina_pool_%u", port);
+    d->pool = rte_pktmbuf_pool_create(name, POOL_SIZE, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE,
+                                      rte_eth_dev_socket_id(port));
+    int rc = d->pool ? 0 : -rte_errno;
+    struct rte_eth_conf conf;
+    memset(&conf, 0, sizeof conf);
+    uint16_t nrx = RING, ntx = RING;
+    if (!rc)
+        rc = rte_eth_dev_configure(port, 1, 1, &conf);
+    if (!rc)
+        rc = rte_eth_dev_adjust_nb_rx_tx_desc(port, &nrx, &ntx);
+    if (!rc)
+        rc = rte_eth_rx_queue_setup(port, 0, nrx, rte_eth_dev_socket_id(port), NULL, d->pool);
+    if (!rc)
+        rc = rte_eth_tx_queue_setup(port, 0, ntx, rte_eth_dev_socket_id(port), NULL);
+    if (!rc)
+        rc = rte_eth_dev_start(port);
+    if (!rc)
+        rc = rte_eth_macaddr_get(port, &d->mac);
+    if (rc) {
+        snprintf(err, errlen, "setting up DPDK port %u failed: %s", port, rte_strerror(-rc));
+        rte_free(d);
+        return NULL;
+    }
+    rte_eth_promiscuous_enable(port); /* not every PMD supports it; frames to our MAC arrive anyway */
+    return d;
+}
+
+/* ------------------------------------------------------------------ peers */
+static uint64_t peer_id(ina_dpdk *d, const struct rte_ether_addr *mac, uint32_t ip, uint16_t port)
+{
+    peer_t *p = &d->peers[d->last_peer];
+    if (d->n_peers && p->ip == ip && p->port == port && rte_is_same_ether_addr(&p->mac, mac))
+        return d->last_peer;
+    for (uint32_t i = 0; i < d->n_peers; i++) {
+        p = &d->peers[i];
+        if (p->ip == ip && p->port == port) {
+            rte_ether_addr_copy(mac, &p->mac); /* a worker that moved keeps its id */
+            return d->last_peer = i;
+        }
+    }
+    uint32_t i = d->n_peers < MAX_PEERS ? d->n_peers++ : (d->last_peer + 1) % MAX_PEERS; /* full: reuse */
+    d->peers[i] = (peer_t){*mac, ip, port};
+    return d->last_peer = i;
+}
+
+/* ------------------------------------------------------------------ sending */
+static void flush(ina_dpdk *d)
+{
+    uint16_t sent = rte_eth_tx_burst(d->port, 0, d->tx, d->n_tx);
+    for (uint16_t i = 0; i < sent; i++)
+        d->c.tx_bytes += rte_pktmbuf_pkt_len(d->tx[i]);
+    d->c.tx_packets += sent;
+    for (uint16_t i = sent; i < d->n_tx; i++) {
+        d->c.tx_full++;
+        rte_pktmbuf_free(d->tx[i]);
+    }
+    d->n_tx = 0;
+}
+
+static void enqueue(ina_dpdk *d, struct rte_mbuf *m)
+{
+    d->tx[d->n_tx++] = m;
+    if (d->n_tx == BURST)
+        flush(d);
+}
+
+/* a UDP datagram from the switch to peer dst: header + payload, gathered into one mbuf */
+static int send_to(ina_dpdk *d, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
+                   uint32_t plen)
+{
+    if (dst >= d->n_peers)
+        return -1;
+    const peer_t *p = &d->peers[dst];
+    struct rte_mbuf *m = rte_pktmbuf_alloc(d->pool);
+    if (!m) {
+        d->c.tx_full++;
+        return -1;
+    }
+    uint32_t len = (uint32_t)L2_L4 + hlen + plen;
+    uint8_t *b = (uint8_t *)rte_pktmbuf_append(m, (uint16_t)len);
+    if (len > UINT16_MAX || !b) { /* larger than one mbuf: send smaller packets (--elements-per-packet) */
+        rte_pktmbuf_free(m);
+        d->c.tx_full++;
+        return -1;
+    }
+    struct rte_ether_hdr *eth = (struct rte_ether_hdr *)b;
+    struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+    struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+    rte_ether_addr_copy(&p->mac, &eth->dst_addr);
+    rte_ether_addr_copy(&d->mac, &eth->src_addr);
+    eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+    memset(ip, 0, sizeof *ip);
+    ip->version_ihl = RTE_IPV4_VHL_DEF;
+    ip->total_length = rte_cpu_to_be_16((uint16_t)(len - sizeof *eth));
+    ip->packet_id = rte_cpu_to_be_16(d->ip_id++);
+    ip->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_DF_FLAG);
+    ip->time_to_live = 64;
+    ip->next_proto_id = IPPROTO_UDP;
+    ip->src_addr = d->ip;
+    ip->dst_addr = p->ip;
+    ip->hdr_checksum = rte_ipv4_cksum(ip);
+    udp->src_port = d->udp_port;
+    udp->dst_port = p->port;
+    udp->dgram_len = rte_cpu_to_be_16((uint16_t)(sizeof *udp + hlen + plen));
+    udp->dgram_cksum = 0; /* optional in IPv4 */
+    memcpy(udp + 1, hdr, hlen);
+    memcpy((uint8_t *)(udp + 1) + hlen, payload, plen);
+    enqueue(d, m);
+    return 0;
+}
+
+int ina_dpdk_send(ina_dpdk *d, uint64_t dst, const uint8_t *pkt, uint32_t len)
+{
+    int rc = send_to(d, dst, pkt, 0, pkt, len);
+    flush(d);
+    return rc;
+}
+
+static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
+                      uint32_t len, int copied)
+{
+    (void)copied; /* send_to copies into the mbuf */
+    send_to(ctx, dst, hdr, hlen, payload, len);
+}
+
+/* ------------------------------------------------------------------ receiving */
+static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
+                    uint32_t unused_len, int copied)
+{
+    ina_dpdk *d = ctx;
+    (void)unused, (void)unused_len, (void)copied;
+    int k = ina_switch_process(d->sw, pkt, len, src, d->out);
+    for (int i = 0; i < k; i++) {
+        const ina_out *o = &d->out[i];
+        if (ina_impair_active(&d->side[1]))
+            ina_impair_apply(&d->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, send_sink, d);
+        else
+            send_to(d, o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len);
+    }
+}
+
+static void arp_reply(ina_dpdk *d, struct rte_mbuf *m)
+{
+    struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
+    struct rte_arp_hdr *arp = (struct rte_arp_hdr *)(eth + 1);
+    if (rte_pktmbuf_data_len(m) < sizeof *eth + sizeof *arp ||
+        arp->arp_opcode != rte_cpu_to_be_16(RTE_ARP_OP_REQUEST) || arp->arp_data.arp_tip != d->ip) {
+        d->c.not_ina++;
+        rte_pktmbuf_free(m);
+        return;
+    }
+    /* turn the request around in place */
+    rte_ether_addr_copy(&eth->src_addr, &eth->dst_addr);
+    rte_ether_addr_copy(&d->mac, &eth->src_addr);
+    arp->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REPLY);
+    arp->arp_data.arp_tha = arp->arp_data.arp_sha;
+    arp->arp_data.arp_tip = arp->arp_data.arp_sip;
+    rte_ether_addr_copy(&d->mac, &arp->arp_data.arp_sha);
+    arp->arp_data.arp_sip = d->ip;
+    d->c.arp_replies++;
+    enqueue(d, m);
+}
+
+static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
+{
+    uint32_t n = rte_pktmbuf_data_len(m);
+    d->c.rx_bytes += rte_pktmbuf_pkt_len(m);
+    struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
+    if (n >= sizeof *eth && eth->ether_type == rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP)) {
+        arp_reply(d, m);
+        return;
+    }
+    struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+    if (n < L2_L4 || m->nb_segs != 1 || eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
+        ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP || ip->dst_addr != d->ip ||
+        (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))) {
+        d->c.not_ina++;
+        rte_pktmbuf_free(m);
+        return;
+    }
+    struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+    uint32_t ulen = rte_be_to_cpu_16(udp->dgram_len);
+    if (udp->dst_port != d->udp_port || ulen < sizeof *udp || sizeof *eth + sizeof *ip + ulen > n) {
+        d->c.not_ina++;
+        rte_pktmbuf_free(m);
+        return;
+    }
+    const uint8_t *pkt = (const uint8_t *)(udp + 1);
+    uint32_t len = ulen - (uint32_t)sizeof *udp;
+    uint64_t src = peer_id(d, &eth->src_addr, ip->src_addr, udp->src_port);
+    if (len >= INA_HEADER_SIZE && pkt[INA_OFF_TYPE] == INA_MSG_STATS_REQ) {
+        if (d->n_punt < INA_DPDK_MAX_PUNT && len <= sizeof d->punt[0]) {
+            memcpy(d->punt[d->n_punt], pkt, len);
+            d->punt_len[d->n_punt] = len;
+            d->punt_src[d->n_punt++] = src;
+        } else {
+            d->c.punts_dropped++;
+        }
+        rte_pktmbuf_free(m);
+        return;
+    }
+    if (ina_impair_active(&d->side[0]))
+        ina_impair_apply(&d->side[0], src, pkt, len, pkt + len, 0, deliver, d);
+    else
+        deliver(d, src, pkt, len, NULL, 0, 0);
+    rte_pktmbuf_free(m);
+}
+
+int ina_dpdk_run(ina_dpdk *d)
+{
+    struct rte_mbuf *rx[BURST];
+    for (int idle = 0, bursts = 0; !d->stop && idle < RUN_POLLS && bursts < RUN_BURSTS; bursts++) {
+        uint16_t n = rte_eth_rx_burst(d->port, 0, rx, BURST);
+        if (!n) {
+            if (idle == 0) { /* the line went quiet: let packets held back for reordering go */
+                ina_impair_flush(&d->side[0], deliver, d);
+                ina_impair_flush(&d->side[1], send_sink, d);
+                flush(d);
+            }
+            if (++idle > SPIN_POLLS)
+                usleep(5);
+            continue;
+        }
+        idle = 0;
+        d->c.rx_packets += n;
+        for (uint16_t i = 0; i < n; i++)
+            on_frame(d, rx[i]);
+        flush(d);
+        if (d->n_punt)
+            return d->n_punt;
+    }
+    flush(d);
+    return 0;
+}

@@ -1,0 +1,81 @@
+/* Network faults for one direction, as switchsim.server.Impairment: drop with probability loss, deliver
+ * twice with probability dup, hold a packet back behind the next one with probability reorder. A packet is
+ * two parts (header, payload) so a sender can keep them apart; a held packet is copied. Header-only. */
+#ifndef INA_IMPAIR_H
+#define INA_IMPAIR_H
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ina_rng.h"
+
+typedef void (*ina_sink)(void *ctx, uint64_t addr, const uint8_t *a, uint32_t alen, const uint8_t *b,
+                         uint32_t blen, int copied);
+
+typedef struct {
+    double loss, dup, reorder;
+    uint64_t key, ctr;
+    uint64_t dropped, duplicated, reordered;
+    uint8_t *held;
+    uint32_t held_a, held_b;
+    uint64_t held_addr;
+    int full;
+} ina_impair;
+
+static inline int ina_impair_init(ina_impair *im, double loss, double dup, double reorder, uint64_t seed,
+                                  size_t max_len)
+{
+    memset(im, 0, sizeof *im);
+    im->loss = loss, im->dup = dup, im->reorder = reorder;
+    im->key = ina_rng_key(seed);
+    im->held = malloc(max_len);
+    return im->held ? 0 : -1;
+}
+
+static inline void ina_impair_free(ina_impair *im) { free(im->held); }
+static inline int ina_impair_active(const ina_impair *im) { return im->loss || im->dup || im->reorder; }
+
+static inline double ina_impair_uniform(ina_impair *im)
+{
+    return (double)(ina_rng_word(im->key, im->ctr++) >> 11) * 0x1p-53;
+}
+
+/* deliver the held packet, if any; its buffer is free again before the sink runs only for a later hold */
+static inline void ina_impair_flush(ina_impair *im, ina_sink sink, void *ctx)
+{
+    if (!im->full)
+        return;
+    im->full = 0;
+    sink(ctx, im->held_addr, im->held, im->held_a, im->held + im->held_a, im->held_b, 1);
+}
+
+static inline void ina_impair_apply(ina_impair *im, uint64_t addr, const uint8_t *a, uint32_t alen,
+                                    const uint8_t *b, uint32_t blen, ina_sink sink, void *ctx)
+{
+    if (im->loss && ina_impair_uniform(im) < im->loss) {
+        im->dropped++;
+        return;
+    }
+    int twice = im->dup && ina_impair_uniform(im) < im->dup;
+    if (twice)
+        im->duplicated++;
+    if (im->full) {
+        sink(ctx, addr, a, alen, b, blen, 0);
+        if (twice)
+            sink(ctx, addr, a, alen, b, blen, 0);
+        ina_impair_flush(im, sink, ctx);
+    } else if (im->reorder && ina_impair_uniform(im) < im->reorder) {
+        im->reordered++;
+        memcpy(im->held, a, alen);
+        memcpy(im->held + alen, b, blen);
+        im->held_a = alen, im->held_b = blen, im->held_addr = addr;
+        im->full = 1;
+        if (twice)
+            sink(ctx, addr, a, alen, b, blen, 0);
+    } else {
+        sink(ctx, addr, a, alen, b, blen, 0);
+        if (twice)
+            sink(ctx, addr, a, alen, b, blen, 0);
+    }
+}
+#endif

@@ -1,0 +1,118 @@
+"""The C core behind a DPDK poll loop (csrc/ina_dpdk.c), with UDPServer's interface.
+
+The EAL runs once per process, so a DPDK switch is its own process: `switchsim serve --backend dpdk`.
+Defaults suit a machine without hugepages or NICs bound to DPDK (--no-huge --no-pci --no-shconf -m 256);
+`--eal "..."` replaces them, e.g. for a real NIC: --eal "-l 1 -a 0000:3b:00.0 --in-memory".
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import threading
+import time
+from types import SimpleNamespace
+
+from hostlib import wire
+
+from .native import core_stats, new_core
+
+try:
+    from ._dpdk import ffi, lib
+except ImportError as e:
+    ffi = lib = None
+    IMPORT_ERROR = str(e)
+else:
+    IMPORT_ERROR = ""
+
+DEFAULT_EAL = "--no-huge --no-pci --no-shconf --no-telemetry -m 256 --log-level=*:warning"
+MASK64 = (1 << 64) - 1
+_eal_lock = threading.Lock()
+_eal_done = False
+
+
+def available() -> bool:
+    return lib is not None
+
+
+def eal_args(eal: str | None, vdev: list[str] | None, iface: str | None) -> list[str]:
+    args = shlex.split(DEFAULT_EAL if eal is None else eal)
+    for v in vdev or []:
+        args += ["--vdev", v]
+    if iface:
+        args += ["--vdev", f"net_af_packet0,iface={iface},qpairs=1,blocksz=4096,framesz=2048,framecnt=4096"]
+    return args
+
+
+def init_eal(args: list[str]) -> None:
+    global _eal_done
+    if lib is None:
+        raise RuntimeError(f"the DPDK backend is not built ({IMPORT_ERROR}); install libdpdk-dev and "
+                           "pkg-config, then pip install -e .")
+    with _eal_lock:
+        if _eal_done:
+            raise RuntimeError("the DPDK EAL can start only once per process")
+        argv_keep = [ffi.new("char[]", a.encode()) for a in ["switchsim", *args]]
+        argv = ffi.new("char *[]", argv_keep)
+        if lib.ina_dpdk_eal_init(len(argv_keep), argv) < 0:
+            raise RuntimeError(f"rte_eal_init failed for EAL arguments {' '.join(args)!r}")
+        _eal_done = True
+
+
+class DPDKServer:
+    """A switch on DPDK port `dpdk_port`, answering ARP and INA packets for host:port."""
+
+    def __init__(self, jobs, host, port=wire.DEFAULT_PORT, *, slots=512, max_elements=1024,
+                 nc_rounding="stochastic", seed=0, loss=0.0, dup=0.0, reorder=0.0, eal=None, vdev=None,
+                 iface=None, dpdk_port=0):
+        for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+        try:
+            ip = int(ipaddress.IPv4Address(host))
+        except ValueError:
+            raise ValueError(f"--host must be the switch's IPv4 address on the DPDK port, got {host!r}") from None
+        if not 1 <= port <= 65535:
+            raise ValueError("the DPDK backend needs a fixed --port (it has no kernel to pick one)")
+        init_eal(eal_args(eal, vdev, iface))
+        self.core = new_core(jobs, slots, max_elements, nc_rounding, seed, ffi=ffi, lib=lib)
+        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in jobs.items()}
+        err = ffi.new("char[]", 256)
+        self.loop = lib.ina_dpdk_new(self.core, dpdk_port, ip, port, loss, dup, reorder, (seed or 0) & MASK64,
+                                     err, 256)
+        if self.loop == ffi.NULL:
+            raise OSError(ffi.string(err).decode())
+        mac = ffi.new("uint8_t[6]")
+        lib.ina_dpdk_mac(self.loop, mac)
+        self.mac = ":".join(f"{b:02x}" for b in mac)
+        self.address = (host, port)
+        self._stopped = threading.Event()
+        self.started = time.monotonic()
+
+    def serve_forever(self):
+        length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
+        while not self._stopped.is_set():
+            n = lib.ina_dpdk_run(self.loop)  # releases the GIL; returns now and then and for stats requests
+            for i in range(n):
+                lib.ina_dpdk_punt(self.loop, i, length, src)
+                reply = wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode())
+                lib.ina_dpdk_send(self.loop, src[0], reply, len(reply))
+            lib.ina_dpdk_punt_clear(self.loop)
+
+    def stop(self):
+        self._stopped.set()
+        lib.ina_dpdk_stop(self.loop)
+
+    def close(self):
+        pass  # the EAL and its port live as long as the process
+
+    def stats(self, per_slot: bool = False) -> dict:
+        s = core_stats(self.core, per_slot, ffi=ffi, lib=lib)
+        c = lib.ina_dpdk_counters_of(self.loop)
+        s.update({"bytes_in": c.rx_bytes, "bytes_out": c.tx_bytes, "send_errors": c.tx_full,
+                  "impairment": {side: {"dropped": c.dropped[i], "duplicated": c.duplicated[i],
+                                        "reordered": c.reordered[i]} for i, side in enumerate(("rx", "tx"))},
+                  "dpdk": {"rx_packets": c.rx_packets, "tx_packets": c.tx_packets, "not_ina": c.not_ina,
+                           "arp_replies": c.arp_replies, "punts_dropped": c.punts_dropped, "mac": self.mac},
+                  "uptime_s": round(time.monotonic() - self.started, 3)})
+        return s
