@@ -1,5 +1,5 @@
 # Everything runs from a virtual environment in .venv (Debian 12's system Python is externally managed).
-# `make demo` installs the package alone; `make test` adds the [test,torch] extras.
+# `make demo` installs the package alone; `make test` adds the [test,torch,bench] extras.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,14 +7,17 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-test demo test clean
 
-$(VENV)/.base: pyproject.toml
+NATIVE_SOURCES := setup.py $(wildcard csrc/*.c csrc/*.h csrc/build_ffi.py)
+
+# the C parts (csrc/) are built by cffi during pip install; DPDK's only where pkg-config finds libdpdk
+$(VENV)/.base: pyproject.toml $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(PY) -m pip install -q -e '.[test,torch]'
+	$(PY) -m pip install -q -e '.[test,torch,bench]'
 	touch $@
 
 install: $(VENV)/.base
@@ -24,6 +27,7 @@ demo: $(VENV)/.base
 	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec nc
 	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec fixed
 	$(VENV)/bin/switchsim demo --workers 4 --size 1048576 --codec int32 --loss 0.05
+	$(VENV)/bin/switchsim demo --workers 4 --size 16777216 --codec nc --backend c
 
 test: $(VENV)/.test
 	$(PY) -m pytest -q $(PYTEST_ARGS)

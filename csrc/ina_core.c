@@ -376,33 +376,24 @@ static void finish(ina_switch *sw, slot_set *st)
         return;
     }
     int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
-    uint64_t key = sw->rng_key, base = sw->nc_elements_rounded;
-    int over = 0;
+    const uint64_t key = sw->rng_key, base = sw->nc_elements_rounded;
+    const int det = sw->nc_deterministic;
+    uint32_t over = 0;
+    /* branch-free so it vectorises: |s| = 2^a + rem rounds up with probability rem / 2^a */
     for (uint32_t i = 0; i < n; i++) {
         int64_t s = acc[i];
         uint64_t mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
-        if (!mag) {
-            st->result[i] = 0;
-            continue;
-        }
-        int a = 63 - __builtin_clzll(mag);
-        uint64_t rem = mag - ((uint64_t)1 << a);
-        int up;
-        if (a == 0)
-            up = 0;
-        else if (sw->nc_deterministic)
-            up = rem >= ((uint64_t)1 << (a - 1));
-        else {
-            int shift = 64 - a;
-            shift = shift < 1 ? 1 : shift > 63 ? 63 : shift;
-            up = (ina_rng_word(key, base + i) >> shift) < rem;
-        }
-        int level = floor + a + up;
-        if (level > INA_NC_LEVEL_MAX) {
-            over = 1;
-            level = INA_NC_LEVEL_MAX;
-        }
-        st->result[i] = (uint8_t)((level + INA_NC_BIAS) | (s < 0 ? 0x80 : 0));
+        int a = 63 - __builtin_clzll(mag | 1);
+        uint64_t rem = mag ^ ((uint64_t)1 << a); /* mag = 0 gives 1, harmless: a = 0 never rounds up */
+        uint64_t half = (uint64_t)1 << (a > 0 ? a - 1 : 0);
+        int shift = a > 0 ? 64 - a : 63;
+        uint32_t up = det ? rem >= half : (ina_rng_word(key, base + i) >> shift) < rem;
+        up &= a > 0;
+        int level = floor + a + (int)up;
+        over |= (mag != 0) & (level > INA_NC_LEVEL_MAX);
+        level = level > INA_NC_LEVEL_MAX ? INA_NC_LEVEL_MAX : level;
+        uint8_t code = (uint8_t)((level + INA_NC_BIAS) | (s < 0 ? 0x80 : 0));
+        st->result[i] = mag ? code : 0;
     }
     sw->nc_elements_rounded += n;
     if (over) {
@@ -503,4 +494,15 @@ int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t 
         return drop(sw, INA_DROP_MALFORMED, NULL, -1); /* results, acks... are never sent to a switch */
     sw->c.packets_out += (uint64_t)n;
     return n;
+}
+
+uint64_t ina_switch_replay(ina_switch *sw, const uint8_t *pkts, const uint32_t *lens, const uint64_t *srcs, size_t n)
+{
+    ina_out out[INA_MAX_OUT];
+    uint64_t emitted = 0;
+    for (size_t i = 0; i < n; pkts += lens[i], i++) {
+        int k = ina_switch_process(sw, pkts, lens[i], srcs[i], out);
+        emitted += k > 0 ? (uint64_t)k : 0;
+    }
+    return emitted;
 }

@@ -4,6 +4,7 @@
 #include "ina_kernels.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "ina_rng.h"
 #include "ina_wire.h"
@@ -67,13 +68,11 @@ int ina_nc_decode(const uint8_t *codes, size_t n, float *out)
 
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be)
 {
+    const double lim = (double)limit;
     for (size_t i = 0; i < n; i++) {
-        double q = nearbyint((double)x[i] * scale); /* round half to even, as np.rint */
-        q = q > limit ? limit : q < -limit ? -limit : q;
-        uint32_t v = (uint32_t)(int32_t)q;
-        out_be[4 * i] = (uint8_t)(v >> 24);
-        out_be[4 * i + 1] = (uint8_t)(v >> 16);
-        out_be[4 * i + 2] = (uint8_t)(v >> 8);
-        out_be[4 * i + 3] = (uint8_t)v;
+        double q = rint((double)x[i] * scale); /* round half to even (default mode), as np.rint */
+        q = q > lim ? lim : q < -lim ? -lim : q;
+        uint32_t v = __builtin_bswap32((uint32_t)(int32_t)q);
+        memcpy(out_be + 4 * i, &v, 4);
     }
 }

@@ -36,9 +36,9 @@ def nc_decode(codes: np.ndarray):
     return out, rc
 
 
-def fixed_quantize(x32: np.ndarray, scale: float, limit: int) -> bytes:
-    """Big-endian int32 bytes of clip(rint(x * scale), -limit, limit) for contiguous float32 x32."""
-    out = bytearray(4 * x32.size)
+def fixed_quantize(x32: np.ndarray, scale: float, limit: int) -> np.ndarray:
+    """Big-endian int32 (as a '>i4' array) of clip(rint(x * scale), -limit, limit) for contiguous float32 x32."""
+    out = np.empty(x32.size, dtype=">i4")
     lib.ina_fixed_quantize(ffi.from_buffer("float[]", x32), x32.size, float(scale), int(limit),
                            ffi.from_buffer("uint8_t[]", out))
-    return bytes(out)
+    return out

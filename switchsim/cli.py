@@ -96,6 +96,34 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def cmd_bench(args) -> int:
+    import json as _json
+
+    from . import bench
+
+    def csv(text, cast):
+        return [cast(v) for v in text.split(",") if v]
+
+    what = ("codecs", "switch", "allreduce") if args.what == "all" else (args.what,)
+    results = {}
+    if "codecs" in what:
+        results["codecs"] = bench.bench_codecs(args.mib)
+    if "switch" in what:
+        results["switch"] = bench.bench_switch(args.packets)
+    if "allreduce" in what:
+        results["allreduce"] = bench.bench_allreduce(
+            csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
+            gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
+    if args.json:
+        print(_json.dumps(results, indent=2))
+    else:
+        for key, rows in results.items():
+            print(f"\n== {key}\n{bench.table(rows)}")
+    if args.plot:
+        bench.plot(results, args.plot)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchsim", description="In-network aggregation emulator (switch side)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -135,6 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     network(d)
     d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="benchmarks: codec kernels, aggregator packets/s, allreduce vs gloo")
+    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce"), default="all")
+    b.add_argument("--mib", type=int, default=64, help="codecs: buffer size")
+    b.add_argument("--packets", type=int, default=200_000, help="switch: packets per measurement")
+    b.add_argument("--sizes", default="1,16,64", help="allreduce: MiB of float32 per worker (comma list)")
+    b.add_argument("--workers", default="2,4", help="allreduce: worker counts (comma list)")
+    b.add_argument("--backends", default="python,c", help="allreduce: python,c,dpdk (dpdk needs root)")
+    b.add_argument("--codecs", default="int32,fixed,nc", help="allreduce: codecs (comma list)")
+    b.add_argument("--no-gloo", action="store_true", help="allreduce: skip the torch gloo baseline")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")
+    b.set_defaults(func=cmd_bench)
 
     t = sub.add_parser("stats", help="print a running switch's counters")
     t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")

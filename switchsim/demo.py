@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from hostlib import wire
+
 
 def make_input(codec: str, size: int, rank: int, seed: int = 1234) -> np.ndarray:
     rs = np.random.default_rng(seed * 1000 + rank)
@@ -62,11 +64,16 @@ def check_result(args, out) -> dict:
     return res
 
 
-def start_switch(args) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--workers", str(args.workers),
+def start_switch(args, ns=None) -> tuple[subprocess.Popen, str]:
+    """`switchsim serve` for args.backend: on loopback, or for dpdk in namespace ns (a VethNamespace)."""
+    if args.backend == "dpdk":
+        serve = ns.serve_command(wire.DEFAULT_PORT)
+    else:
+        serve = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", args.backend]
+    cmd = [*serve, "--workers", str(args.workers),
            "--loss", str(args.loss), "--dup", str(args.dup), "--reorder", str(args.reorder),
            "--slots", str(args.slots), "--elements-per-packet", str(args.elements_per_packet),
-           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--backend", args.backend, "--json-stats"]
+           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--json-stats"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"listening on ([\d.]+):(\d+)", line)
@@ -94,7 +101,23 @@ def run_demo(args) -> int:
     if args.workers < 1 or args.size < 1:
         print("switchsim demo: --workers and --size must be >= 1", file=sys.stderr)
         return 2
-    proc, address = start_switch(args)
+    ns = None
+    if args.backend == "dpdk":
+        from .netns import VethNamespace
+
+        ns = VethNamespace()
+        if ns.error:
+            print(f"switchsim demo: {ns.error}", file=sys.stderr)
+            return 2
+    try:
+        return _run(args, ns)
+    finally:
+        if ns is not None:
+            ns.close()
+
+
+def _run(args, ns) -> int:
+    proc, address = start_switch(args, ns)
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     progress = [ctx.Value("q", 0, lock=False) for _ in range(args.workers)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -14,9 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from switchsim import dpdk, native
+from switchsim import native
 from switchsim.server import query_stats
 from switchsim.model import Switch
+from switchsim.netns import VethNamespace
 from switchsim.server import UDPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,50 +93,17 @@ class CUDPHarness(UDPHarness):
     switch_class, server_class = native.CoreSwitch, native.CUDPServer
 
 
-class DPDKNet:
-    """A network namespace holding the switch's end of a veth pair; the test process (the workers) keeps
-    the other end. The DPDK switch drives its end with net_af_packet and answers ARP for SWITCH_IP."""
+class DPDKNet(VethNamespace):
+    """The test session's namespace for DPDK switches, each on a port of its own."""
 
-    def __init__(self):
-        tag = os.getpid() % 100000
-        self.ns, self.worker_if, self.switch_if = f"ina-test-{tag}", f"inaw{tag}", f"inas{tag}"
-        self.worker_ip, self.switch_ip = f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2"
-        self.next_port = 41000
-        self.up = False
-        self.error = self._why_not()
-        if not self.error:
-            try:
-                for cmd in (f"ip netns add {self.ns}", f"ip link add {self.worker_if} type veth peer name {self.switch_if}",
-                            f"ip link set {self.switch_if} netns {self.ns}",
-                            f"ip addr add {self.worker_ip}/24 dev {self.worker_if}", f"ip link set {self.worker_if} up",
-                            f"ip netns exec {self.ns} ip link set {self.switch_if} up"):
-                    subprocess.run(cmd.split(), check=True, capture_output=True, text=True)
-                self.up = True
-            except subprocess.CalledProcessError as e:
-                self.error = f"cannot create a test network namespace ({e.cmd}: {e.stderr.strip()})"
-                self.close()
-
-    @staticmethod
-    def _why_not():
-        if not dpdk.available():
-            return f"the DPDK backend is not built ({dpdk.IMPORT_ERROR}); make test installs libdpdk-dev"
-        if os.geteuid() != 0:
-            return "DPDK tests need root to create a network namespace and a veth pair"
-        if not shutil.which("ip"):
-            return "DPDK tests need iproute2's ip command"
-        return ""
+    next_port = 41000
 
     def port(self):
         self.next_port += 1
         return self.next_port
 
     def serve_args(self, port):
-        return ["ip", "netns", "exec", self.ns, sys.executable, "-m", "switchsim", "serve", "--backend", "dpdk",
-                "--iface", self.switch_if, "--host", self.switch_ip, "--port", str(port)]
-
-    def close(self):
-        subprocess.run(["ip", "link", "del", self.worker_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        return self.serve_command(port)
 
 
 _dpdk_net = None

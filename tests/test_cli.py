@@ -49,3 +49,20 @@ def test_stats_command(switch_process):
     assert s["jobs"]["1"]["world_size"] == 2 and "impairment" in s
     r = switchsim("stats", "127.0.0.1:9", "--timeout", 0.5, timeout=20)
     assert r.returncode == 1 and "no answer" in r.stderr
+
+
+def test_bench_codecs_and_switch_print_ratios_and_plot(tmp_path):
+    """The benchmark runs end to end on a small buffer (figures are not checked: benchmarks are not tests)."""
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
+    png = tmp_path / "bench.png"
+    for what, extra in (("codecs", ["--mib", "1"]), ("switch", ["--packets", "2000"])):
+        run = subprocess.run([sys.executable, "-m", "switchsim", "bench", what, *extra, "--json", "--plot", str(png)],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert run.returncode == 0, run.stderr
+        rows = json.loads(run.stdout)[what]
+        assert png.stat().st_size > 1000
+        if what == "codecs":
+            assert {"NC encode (numpy)", "NC decode (numpy)"} <= {r["what"] for r in rows}
+            assert all(r["x copyto"] > 0 for r in rows)
+        else:
+            assert rows[0]["x python"] == 1.0 and all(r["packets/s"] > 0 for r in rows)

@@ -41,6 +41,13 @@ def allreduce_error_bound(inputs, k: int, exact: np.ndarray) -> np.ndarray:
     return bound + np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64) / 2
 
 
+def quantize_reference(block: np.ndarray, scale: float, limit: int) -> np.ndarray:
+    """The numpy definition the C kernel matches: clip(rint(x * scale)) as big-endian int32."""
+    q = np.rint(block.astype(np.float64) * scale)
+    np.clip(q, -limit, limit, out=q)
+    return q.astype(">i4")
+
+
 class FixedPointCodec(Codec):
     name = "fixed"
     wire_codec = wire.CODEC_INT32
@@ -53,10 +60,10 @@ class FixedPointCodec(Codec):
     def encode(self, block, exp, world_size, seed, offset):
         limit = INT32_MAX // world_size
         if block.dtype == np.float32 and kernels.enabled():
-            return kernels.fixed_quantize(np.ascontiguousarray(block), float(scale_for(exp, world_size)), limit)
-        q = np.rint(block.astype(np.float64) * scale_for(exp, world_size))
-        np.clip(q, -limit, limit, out=q)
-        return q.astype(">i4").tobytes()
+            q = kernels.fixed_quantize(np.ascontiguousarray(block), float(scale_for(exp, world_size)), limit)
+        else:
+            q = quantize_reference(block, float(scale_for(exp, world_size)), limit)
+        return q.tobytes()
 
     def decode(self, payloads, exps, world_size, k):
         scales = np.repeat(scale_for(exps, world_size), k)[: payloads.size]

@@ -1,0 +1,229 @@
+"""`switchsim bench`: codec kernels vs memcpy, aggregator packets/s, allreduce time vs torch gloo.
+
+Every figure is a ratio to a baseline measured in the same run on the same machine (np.copyto of the same
+buffer, the Python reference switch, gloo's allreduce of the same tensors).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from hostlib import wire
+
+
+def best(fn, repeat=3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+# ---------------------------------------------------------------- codecs
+def bench_codecs(mib: int = 64, repeat: int = 3) -> list[dict]:
+    from hostlib import kernels
+    from hostlib.codecs import fixed, natural
+
+    n = mib * (1 << 20) // 4
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    dst = np.empty_like(x)
+    t_copy = best(lambda: np.copyto(dst, x), repeat)
+    rows = [{"what": f"np.copyto {mib} MiB (baseline)", "seconds": t_copy}]
+    impls = (["native"] if kernels.lib is not None else []) + ["numpy"]
+    scale, limit = float(fixed.scale_for(4, 4)), fixed.INT32_MAX // 4
+    for impl in impls:
+        os.environ["INA_KERNELS"] = impl
+        try:
+            codes = natural.encode(x, seed=1)
+            rows.append({"what": f"NC encode ({impl})", "seconds": best(lambda: natural.encode(x, seed=1), repeat)})
+            rows.append({"what": f"NC decode ({impl})", "seconds": best(lambda: natural.decode(codes), repeat)})
+            rows.append({"what": f"NC encode+decode ({impl})",
+                         "seconds": rows[-1]["seconds"] + rows[-2]["seconds"]})
+            quantize = kernels.fixed_quantize if impl == "native" else fixed.quantize_reference
+            rows.append({"what": f"fixed quantize ({impl})", "seconds": best(lambda: quantize(x, scale, limit), repeat)})
+        finally:
+            os.environ.pop("INA_KERNELS", None)
+    for r in rows:
+        r["GiB/s"] = mib / 1024 / r["seconds"]
+        r["x copyto"] = t_copy / r["seconds"]
+    return rows
+
+
+# ---------------------------------------------------------------- aggregator
+def _rounds(codec: int, workers: int, k: int, rounds: int, slots: int) -> list[tuple[bytes, int]]:
+    """A lossless stream of update packets: every worker's packet for each round, round after round."""
+    rs = np.random.default_rng(0)
+    pkts = []
+    for pid in range(rounds):
+        for r in range(workers):
+            if codec == wire.CODEC_INT32:
+                payload, exp = rs.integers(-1000, 1000, k).astype(">i4").tobytes(), 0
+            else:
+                payload, exp = (rs.integers(60, 64, k).astype(np.uint8)).tobytes(), 0
+            pkts.append((wire.pack(wire.MSG_UPDATE, 1, r, pid, pid % slots, (pid // slots) & 1, k, codec, exp,
+                                   exp, 0, payload), r))
+    return pkts
+
+
+def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
+    from . import native
+    from .model import Switch
+
+    rows = []
+    for name, codec, k in (("int32 x 256", wire.CODEC_INT32, 256), ("NC x 1024", wire.CODEC_NC8, 1024)):
+        stream = _rounds(codec, workers, k, packets // workers, 512)
+        model = Switch({1: workers}, slots=512, max_elements=1024)
+        sub = stream[: max(workers, len(stream) // 10)]  # the model is slow: a tenth of the stream
+        t = best(lambda: [model.process(d, s) for d, s in sub], 1)
+        base = len(sub) / t
+        rows.append({"what": f"python reference, {name}", "packets/s": base, "x python": 1.0})
+        if not native.available():
+            continue
+        core = native.CoreSwitch({1: workers}, slots=512, max_elements=1024)
+        t = best(lambda: [core.process(d, s) for d, s in sub], 1)
+        rows.append({"what": f"C core via cffi per packet, {name}", "packets/s": len(sub) / t,
+                     "x python": len(sub) / t / base})
+        blob = b"".join(d for d, _ in stream)
+        lens = native.ffi.new("uint32_t[]", [len(d) for d, _ in stream])
+        srcs = native.ffi.new("uint64_t[]", [s for _, s in stream])
+        replay_core = native.new_core({1: workers}, 512, 1024, "stochastic", 0)
+        t = best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1)
+        rows.append({"what": f"C core, one core, {name}", "packets/s": len(stream) / t,
+                     "x python": len(stream) / t / base})
+    return rows
+
+
+# ---------------------------------------------------------------- allreduce vs gloo
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_rank(rank, n, port, numel, reps, out):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    t = torch.randn(numel)
+    dist.all_reduce(t)  # warm-up: connections, buffers
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times.append(time.perf_counter() - t0)
+    out.put((rank, min(times)))
+    dist.destroy_process_group()
+
+
+def gloo_allreduce_seconds(numel: int, workers: int, reps: int = 3) -> float:
+    """Best-of-reps time of torch.distributed gloo allreduce of numel float32, slowest rank."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, workers, port, numel, reps, out)) for r in range(workers)]
+    for p in procs:
+        p.start()
+    times = [out.get(timeout=600)[1] for _ in procs]
+    for p in procs:
+        p.join(30)
+    return max(times)
+
+
+def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float = 120) -> dict:
+    cmd = [sys.executable, "-m", "switchsim", "demo", "--json", "--backend", backend, "--codec", codec,
+           "--size", str(numel), "--workers", str(workers), "--timeout", str(timeout)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * 6 + 120)
+    try:
+        return json.loads(run.stdout)
+    except json.JSONDecodeError:
+        return {"errors": [run.stderr.strip()[-300:] or f"exit {run.returncode}"]}
+
+
+def bench_allreduce(sizes_mib, workers_list, backends, codecs, gloo=True, progress=None) -> list[dict]:
+    rows = []
+    for workers in workers_list:
+        for mib in sizes_mib:
+            numel = int(mib * (1 << 20)) // 4
+            base = gloo_allreduce_seconds(numel, workers) if gloo else None
+            if base is not None:
+                rows.append({"workers": workers, "MiB": mib, "backend": "gloo", "codec": "float32", "seconds": base,
+                             "x gloo": 1.0, "bytes/worker x float32": None})
+            for backend in backends:
+                for codec in codecs:
+                    if progress:
+                        progress(f"{workers} workers, {mib} MiB, {backend}, {codec}")
+                    r = demo_run(backend, codec, numel, workers)
+                    row = {"workers": workers, "MiB": mib, "backend": backend, "codec": codec}
+                    if r.get("errors"):
+                        row["error"] = "; ".join(r["errors"])[:200]
+                    else:
+                        secs = r["allreduce_seconds"]
+                        row.update({"seconds": secs, "x gloo": secs / base if base else None,
+                                    "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
+                                    "retransmissions": r.get("retransmissions")})
+                    rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- output
+def table(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+        return str(v)
+
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("switchsim bench --plot needs matplotlib: pip install -e '.[bench]'") from None
+    panels = [k for k in ("codecs", "switch", "allreduce") if results.get(k)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        rows = results[key]
+        if key == "codecs":
+            ax.barh([r["what"] for r in rows], [r["x copyto"] for r in rows])
+            ax.set_xlabel("throughput / np.copyto (same buffer)")
+        elif key == "switch":
+            ax.barh([r["what"] for r in rows], [r["packets/s"] for r in rows])
+            ax.set_xscale("log")
+            ax.set_xlabel("packets/s")
+        else:
+            for (backend, codec, w) in sorted({(r["backend"], r["codec"], r["workers"]) for r in rows}):
+                pts = [(r["MiB"], r["seconds"]) for r in rows
+                       if (r["backend"], r["codec"], r["workers"]) == (backend, codec, w) and "seconds" in r]
+                if pts:
+                    ax.plot(*zip(*sorted(pts)), marker="o", label=f"{backend}/{codec} x{w}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("MiB of float32 per worker")
+            ax.set_ylabel("allreduce seconds")
+            ax.legend(fontsize=7)
+        ax.set_title(key)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
