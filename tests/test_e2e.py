@@ -54,7 +54,10 @@ def test_int32_exact_under_loss_duplication_reordering(switch_process, n, loss):
     assert sum(per_slot["multicast"]) == report["jobs"]["1"]["multicast"] >= 2 * (3000 // 64)
     if loss:
         assert sum(s.retransmissions for s in stats) > 0
-        assert report["impairment"]["rx"]["dropped"] > 0 and report["impairment"]["tx"]["duplicated"] > 0
+        imp = report["impairment"]
+        # both directions together: at 1 % a single direction may see no duplicate in a short run
+        assert imp["rx"]["dropped"] + imp["tx"]["dropped"] > 0
+        assert imp["rx"]["duplicated"] + imp["tx"]["duplicated"] > 0
 
 
 def test_fixed_point_within_proven_bound_under_loss(switch_process):
