@@ -8,6 +8,7 @@ INA_CFLAGS replaces the optimisation flags (default -O3 -march=native: the build
 that runs it; set INA_CFLAGS=-O3 for a portable build).
 """
 import os
+import re
 import shlex
 import subprocess
 
@@ -22,92 +23,37 @@ def _src(*names):
     return [os.path.join(SRC, n) for n in names]
 
 
-CORE_CDEF = """
-#define INA_MAX_OUT 64
-#define INA_PUNT -1
-#define INA_HEADER_SIZE 20
-#define INA_DROP_COUNT 8
-#define INA_SLOT_COUNTERS 4
-typedef struct {
-    uint64_t dst;
-    uint8_t hdr[20];
-    const uint8_t *payload;
-    uint32_t len;
-    uint32_t stable;
-} ina_out;
-typedef struct { uint64_t packets_in, packets_out, overflows; uint64_t drops[8]; } ina_counters;
-typedef struct ina_switch ina_switch;
-ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_deterministic, uint64_t seed);
-void ina_switch_free(ina_switch *sw);
-int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
-int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out);
-void ina_switch_count_out(ina_switch *sw, uint64_t n);
-const ina_counters *ina_switch_counters(const ina_switch *sw);
-uint32_t ina_switch_jobs(const ina_switch *sw);
-void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
-                         uint64_t *generation);
-const uint64_t *ina_switch_job_slot_counters(const ina_switch *sw, uint32_t i);
-uint32_t ina_switch_slots(const ina_switch *sw);
-/* process n packets stored back to back (benchmarks: no interpreter per packet); returns packets emitted */
-uint64_t ina_switch_replay(ina_switch *sw, const uint8_t *pkts, const uint32_t *lens, const uint64_t *srcs, size_t n);
-"""
-
-UDP_CDEF = """
-typedef struct {
-    uint64_t bytes_in, bytes_out, send_errors, recv_batches, punts_dropped;
-    uint64_t dropped[2], duplicated[2], reordered[2];
-} ina_udp_counters;
-typedef struct ina_udp ina_udp;
-ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reorder, uint64_t seed);
-void ina_udp_free(ina_udp *u);
-int ina_udp_run(ina_udp *u);
-void ina_udp_stop(ina_udp *u);
-const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port);
-void ina_udp_punt_clear(ina_udp *u);
-const ina_udp_counters *ina_udp_counters_of(const ina_udp *u);
-"""
-
-KERNELS_CDEF = """
-#define INA_KERNEL_NONFINITE 1
-#define INA_KERNEL_OVERFLOW 2
-#define INA_KERNEL_BAD_CODE 3
-int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
-                  int floor);
-int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
-void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be);
-"""
-
-DPDK_CDEF = """
-typedef struct {
-    uint64_t rx_packets, tx_packets, rx_bytes, tx_bytes, tx_full, not_ina, arp_replies, punts_dropped;
-    uint64_t dropped[2], duplicated[2], reordered[2]; /* impairments: [0] received side, [1] sent side */
-} ina_dpdk_counters;
-typedef struct ina_dpdk ina_dpdk;
-int ina_dpdk_eal_init(int argc, char **argv);
-ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, double loss, double dup,
-                       double reorder, uint64_t seed, char *err, size_t errlen);
-int ina_dpdk_run(ina_dpdk *d);
-void ina_dpdk_stop(ina_dpdk *d);
-const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src);
-void ina_dpdk_punt_clear(ina_dpdk *d);
-int ina_dpdk_send(ina_dpdk *d, uint64_t dst, const uint8_t *pkt, uint32_t len);
-const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d);
-uint16_t ina_dpdk_port_count(void);
-void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac);
-"""
+def cdef_from(*headers) -> str:
+    """The headers' declarations for cffi, so each is written once: integer macros keep their literal
+    value (cffi needs it for array sizes) or become `#define NAME ...` (the compiler supplies it);
+    include guards and #include lines go."""
+    out = []
+    for h in headers:
+        with open(os.path.join(HERE, h)) as f:
+            for line in f:
+                literal = re.match(r"#define (INA_\w+)\s+\(?(-?(?:0x[0-9A-Fa-f]+|\d+))\)?\s*(/\*.*)?$", line)
+                other = re.match(r"#define (INA_\w+)\s+\S", line)
+                if literal:
+                    out.append(f"#define {literal[1]} {literal[2]}")
+                elif other:
+                    out.append(f"#define {other[1]} ...")
+                elif not line.startswith("#"):
+                    out.append(line.rstrip("\n"))
+    return "\n".join(out)
 
 
-def _ffi(name, cdef, header_includes, sources, **kw):
+def _ffi(name, header_includes, sources, **kw):
+    header_includes = ["ina_wire.h", *header_includes]  # every module exposes the wire constants
     ffi = FFI()
-    ffi.cdef(cdef)
+    ffi.cdef(cdef_from(*header_includes))
     ffi.set_source(name, "\n".join(f'#include "{h}"' for h in header_includes), sources=sources,
                    include_dirs=[SRC], extra_compile_args=CFLAGS + kw.pop("cflags", []), **kw)
     return ffi
 
 
-core_ffi = _ffi("switchsim._native", CORE_CDEF + UDP_CDEF, ["ina_core.h", "ina_udp.h"],
+core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h"],
                 _src("ina_core.c", "ina_udp.c"))
-kernels_ffi = _ffi("hostlib._kernels", KERNELS_CDEF, ["ina_kernels.h"], _src("ina_kernels.c"),
+kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h"], _src("ina_kernels.c"),
                    libraries=["m"])
 
 
@@ -124,6 +70,6 @@ def _pkg_config(*args):
 
 
 if dpdk_available():
-    dpdk_ffi = _ffi("switchsim._dpdk", CORE_CDEF + DPDK_CDEF, ["ina_core.h", "ina_dpdk.h"],
+    dpdk_ffi = _ffi("switchsim._dpdk", ["ina_core.h", "ina_dpdk.h"],
                     _src("ina_core.c", "ina_dpdk.c"), cflags=_pkg_config("--cflags"),
                     extra_link_args=_pkg_config("--libs"))

@@ -14,7 +14,9 @@ except ImportError:  # not built: the numpy reference serves
     ffi = lib = None
 
 MASK64 = (1 << 64) - 1
-NONFINITE, OVERFLOW, BAD_CODE = 1, 2, 3
+# status codes of the kernels (csrc/ina_kernels.h)
+NONFINITE, OVERFLOW, BAD_CODE = ((lib.INA_KERNEL_NONFINITE, lib.INA_KERNEL_OVERFLOW, lib.INA_KERNEL_BAD_CODE)
+                                 if lib is not None else (1, 2, 3))
 
 
 def enabled() -> bool:

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 from hostlib import wire
 
-from .native import core_stats, new_core
+from .native import core_stats, impairment_stats, new_core
+from .server import check_probabilities
 
 try:
     from ._dpdk import ffi, lib
@@ -65,9 +66,7 @@ class DPDKServer:
     def __init__(self, jobs, host, port=wire.DEFAULT_PORT, *, slots=512, max_elements=1024,
                  nc_rounding="stochastic", seed=0, loss=0.0, dup=0.0, reorder=0.0, eal=None, vdev=None,
                  iface=None, dpdk_port=0):
-        for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+        check_probabilities(loss, dup, reorder)
         try:
             ip = int(ipaddress.IPv4Address(host))
         except ValueError:
@@ -110,8 +109,7 @@ class DPDKServer:
         s = core_stats(self.core, per_slot, ffi=ffi, lib=lib)
         c = lib.ina_dpdk_counters_of(self.loop)
         s.update({"bytes_in": c.rx_bytes, "bytes_out": c.tx_bytes, "send_errors": c.tx_full,
-                  "impairment": {side: {"dropped": c.dropped[i], "duplicated": c.duplicated[i],
-                                        "reordered": c.reordered[i]} for i, side in enumerate(("rx", "tx"))},
+                  "impairment": impairment_stats(c),
                   "dpdk": {"rx_packets": c.rx_packets, "tx_packets": c.tx_packets, "not_ina": c.not_ina,
                            "arp_replies": c.arp_replies, "punts_dropped": c.punts_dropped, "mac": self.mac},
                   "uptime_s": round(time.monotonic() - self.started, 3)})

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from hostlib import wire
 
 from .model import DROP_REASONS, SLOT_COUNTERS, check_config
-from .server import RCVBUF
+from .server import bind_udp, check_probabilities
 
 try:
     from ._native import ffi, lib
@@ -104,7 +104,8 @@ class CoreSwitch:
         return core_stats(self.core, per_slot)
 
 
-def _impairment_stats(c) -> dict:
+def impairment_stats(c) -> dict:
+    """Impairment counters of a C loop ([0] received side, [1] sent side), as Impairment.stats()."""
     return {side: {"dropped": c.dropped[i], "duplicated": c.duplicated[i], "reordered": c.reordered[i]}
             for i, side in enumerate(("rx", "tx"))}
 
@@ -115,14 +116,9 @@ class CUDPServer:
 
     def __init__(self, backend: CoreSwitch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
                  reorder=0.0, seed=None):
-        for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+        check_probabilities(loss, dup, reorder)
         self.backend = backend
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
-        self.sock.bind((host, port))
+        self.sock = bind_udp(host, port)
         self.address = self.sock.getsockname()
         self.loop = ffi.gc(lib.ina_udp_new(backend.core, self.sock.fileno(), loss, dup, reorder,
                                            (seed or 0) & MASK64), lib.ina_udp_free)
@@ -163,5 +159,5 @@ class CUDPServer:
         s = self.backend.stats(per_slot=per_slot)
         c = lib.ina_udp_counters_of(self.loop)
         s.update({"bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "send_errors": c.send_errors,
-                  "impairment": _impairment_stats(c), "uptime_s": round(time.monotonic() - self.started, 3)})
+                  "impairment": impairment_stats(c), "uptime_s": round(time.monotonic() - self.started, 3)})
         return s

@@ -16,14 +16,28 @@ from .model import Switch
 RCVBUF = 8 << 20
 
 
+def check_probabilities(loss, dup, reorder) -> None:
+    """The impairment limits every server enforces (the C loops get validated values)."""
+    for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+
+
+def bind_udp(host, port) -> socket.socket:
+    """The switch's UDP socket, with buffers large enough for a window of bursts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
+    sock.bind((host, port))
+    return sock
+
+
 class Impairment:
     """Per-direction network faults: drop with probability loss, deliver twice with probability dup,
     hold a packet back behind the next one with probability reorder."""
 
     def __init__(self, loss=0.0, dup=0.0, reorder=0.0, seed=None):
-        for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"{name} probability must be in [0, 1), got {p}")
+        check_probabilities(loss, dup, reorder)
         self.loss, self.dup, self.reorder = loss, dup, reorder
         self.rand = random.Random(seed)
         self.held = None
@@ -63,10 +77,7 @@ class UDPServer:
     def __init__(self, backend: Switch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
                  reorder=0.0, seed=None):
         self.backend = backend
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
-        self.sock.bind((host, port))
+        self.sock = bind_udp(host, port)
         self.address = self.sock.getsockname()
         rs = random.Random(seed)
         self.rx = Impairment(loss, dup, reorder, rs.random())

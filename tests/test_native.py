@@ -16,11 +16,15 @@ from hostlib.codecs import fixed, natural
 from switchsim import native
 from switchsim.model import Switch
 
-from .conftest import NATIVE_MISSING, ROOT
+from .conftest import ROOT
 
 CSRC = os.path.join(ROOT, "csrc")
-needs_core = pytest.mark.skipif(not native.available(), reason=NATIVE_MISSING)
-needs_kernels = pytest.mark.skipif(kernels.lib is None, reason="hostlib._kernels is not built (pip install -e .)")
+
+
+def test_native_parts_are_built():
+    """pip install builds the core and the kernels (cffi at install time); the tests below need both."""
+    native.require()
+    assert kernels.lib is not None and kernels.enabled()
 
 
 def c_defines(name):
@@ -117,7 +121,6 @@ def traffic(seed: int, n: int = 3000) -> list[tuple[bytes, int]]:
     return out
 
 
-@needs_core
 @pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
 @pytest.mark.parametrize("seed", range(4))
 def test_core_matches_model_packet_for_packet(seed, rounding):
@@ -135,7 +138,6 @@ def test_core_matches_model_packet_for_packet(seed, rounding):
     assert stats["jobs"]["1"]["resent"] > 0 and stats["jobs"]["4"]["multicast"] > 0
 
 
-@needs_core
 def test_core_answers_stats_requests_like_the_model():
     model, core = Switch({1: 2}), native.CoreSwitch({1: 2})
     req = wire.pack(wire.MSG_STATS_REQ)
@@ -193,7 +195,6 @@ def nc_inputs(rs, n):
     return x
 
 
-@needs_kernels
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("floor", [wire.NC_LEVEL_MIN, -30, 0, 20])
 def test_nc_encode_kernel_is_bit_identical_to_numpy(deterministic, floor):
@@ -210,7 +211,6 @@ def test_nc_encode_kernel_is_bit_identical_to_numpy(deterministic, floor):
     assert np.array_equal(part, whole[300:700])
 
 
-@needs_kernels
 def test_nc_kernel_errors_match_numpy():
     for bad, exc in ((np.float32(np.nan), ValueError), (np.float32(np.inf), ValueError),
                      (np.float32(2.0**64), OverflowError)):
@@ -223,7 +223,6 @@ def test_nc_kernel_errors_match_numpy():
         assert str(native_error.value) == str(numpy_error.value)
 
 
-@needs_kernels
 def test_nc_decode_and_fixed_kernels_match_numpy(monkeypatch):
     rs = np.random.default_rng(3)
     codes = rs.integers(0, 256, 5000).astype(np.uint8)
