@@ -1,7 +1,7 @@
 """cffi (API mode) builders for the native parts; setup.py runs them at install time.
 
 switchsim._native  the aggregator core and its recvmmsg/sendmmsg UDP loop
-hostlib._kernels   NC / fixed-point codec kernels for workers
+hostlib._kernels   NC / fixed-point codec kernels and the worker protocol loop (sendmmsg/recvmmsg)
 switchsim._dpdk    the core behind a DPDK poll loop (only where pkg-config finds libdpdk)
 
 INA_CFLAGS replaces the optimisation flags (default -O3 -march=native: the build runs on the machine
@@ -53,7 +53,7 @@ def _ffi(name, header_includes, sources, **kw):
 
 core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h"],
                 _src("ina_core.c", "ina_udp.c"))
-kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h"], _src("ina_kernels.c"),
+kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_worker.h"], _src("ina_kernels.c", "ina_worker.c"),
                    libraries=["m"])
 
 

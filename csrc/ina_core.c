@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ina_packet.h"
 #include "ina_rng.h"
 
 typedef struct {
@@ -45,80 +46,10 @@ struct ina_switch {
     uint8_t ctrl[INA_CTRL_PAYLOAD]; /* payload of control replies */
 };
 
-/* ------------------------------------------------------------------ byte order */
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static inline void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static inline void wr32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-
-typedef struct {
-    uint8_t msg_type, codec, flags, rank, set;
-    int8_t exp_cur, exp_next;
-    uint16_t job, slot, count;
-    uint32_t packet_id;
-} header;
-
-static void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_t rank, uint32_t packet_id,
-                       uint16_t slot, uint8_t set, uint16_t count, uint8_t codec, int8_t exp_cur,
-                       int8_t exp_next, uint8_t flags)
-{
-    h[INA_OFF_VERSION] = INA_VERSION;
-    h[INA_OFF_TYPE] = msg_type;
-    h[INA_OFF_CODEC] = codec;
-    h[INA_OFF_FLAGS] = flags;
-    wr16(h + INA_OFF_JOB, job);
-    h[INA_OFF_RANK] = rank;
-    h[INA_OFF_EXP_CUR] = (uint8_t)exp_cur;
-    wr32(h + INA_OFF_PACKET_ID, packet_id);
-    wr16(h + INA_OFF_POOL, (uint16_t)(set << 15 | slot));
-    wr16(h + INA_OFF_COUNT, count);
-    h[INA_OFF_EXP_NEXT] = (uint8_t)exp_next;
-    h[17] = h[18] = h[19] = 0;
-}
-
-/* wire.unpack: 0 if the header is one a switch may act on */
-static int parse(const uint8_t *p, size_t len, header *h)
-{
-    if (len < INA_HEADER_SIZE || p[INA_OFF_VERSION] != INA_VERSION || p[INA_OFF_TYPE] >= INA_MSG_COUNT)
-        return -1;
-    uint16_t pool = rd16(p + INA_OFF_POOL);
-    if (pool & INA_POOL_RESERVED_BIT)
-        return -1;
-    h->msg_type = p[INA_OFF_TYPE];
-    h->codec = p[INA_OFF_CODEC];
-    h->flags = p[INA_OFF_FLAGS];
-    h->job = rd16(p + INA_OFF_JOB);
-    h->rank = p[INA_OFF_RANK];
-    h->exp_cur = (int8_t)p[INA_OFF_EXP_CUR];
-    h->packet_id = rd32(p + INA_OFF_PACKET_ID);
-    h->slot = pool & INA_POOL_SLOT_MASK;
-    h->set = (uint8_t)(pool >> 15);
-    h->count = rd16(p + INA_OFF_COUNT);
-    h->exp_next = (int8_t)p[INA_OFF_EXP_NEXT];
-    if (h->msg_type == INA_MSG_UPDATE || h->msg_type == INA_MSG_RESULT) {
-        size_t size = h->codec == INA_CODEC_INT32 ? 4 : h->codec == INA_CODEC_NC8 ? 1 : 0;
-        if (!size || len != INA_HEADER_SIZE + (size_t)h->count * size)
-            return -1;
-    }
-    return 0;
-}
-
 static inline int serial_gt(uint32_t a, uint32_t b)
 {
     uint32_t d = a - b;
     return d != 0 && d < 0x80000000u;
-}
-
-static inline int nc_floor(int exp)
-{
-    int f = exp - INA_NC_SPAN + 1;
-    return f > INA_NC_LEVEL_MIN ? f : INA_NC_LEVEL_MIN;
 }
 
 /* ------------------------------------------------------------------ life cycle */

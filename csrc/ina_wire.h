@@ -24,6 +24,8 @@
 
 #define INA_EXP_NONE (-128)
 #define INA_EXP_NONFINITE 127
+#define INA_EXP_MIN (-127)
+#define INA_EXP_MAX 126
 
 #define INA_NC_BIAS 64
 #define INA_NC_LEVEL_MIN (-63)

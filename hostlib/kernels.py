@@ -44,3 +44,18 @@ def fixed_quantize(x32: np.ndarray, scale: float, limit: int) -> np.ndarray:
     lib.ina_fixed_quantize(ffi.from_buffer("float[]", x32), x32.size, float(scale), int(limit),
                            ffi.from_buffer("uint8_t[]", out))
     return out
+
+
+def block_exponents(x32: np.ndarray, k: int):
+    """(int8 exponent per block of k, status) for contiguous float32 x32; status is 0 or OVERFLOW."""
+    out = np.empty(-(-x32.size // k), dtype=np.int8)
+    rc = lib.ina_block_exponents(ffi.from_buffer("float[]", x32), x32.size, k, ffi.from_buffer("int8_t[]", out))
+    return out, rc
+
+
+def fixed_dequantize(sums: np.ndarray, exps: np.ndarray, world_size: int, k: int) -> np.ndarray:
+    """float32 of native int32 sums / scale of each block's agreed exponent (codecs/fixed.py decode)."""
+    out = np.empty(sums.size, dtype=np.float32)
+    lib.ina_fixed_dequantize(ffi.from_buffer("int32_t[]", sums), sums.size, k, ffi.from_buffer("int8_t[]", exps),
+                             world_size, ffi.from_buffer("float[]", out))
+    return out

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import rng, wire
+from . import fastpath, rng, wire
 from .codecs import get_codec
-
-
-class INAError(RuntimeError):
-    """The switch rejected a request (unknown job, wrong world size, bad rank...)."""
+from .errors import INAError
 
 
 @dataclass
@@ -49,6 +46,20 @@ class CommStats:
         return d
 
 
+SOCKET_BUFFER = 8 << 20  # a window of bursts from every worker without drops on loopback
+
+
+def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER):
+    """Ask for nbytes of send and receive buffer; as root past net.core.[rw]mem_max (the *BUFFORCE options),
+    since a drop there costs a retransmission timeout."""
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+        except OSError:  # not root: capped at the sysctl limit
+            sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
+
+
 def parse_address(address) -> tuple[str, int]:
     if isinstance(address, tuple):
         return address[0], int(address[1])
@@ -64,7 +75,7 @@ class Communicator:
     def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
                  window: int = 64, elements_per_packet: int | None = None, timeout: float = 30.0,
                  join_timeout: float | None = None, rto: float = 0.03, max_rto: float = 0.1, seed: int = 0,
-                 **codec_params):
+                 fast: bool | None = None, **codec_params):
         if not 1 <= world_size <= wire.MAX_WORKERS:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
         if not 0 <= rank < world_size:
@@ -81,13 +92,13 @@ class Communicator:
         self.timeout, self.min_rto, self.max_rto = float(timeout), float(rto), float(max_rto)
         self.rto, self._srtt, self._rttvar = float(rto), None, 0.0
         self.seed = seed
+        self.fast = fast  # None: the C loop where it applies; False: always the Python loop
         self.stats = CommStats()
         self._calls = 0
         self._next_pid = 0
         self._broken: str | None = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        size_buffers(self.sock)
         self.sock.connect(self.address)
         self.sock.setblocking(False)
         self._buf = bytearray(65536)
@@ -189,20 +200,22 @@ class Communicator:
         N = flat.size
         nb = -(-N // k)
         if codec.negotiates_exponent:
-            padded = np.zeros(nb * k, dtype=flat.dtype)
-            padded[:N] = flat
-            exps = codec.block_exponents(padded.reshape(nb, k))
-            del padded
-            D = min(W, nb)
+            exps, D = codec.flat_exponents(flat, k), min(W, nb)
         else:
             exps, D = None, 0
         total = nb + D
-        agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
-        result = np.zeros(nb * k, dtype=codec.result_dtype())
-        done = np.zeros(total, dtype=bool)
         base = self._next_pid
         seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
         self._calls += 1
+        kind = fastpath.kind(codec, flat) if self.fast is not False else None
+        if kind is not None:
+            result, agreed, overflow, _ = fastpath.allreduce(self, kind, flat, exps, seed, base, progress)
+            self._next_pid = (base + total) & 0xFFFFFFFF
+            self._check_result(exps, agreed, overflow)
+            return fastpath.decode(kind, result, agreed, n, k, flat.dtype)
+        agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
+        result = np.zeros(nb * k, dtype=codec.result_dtype())
+        done = np.zeros(total, dtype=bool)
         overflow = False
 
         def build(q: int) -> bytes:
@@ -284,12 +297,15 @@ class Communicator:
         self._next_pid = (base + total) & 0xFFFFFFFF
         if progress is not None:
             progress(N)
+        self._check_result(exps, agreed, overflow)
+        values = codec.decode(result, agreed, n, k)[:N]
+        return values.astype(flat.dtype, copy=False)
+
+    def _check_result(self, exps, agreed, overflow):
         if exps is not None and np.any(agreed == wire.EXP_NONFINITE):
             raise ValueError("allreduce input contains NaN or Inf (on at least one worker)")
         if overflow:
-            raise OverflowError(f"allreduce result overflows codec {codec.name!r}")
-        values = codec.decode(result, agreed, n, k)[:N]
-        return values.astype(flat.dtype, copy=False)
+            raise OverflowError(f"allreduce result overflows codec {self.codec.name!r}")
 
     def _rtt_sample(self, r: float):
         if self._srtt is None:

@@ -5,6 +5,7 @@ buffer, the Python reference switch, gloo's allreduce of the same tensors).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -16,6 +17,7 @@ import time
 import numpy as np
 
 from hostlib import wire
+from hostlib.codecs import get_codec
 
 
 def best(fn, repeat=3) -> float:
@@ -140,9 +142,11 @@ def gloo_allreduce_seconds(numel: int, workers: int, reps: int = 3) -> float:
     return max(times)
 
 
-def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float = 120) -> dict:
+def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float = 120, payload: int = 1024) -> dict:
+    elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
     cmd = [sys.executable, "-m", "switchsim", "demo", "--json", "--backend", backend, "--codec", codec,
-           "--size", str(numel), "--workers", str(workers), "--timeout", str(timeout)]
+           "--size", str(numel), "--workers", str(workers), "--timeout", str(timeout),
+           "--elements", str(elements), "--elements-per-packet", str(max(elements, 1024))]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * 6 + 120)
     try:
         return json.loads(run.stdout)
@@ -150,7 +154,8 @@ def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float 
         return {"errors": [run.stderr.strip()[-300:] or f"exit {run.returncode}"]}
 
 
-def bench_allreduce(sizes_mib, workers_list, backends, codecs, gloo=True, progress=None) -> list[dict]:
+def bench_allreduce(sizes_mib, workers_list, backends, codecs, payloads=(1024,), gloo=True,
+                    progress=None) -> list[dict]:
     rows = []
     for workers in workers_list:
         for mib in sizes_mib:
@@ -159,20 +164,20 @@ def bench_allreduce(sizes_mib, workers_list, backends, codecs, gloo=True, progre
             if base is not None:
                 rows.append({"workers": workers, "MiB": mib, "backend": "gloo", "codec": "float32", "seconds": base,
                              "x gloo": 1.0, "bytes/worker x float32": None})
-            for backend in backends:
-                for codec in codecs:
-                    if progress:
-                        progress(f"{workers} workers, {mib} MiB, {backend}, {codec}")
-                    r = demo_run(backend, codec, numel, workers)
-                    row = {"workers": workers, "MiB": mib, "backend": backend, "codec": codec}
-                    if r.get("errors"):
-                        row["error"] = "; ".join(r["errors"])[:200]
-                    else:
-                        secs = r["allreduce_seconds"]
-                        row.update({"seconds": secs, "x gloo": secs / base if base else None,
-                                    "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
-                                    "retransmissions": r.get("retransmissions")})
-                    rows.append(row)
+            for backend, codec, payload in itertools.product(backends, codecs, payloads):
+                if progress:
+                    progress(f"{workers} workers, {mib} MiB, {backend}, {codec}, {payload} B/packet")
+                r = demo_run(backend, codec, numel, workers, payload=payload)
+                row = {"workers": workers, "MiB": mib, "backend": backend, "codec": codec,
+                       "payload B": payload}
+                if r.get("errors"):
+                    row["error"] = "; ".join(r["errors"])[:200]
+                else:
+                    secs = r["allreduce_seconds"]
+                    row.update({"seconds": secs, "x gloo": secs / base if base else None,
+                                "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
+                                "retransmissions": r.get("retransmissions")})
+                rows.append(row)
     return rows
 
 
@@ -214,11 +219,15 @@ def plot(results: dict, path: str) -> None:
             ax.set_xscale("log")
             ax.set_xlabel("packets/s")
         else:
-            for (backend, codec, w) in sorted({(r["backend"], r["codec"], r["workers"]) for r in rows}):
-                pts = [(r["MiB"], r["seconds"]) for r in rows
-                       if (r["backend"], r["codec"], r["workers"]) == (backend, codec, w) and "seconds" in r]
+            def series(r):
+                return r["backend"], r["codec"], r["workers"], r.get("payload B", 0)
+
+            for key_ in sorted({series(r) for r in rows}):
+                pts = [(r["MiB"], r["seconds"]) for r in rows if series(r) == key_ and "seconds" in r]
                 if pts:
-                    ax.plot(*zip(*sorted(pts)), marker="o", label=f"{backend}/{codec} x{w}")
+                    backend, codec, w, payload = key_
+                    label = f"{backend}/{codec} x{w}" + (f" {payload} B" if payload else "")
+                    ax.plot(*zip(*sorted(pts)), marker="o", label=label)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("MiB of float32 per worker")

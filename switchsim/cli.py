@@ -113,7 +113,7 @@ def cmd_bench(args) -> int:
     if "allreduce" in what:
         results["allreduce"] = bench.bench_allreduce(
             csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
-            gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
+            payloads=csv(args.payloads, int), gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
     if args.json:
         print(_json.dumps(results, indent=2))
     else:
@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", default="2,4", help="allreduce: worker counts (comma list)")
     b.add_argument("--backends", default="python,c", help="allreduce: python,c,dpdk (dpdk needs root)")
     b.add_argument("--codecs", default="int32,fixed,nc", help="allreduce: codecs (comma list)")
+    b.add_argument("--payloads", default="1024",
+                   help="allreduce: payload bytes per packet (comma list; 1024 = 256 int32 or 1024 NC codes, "
+                        "SwitchML's large packets; loopback carries up to 64 KiB)")
     b.add_argument("--no-gloo", action="store_true", help="allreduce: skip the torch gloo baseline")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")

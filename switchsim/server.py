@@ -10,10 +10,9 @@ import threading
 import time
 
 from hostlib import wire
+from hostlib.worker import SOCKET_BUFFER, size_buffers
 
 from .model import Switch
-
-RCVBUF = 8 << 20
 
 
 def check_probabilities(loss, dup, reorder) -> None:
@@ -26,8 +25,7 @@ def check_probabilities(loss, dup, reorder) -> None:
 def bind_udp(host, port) -> socket.socket:
     """The switch's UDP socket, with buffers large enough for a window of bursts."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
+    size_buffers(sock, SOCKET_BUFFER)
     sock.bind((host, port))
     return sock
 

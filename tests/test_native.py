@@ -34,7 +34,7 @@ def c_defines(name):
 
 def test_c_wire_constants_match_wire_py():
     d = c_defines("ina_wire.h")
-    for name in ("VERSION", "DEFAULT_PORT", "FLAG_OVERFLOW", "EXP_NONE", "EXP_NONFINITE", "NC_BIAS",
+    for name in ("VERSION", "DEFAULT_PORT", "FLAG_OVERFLOW", "EXP_NONE", "EXP_NONFINITE", "EXP_MIN", "EXP_MAX", "NC_BIAS",
                  "NC_LEVEL_MIN", "NC_LEVEL_MAX", "NC_SPAN", "MAX_WORKERS", "HEADER_SIZE", "POOL_SET_BIT",
                  "POOL_RESERVED_BIT", "POOL_SLOT_MASK", "MAX_SLOTS"):
         assert d[f"INA_{name}"] == getattr(wire, name), name

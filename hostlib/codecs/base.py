@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import wire
+from .. import kernels, wire
+
+EXPONENT_OVERFLOW_MESSAGE = f"values of magnitude >= 2^{wire.EXP_MAX} cannot be sent"
 
 
 def block_exponents(blocks: np.ndarray) -> np.ndarray:
@@ -17,7 +19,7 @@ def block_exponents(blocks: np.ndarray) -> np.ndarray:
     finite = np.isfinite(amax)
     _, e = np.frexp(np.where(finite, amax, 0.0))  # amax = m * 2^e with 0.5 <= m < 1, so amax < 2^e
     if np.any(finite & (e > wire.EXP_MAX)):
-        raise OverflowError(f"values of magnitude >= 2^{wire.EXP_MAX} cannot be sent")
+        raise OverflowError(EXPONENT_OVERFLOW_MESSAGE)
     out = np.clip(e, wire.EXP_MIN, wire.EXP_MAX)
     out = np.where(amax == 0, wire.EXP_NONE, out)
     out = np.where(finite, out, wire.EXP_NONFINITE)
@@ -36,7 +38,23 @@ class Codec:
         """Raise TypeError/ValueError for inputs the codec cannot carry."""
 
     def block_exponents(self, blocks: np.ndarray) -> np.ndarray:
-        return block_exponents(blocks)
+        return self.check_exponents(block_exponents(blocks))
+
+    def flat_exponents(self, flat: np.ndarray, k: int) -> np.ndarray:
+        """block_exponents of flat cut into blocks of k (the last one zero-padded); the C kernel for float32."""
+        if flat.dtype == np.float32 and kernels.enabled():
+            e, status = kernels.block_exponents(flat, k)
+            if status:
+                raise OverflowError(EXPONENT_OVERFLOW_MESSAGE)
+            return self.check_exponents(e)
+        nb = -(-flat.size // k)
+        padded = np.zeros(nb * k, dtype=flat.dtype)
+        padded[:flat.size] = flat
+        return self.block_exponents(padded.reshape(nb, k))
+
+    def check_exponents(self, e: np.ndarray) -> np.ndarray:
+        """Raise OverflowError for exponents the codec cannot carry."""
+        return e
 
     def encode(self, block: np.ndarray, exp: int, world_size: int, seed: int, offset: int) -> bytes:
         raise NotImplementedError

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import kernels, rng, wire
-from .base import Codec, block_exponents
+from .base import Codec
 
 _SIGN = np.uint8(0x80)
 NONFINITE_MESSAGE = "natural compression: input contains NaN or Inf"
@@ -167,8 +167,7 @@ class NaturalCodec(Codec):
         if not np.issubdtype(flat.dtype, np.floating):
             raise TypeError(f"codec 'nc' compresses floats; got {flat.dtype}")
 
-    def block_exponents(self, blocks):
-        e = block_exponents(blocks)
+    def check_exponents(self, e):
         if np.any((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)):
             raise OverflowError(f"codec 'nc': values of magnitude >= 2^{wire.NC_LEVEL_MAX} are out of range")
         return e

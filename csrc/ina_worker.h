@@ -1,0 +1,61 @@
+/* The worker protocol of hostlib/worker.py in C: one allreduce's window, retransmission and result
+ * handling, with the codec kernels called per packet and sendmmsg/recvmmsg batches. hostlib/fastpath.py
+ * drives it; the Python loop stays the definition and the fallback. */
+#ifndef INA_WORKER_H
+#define INA_WORKER_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define INA_WK_INT32 0 /* src: native int32 */
+#define INA_WK_FIXED 1 /* src: float32, quantized with the agreed exponent */
+#define INA_WK_NC 2    /* src: float32, NC codes */
+
+/* ina_wk_run results */
+#define INA_WK_DONE 0
+#define INA_WK_AGAIN 1         /* the time budget ran out (or a signal came); call again */
+#define INA_WK_TIMEOUT 2       /* a packet had no result within timeout; timeout_q, timeout_tries tell which */
+#define INA_WK_SWITCH_ERROR 3  /* the switch sent MSG_ERROR; its text is in error */
+#define INA_WK_ENCODE_ERROR 4  /* a codec kernel failed (status in sys_errno) */
+#define INA_WK_SYSTEM_ERROR 5  /* a socket call failed (errno in sys_errno) */
+
+#define INA_WK_BATCH 64
+#define INA_WK_ERROR_TEXT 512
+
+typedef struct {
+    /* set by the caller before ina_wk_start */
+    int fd; /* connected, non-blocking UDP socket */
+    uint16_t job;
+    uint8_t rank, world;
+    uint32_t window, k, base_pid;
+    int kind, deterministic;
+    uint64_t seed;
+    const void *src;
+    uint64_t n;
+    const int8_t *exps; /* per block: this worker's exponent (fixed, nc) */
+    int8_t *agreed;     /* per block: the max over workers, filled from results */
+    void *result;       /* per element: int32 sums (int32, fixed) or uint8 codes (nc) */
+    uint8_t *done;      /* per packet of the stream: nb + D entries, zeroed */
+    double rto, min_rto, max_rto, timeout;
+    double srtt, rttvar; /* the round-trip estimate, carried over calls */
+    int have_srtt;
+    /* filled by ina_wk_start / ina_wk_run */
+    uint32_t nb, D, total, ndone;
+    uint64_t packets_sent, bytes_sent, packets_received, bytes_received;
+    uint64_t retransmissions, duplicate_results, stale_results;
+    int overflow;
+    uint32_t timeout_q, timeout_tries;
+    int sys_errno;
+    char error[INA_WK_ERROR_TEXT];
+    void *priv;
+} ina_wk;
+
+int ina_wk_start(ina_wk *w); /* 0, or -1 for bad parameters / no memory */
+int ina_wk_run(ina_wk *w, int budget_ms);
+void ina_wk_finish(ina_wk *w);
+
+/* block exponents of float32 x in blocks of k (the last one short): the rule of codecs/base.py
+ * block_exponents. Returns 0, or INA_KERNEL_OVERFLOW if a finite block needs an exponent above EXP_MAX. */
+int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out);
+/* float32 of int32 sums / scale(exps[i / k]): codecs/fixed.py decode */
+void ina_fixed_dequantize(const int32_t *sums, size_t n, size_t k, const int8_t *exps, int world, float *out);
+#endif

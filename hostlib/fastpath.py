@@ -1,0 +1,106 @@
+"""The worker protocol loop in C (csrc/ina_worker.c): the same packets as Communicator's Python loop,
+with the codec kernels called per packet and sendmmsg/recvmmsg batches, so the interpreter is off the
+per-packet path. Communicator uses it when the kernels are built and the input has a native layout
+(int32 codec: integers; fixed and nc: float32); INA_KERNELS=numpy or fast=False keeps the Python loop.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import kernels
+from .codecs.natural import BAD_CODE_MESSAGE
+from .errors import INAError
+
+RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C) and progress callbacks are served
+
+
+def kind(codec, flat: np.ndarray):
+    """The C loop's codec kind for this codec and input, or None where only the Python loop applies."""
+    if not kernels.enabled():
+        return None
+    lib = kernels.lib
+    if codec.name == "int32" and (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
+        return lib.INA_WK_INT32
+    if flat.dtype == np.float32 and codec.name in ("fixed", "nc"):
+        return lib.INA_WK_FIXED if codec.name == "fixed" else lib.INA_WK_NC
+    return None
+
+
+def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, progress):
+    """Run one allreduce's packet stream; returns (result, agreed exponents, overflow flag, packets).
+
+    result holds native int32 sums (int32, fixed) or NC codes per element; raises TimeoutError when a
+    packet gets no result within comm.timeout and INAError when the switch rejects the job."""
+    ffi, lib = kernels.ffi, kernels.lib
+    n, k = flat.size, comm.k
+    src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
+    nb = -(-n // k)
+    agreed = np.full(nb, -128, dtype=np.int8)
+    result = np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)
+    total_max = nb + min(comm.window, nb)
+    done = np.zeros(total_max, dtype=np.uint8)
+    exps_c = np.ascontiguousarray(exps, dtype=np.int8) if exps is not None else None
+    w = ffi.new("ina_wk *")
+    w.fd, w.job, w.rank, w.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
+    w.window, w.k, w.base_pid, w.kind = comm.window, k, base, kind_
+    w.deterministic = int(getattr(comm.codec, "deterministic", False))
+    w.seed = seed & kernels.MASK64
+    w.src, w.n = ffi.from_buffer(src), n
+    w.exps = ffi.from_buffer("int8_t[]", exps_c) if exps_c is not None else ffi.NULL
+    w.agreed, w.result, w.done = ffi.from_buffer("int8_t[]", agreed), ffi.from_buffer(result), ffi.from_buffer(done)
+    w.rto, w.min_rto, w.max_rto, w.timeout = comm.rto, comm.min_rto, comm.max_rto, comm.timeout
+    w.have_srtt = comm._srtt is not None
+    w.srtt, w.rttvar = comm._srtt or 0.0, comm._rttvar
+    if lib.ina_wk_start(w) != 0:
+        raise MemoryError("could not set up the native worker loop")
+    try:
+        reported = 0
+        while True:
+            rc = lib.ina_wk_run(w, RUN_MS)
+            if progress is not None and w.ndone != reported:
+                reported = w.ndone
+                progress(min(n, max(0, w.ndone - w.D) * k))
+            if rc != lib.INA_WK_AGAIN:
+                break
+        if rc == lib.INA_WK_DONE and progress is not None:
+            progress(n)
+    finally:
+        lib.ina_wk_finish(w)
+        s = comm.stats
+        s.packets_sent += w.packets_sent
+        s.bytes_sent += w.bytes_sent
+        s.packets_received += w.packets_received
+        s.bytes_received += w.bytes_received
+        s.retransmissions += w.retransmissions
+        s.duplicate_results += w.duplicate_results
+        s.stale_results += w.stale_results
+        if w.have_srtt:
+            comm._srtt, comm._rttvar, comm.rto = w.srtt, w.rttvar, w.rto
+    if rc == lib.INA_WK_TIMEOUT:
+        q = w.timeout_q
+        raise TimeoutError(
+            f"rank {comm.rank}: job {comm.job}: no result for packet {base + q} (slot {(base + q) % comm.window}) "
+            f"after {w.timeout_tries} retransmissions in {comm.timeout:g} s; a peer is dead or the switch is gone")
+    if rc == lib.INA_WK_SWITCH_ERROR:
+        comm._broken = "switch error"
+        raise INAError(ffi.string(w.error).decode(errors="replace"))
+    if rc == lib.INA_WK_ENCODE_ERROR:
+        raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")
+    if rc == lib.INA_WK_SYSTEM_ERROR:
+        raise OSError(w.sys_errno, f"worker socket: {os.strerror(w.sys_errno)}")
+    return result, agreed, bool(w.overflow), int(w.total)
+
+
+def decode(kind_: int, result: np.ndarray, agreed: np.ndarray, world_size: int, k: int, dtype) -> np.ndarray:
+    """The allreduce values from the C loop's result buffer (as the codecs' decode, in C)."""
+    lib = kernels.lib
+    if kind_ == lib.INA_WK_INT32:
+        return result.astype(dtype, copy=False)
+    if kind_ == lib.INA_WK_FIXED:
+        return kernels.fixed_dequantize(result, agreed, world_size, k)
+    values, status = kernels.nc_decode(result)
+    if status:
+        raise ValueError(BAD_CODE_MESSAGE)
+    return values

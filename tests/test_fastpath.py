@@ -1,0 +1,182 @@
+"""The worker loop in C (csrc/ina_worker.c) against the Python loop it replaces: the same packets, the
+same results, the same errors; and the C loop's own recovery paths (loss, timeouts, switch errors)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import hostlib
+from hostlib import fastpath, kernels, wire
+from hostlib.codecs import get_codec
+from switchsim.model import Switch
+from switchsim.server import UDPServer
+
+from .test_e2e import run_workers
+
+
+class RecordingSwitch(Switch):
+    """The reference model, keeping every update it is sent (packet id -> bytes)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.updates: dict[int, list[bytes]] = {}
+
+    def process(self, data, src):
+        data = bytes(data)
+        try:
+            h = wire.unpack(data)
+            if h.msg_type == wire.MSG_UPDATE:
+                self.updates.setdefault(h.packet_id, []).append(data)
+        except wire.WireError:
+            pass
+        return super().process(data, src)
+
+
+@pytest.fixture
+def recording_server():
+    servers = []
+
+    def start(world=1, **impairment):
+        sw = RecordingSwitch({1: world})
+        srv = UDPServer(sw, "127.0.0.1", 0, **impairment)
+        th = srv.start_thread()
+        servers.append((srv, th))
+        return sw, "%s:%d" % srv.address
+
+    yield start
+    for srv, th in servers:
+        srv.stop()
+        th.join(5)
+        srv.close()
+
+
+def one_worker(address, x, fast, **kw):
+    with hostlib.connect(address, 0, 1, job=1, fast=fast, **kw) as comm:
+        out = comm.allreduce(x)
+        return out, comm.stats
+
+
+CASES = [
+    ("int32", {}, np.int32, 5000),
+    ("int32", {}, np.int64, 777),
+    ("fixed", {}, np.float32, 5000),
+    ("fixed", {}, np.float32, 300),  # fewer blocks than the window: D < W
+    ("nc", {"rounding": "stochastic"}, np.float32, 20000),
+    ("nc", {"rounding": "deterministic"}, np.float32, 1500),
+]
+
+
+@pytest.mark.parametrize("codec,params,dtype,size", CASES,
+                         ids=[f"{c}-{p.get('rounding', '')}-{np.dtype(d).name}-{s}" for c, p, d, s in CASES])
+def test_c_loop_sends_the_python_loops_packets(recording_server, codec, params, dtype, size):
+    """Bit for bit: every update packet (header and payload) and the decoded result."""
+    rs = np.random.default_rng(size)
+    if np.issubdtype(dtype, np.integer):
+        x = rs.integers(-(2**30), 2**30, size).astype(dtype)
+    else:
+        x = (rs.standard_normal(size) * 10.0 ** rs.integers(-20, 3, size)).astype(dtype)
+        x[::97] = 0
+    assert fastpath.kind(get_codec(codec, **params), x) is not None
+    runs = []
+    for fast in (False, True):
+        sw, address = recording_server()
+        out, stats = one_worker(address, x, fast, codec=codec, window=16, elements_per_packet=128, seed=5,
+                                **params)
+        runs.append((out, stats, sw.updates))
+    (out_py, st_py, up_py), (out_c, st_c, up_c) = runs
+    assert out_c.dtype == out_py.dtype == x.dtype and np.array_equal(out_c, out_py)
+    assert {q: v[0] for q, v in up_c.items()} == {q: v[0] for q, v in up_py.items()}
+    assert st_c.packets_sent == st_py.packets_sent and st_c.bytes_sent == st_py.bytes_sent
+    assert st_c.bytes_received == st_py.bytes_received
+
+
+def test_c_loop_rebuilds_retransmissions_bit_for_bit(recording_server):
+    """Under loss the switch sees resends; each equals the first copy of its packet id."""
+    sw, address = recording_server(loss=0.2, dup=0.1, reorder=0.1, seed=3)
+    x = np.random.default_rng(0).standard_normal(30000).astype(np.float32)
+    out, stats = one_worker(address, x, True, codec="nc", window=8, rto=0.005, timeout=20)
+    assert stats.retransmissions > 0 and any(len(v) > 1 for v in sw.updates.values())
+    for copies in sw.updates.values():
+        assert all(c == copies[0] for c in copies)
+    assert np.abs(out - x).max() <= np.abs(x).max()  # one worker: NC of x, within a factor of two
+
+
+@pytest.mark.parametrize("n,loss", [(3, 0.05), (4, 0.1)])
+def test_python_loop_still_exact_under_loss(switch_process, n, loss):
+    """The fallback (fast=False) keeps its own exactness test now that the C loop is the default."""
+    sw = switch_process("--workers", n, "--loss", loss, "--dup", loss, "--reorder", loss, "--seed", n)
+    rs = np.random.default_rng(n)
+    xs = [rs.integers(-(2**24), 2**24, 3000).astype(np.int32) for _ in range(n)]
+    outs, errors, stats = run_workers(sw.address, xs, "int32", calls=2, elements_per_packet=64, window=16,
+                                      timeout=30, fast=False)
+    assert errors == [None] * n
+    exact = np.sum(np.array(xs, dtype=np.int64), axis=0)
+    assert all(np.array_equal(o, exact) for o in outs)
+    assert sum(s.retransmissions for s in stats) > 0
+
+
+def test_c_loop_reports_a_dead_peer_as_timeout(recording_server):
+    """Rank 1 joins and then never sends: rank 0's C loop gives up after `timeout` with the packet named."""
+    sw, address = recording_server(world=2)
+    joined = threading.Event()
+    errors = []
+
+    def silent_peer():
+        with hostlib.connect(address, 1, 2, job=1, codec="int32"):
+            joined.wait(10)
+
+    t = threading.Thread(target=silent_peer, daemon=True)
+    t.start()
+    try:
+        with hostlib.connect(address, 0, 2, job=1, codec="int32", timeout=0.5, fast=True) as comm:
+            with pytest.raises(TimeoutError, match=r"no result for packet \d+ .*after \d+ retransmissions"):
+                comm.allreduce(np.arange(1000, dtype=np.int32))
+            with pytest.raises(RuntimeError, match="unusable"):
+                comm.allreduce(np.arange(10, dtype=np.int32))
+    except Exception as e:  # noqa: BLE001
+        errors.append(e)
+    finally:
+        joined.set()
+        t.join(10)
+    assert not errors
+
+
+def test_c_loop_raises_on_nan_and_overflow_like_the_python_loop(switch_process):
+    sw = switch_process("--workers", 2)
+    x = np.ones(3000, dtype=np.float32)
+    y = x.copy()
+    y[2500] = np.nan
+    _, errors, _ = run_workers(sw.address, [x, y], "fixed", elements_per_packet=256)
+    assert all(isinstance(e, ValueError) and "NaN or Inf" in str(e) for e in errors)
+    big = np.full(600, 2**30, dtype=np.int32)
+    _, errors, _ = run_workers(sw.address, [big, big], "int32", job=1)
+    assert all(isinstance(e, OverflowError) for e in errors)
+
+
+def test_block_exponents_kernel_matches_numpy(monkeypatch):
+    rs = np.random.default_rng(2)
+    x = (rs.uniform(-1, 1, 10000) * np.exp2(rs.integers(-149, 126, 10000))).astype(np.float32)
+    x[:300] = 0
+    x[1000] = np.inf
+    x[2000] = np.nan
+    x[3000:3003] = np.array([1e-45, 2**-126, 2**-127], dtype=np.float32)  # denormals and the smallest normal
+    for k in (1, 7, 256, 10000, 20000):
+        codec = get_codec("fixed")
+        want = codec.flat_exponents(x.astype(np.float64), k)  # float64: the numpy path
+        got, status = kernels.block_exponents(x, k)
+        assert status == 0 and np.array_equal(got, want), k
+    with pytest.raises(OverflowError):
+        get_codec("fixed").flat_exponents(np.array([3e38], np.float32), 4)
+    with pytest.raises(OverflowError, match="nc"):
+        get_codec("nc").flat_exponents(np.array([2.0**64], np.float32), 4)
+
+
+def test_fixed_dequantize_kernel_matches_codec_decode():
+    rs = np.random.default_rng(4)
+    sums = rs.integers(-(2**31), 2**31, 5000).astype(np.int32)
+    exps = rs.integers(-127, 127, 5000 // 64 + 1).astype(np.int8)
+    exps[3] = wire.EXP_NONE
+    want = get_codec("fixed").decode(sums.astype(np.int64), exps, 3, 64).astype(np.float32)
+    assert np.array_equal(kernels.fixed_dequantize(sums, exps, 3, 64), want)
