@@ -2,6 +2,9 @@
 same results, the same errors; and the C loop's own recovery paths (loss, timeouts, switch errors)."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import threading
 
 import numpy as np
@@ -14,6 +17,8 @@ from switchsim.model import Switch
 from switchsim.server import UDPServer
 
 from .test_e2e import run_workers
+
+CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 
 
 class RecordingSwitch(Switch):
@@ -180,3 +185,19 @@ def test_fixed_dequantize_kernel_matches_codec_decode():
     exps[3] = wire.EXP_NONE
     want = get_codec("fixed").decode(sums.astype(np.int64), exps, 3, 64).astype(np.float32)
     assert np.array_equal(kernels.fixed_dequantize(sums, exps, 3, 64), want)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_c_loop_under_address_sanitizer(tmp_path):
+    """csrc/tests/worker_echo.c drives the C loop against a lossy, duplicating echo switch on a socketpair,
+    built with -fsanitize=address,undefined: no report, every result right, every recovery path taken."""
+    exe = tmp_path / "worker_echo"
+    subprocess.run(["gcc", "-std=gnu11", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    "-fno-omit-frame-pointer", "-I", CSRC, os.path.join(CSRC, "tests", "worker_echo.c"),
+                    os.path.join(CSRC, "ina_worker.c"), os.path.join(CSRC, "ina_kernels.c"), "-lm", "-lpthread",
+                    "-o", str(exe)], check=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
+    assert "runtime error" not in run.stderr and "ERROR" not in run.stderr, run.stderr[-4000:]
+    assert run.stderr.count("-> ok") == 3
