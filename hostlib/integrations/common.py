@@ -1,0 +1,85 @@
+"""What the DDP hook and the Horovod optimizer share: one switch connection per process, made on first
+use (a join barrier every rank reaches in the same call), gradient averaging, and error feedback for
+codecs whose rounding is biased."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from .. import wire
+from ..codecs import natural
+from ..worker import Communicator
+
+
+def switch_address(switch=None) -> str:
+    """switch, else $INA_SWITCH, else $MASTER_ADDR:$INA_SWITCH_PORT (default port 48864): a launcher such
+    as torchrun or horovodrun sets MASTER_ADDR, the user sets where the switch listens."""
+    if switch:
+        return str(switch)
+    if os.environ.get("INA_SWITCH"):
+        return os.environ["INA_SWITCH"]
+    if os.environ.get("MASTER_ADDR"):
+        return f"{os.environ['MASTER_ADDR']}:{os.environ.get('INA_SWITCH_PORT', wire.DEFAULT_PORT)}"
+    raise ValueError("no switch address: pass switch='HOST:PORT' or set INA_SWITCH (or MASTER_ADDR and "
+                     "INA_SWITCH_PORT)")
+
+
+class GradientReducer:
+    """Averages gradient tensors over the job's ranks through the switch.
+
+    codec 'fixed' and 'nc' carry any float gradient; 'int32' carries gradients that are integers (it
+    raises otherwise) and is exact. error_feedback (default: on for deterministic NC rounding, the one
+    biased codec here) adds each tensor's local rounding error, kept per key, to its next gradient."""
+
+    def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback: bool | None = None,
+                 **connect_kwargs):
+        if codec not in ("fixed", "nc", "int32"):
+            raise ValueError(f"codec must be 'fixed', 'nc' or 'int32', got {codec!r}")
+        self.switch = switch
+        self.codec = codec
+        self.job = int(os.environ.get("INA_JOB", 1)) if job is None else job
+        self.connect_kwargs = connect_kwargs
+        deterministic = connect_kwargs.get("rounding") == "deterministic"
+        self.error_feedback = (codec == "nc" and deterministic) if error_feedback is None else error_feedback
+        self.residuals: dict = {}
+        self.comm: Communicator | None = None
+        self._lock = threading.Lock()
+
+    def connect(self, rank: int, world_size: int) -> Communicator:
+        with self._lock:
+            if self.comm is None:
+                self.comm = Communicator(switch_address(self.switch), rank, world_size, job=self.job,
+                                         codec=self.codec, **self.connect_kwargs)
+            return self.comm
+
+    def average(self, flat: np.ndarray, key) -> np.ndarray:
+        """The mean over ranks of flat (a 1-D float array of this rank's gradient)."""
+        comm = self.comm
+        if self.codec == "int32":
+            ints = np.rint(flat)
+            if not np.array_equal(ints, flat) or np.abs(ints).max(initial=0) > np.iinfo(np.int32).max:
+                raise ValueError("codec 'int32' needs integer gradients that fit int32; use 'fixed' or 'nc'")
+            return (comm.allreduce(ints.astype(np.int32)).astype(np.float64) / comm.world_size).astype(flat.dtype)
+        x = flat.astype(np.float32, copy=False)
+        if self.error_feedback:
+            r = self.residuals.get(key)
+            if r is not None and r.shape == x.shape:
+                x = x + r
+            self.residuals[key] = x - self._local_rounding(x)
+        total = comm.allreduce(x)
+        return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
+
+    def _local_rounding(self, x: np.ndarray) -> np.ndarray:
+        """What this rank's own packets carry of x, as far as it is known before the allreduce (NC's
+        rounding without the block floor, which only touches values 2^-55 below the block's max)."""
+        if self.codec == "nc":
+            det = self.connect_kwargs.get("rounding") == "deterministic"
+            return natural.decode(natural.encode(x, deterministic=det))
+        return x  # fixed point: the rounding error is below 2^-31 of the block's max
+
+    def close(self):
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None

@@ -1,0 +1,71 @@
+"""PyTorch DDP communication hook: each gradient bucket is averaged through the INA switch.
+
+    from hostlib.integrations.torch import INAHookState, ina_hook
+    ddp.register_comm_hook(INAHookState(switch="127.0.0.1:48864", codec="fixed"), ina_hook)
+
+Rank, world size and the job come from the initialised process group (torchrun, init_process_group);
+the switch address from `switch`, $INA_SWITCH, or $MASTER_ADDR:$INA_SWITCH_PORT. The hook returns a
+torch Future at once; a worker thread per state runs the buckets in DDP's order (the same on every
+rank, which is what the switch's packet stream needs), so backward keeps computing meanwhile; the C
+protocol loop releases the GIL. Works with CUDA gradients (copied through host memory).
+"""
+# no `from __future__ import annotations`: DDP checks that the bucket annotation is dist.GradBucket itself
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from .common import GradientReducer
+
+
+class INAHookState(GradientReducer):
+    """State of `ina_hook`: the switch connection (made on the first bucket), codec and error feedback.
+
+    Arguments: switch ("HOST:PORT"), codec ('fixed', 'nc' or 'int32'), job (default $INA_JOB or 1),
+    error_feedback, process_group (default: the world), and any `hostlib.connect` option (window,
+    elements_per_packet, timeout, rounding, ...)."""
+
+    def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback=None,
+                 process_group=None, **connect_kwargs):
+        super().__init__(switch, codec, job, error_feedback, **connect_kwargs)
+        self.process_group = process_group
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
+
+    def __getstate__(self):  # DDP may deep-copy module state; the connection and thread stay behind
+        raise TypeError("INAHookState holds a live switch connection and cannot be pickled")
+
+    def rank_and_size(self):
+        if not dist.is_initialized():
+            raise RuntimeError("ina_hook needs an initialised torch.distributed process group")
+        pg = self.process_group or dist.group.WORLD
+        return dist.get_rank(pg), dist.get_world_size(pg)
+
+    def close(self):
+        self._executor.shutdown(wait=True)
+        super().close()
+
+
+def _average_bucket(state: INAHookState, buffer: torch.Tensor, key) -> torch.Tensor:
+    rank, world = state.rank_and_size()
+    state.connect(rank, world)
+    host = buffer.detach().to("cpu", copy=True)
+    as_float = host.float() if host.dtype in (torch.float16, torch.bfloat16) else host
+    mean = state.average(as_float.numpy().reshape(-1), key)
+    return torch.from_numpy(mean).to(dtype=buffer.dtype, device=buffer.device).view_as(buffer)
+
+
+def ina_hook(state: INAHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: average `bucket.buffer()` over the ranks through the switch (like allreduce_hook)."""
+    buffer = bucket.buffer()
+    key = bucket.index()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def done(f):
+        try:
+            fut.set_result(f.result())
+        except Exception as e:  # noqa: BLE001 - handed to DDP, which raises it in backward()
+            fut.set_exception(e)
+
+    state._executor.submit(_average_bucket, state, buffer, key).add_done_callback(done)
+    return fut
