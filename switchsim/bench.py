@@ -199,7 +199,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, path: str) -> None:
+def pyplot():
+    """matplotlib's pyplot without a display, or a clear exit naming the extra that brings it."""
     try:
         import matplotlib
 
@@ -207,10 +208,26 @@ def plot(results: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("switchsim bench --plot needs matplotlib: pip install -e '.[bench]'") from None
+    return plt
+
+
+def series(r):
+    return r["backend"], r["codec"], r["workers"], r.get("payload B", 0)
+
+
+def label(key) -> str:
+    backend, codec, w, payload = key
+    return f"{backend}/{codec}" + (f" x{w}" if w is not None else "") + (f" {payload} B" if payload else "")
+
+
+def plot(results: dict, path: str) -> None:
+    plt = pyplot()
     panels = [k for k in ("codecs", "switch", "allreduce") if results.get(k)]
+    if len({r["workers"] for r in results.get("allreduce", [])}) > 1:
+        panels.append("allreduce vs workers")
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, key in zip(axes[0], panels):
-        rows = results[key]
+        rows = results.get(key)
         if key == "codecs":
             ax.barh([r["what"] for r in rows], [r["x copyto"] for r in rows])
             ax.set_xlabel("throughput / np.copyto (same buffer)")
@@ -218,19 +235,26 @@ def plot(results: dict, path: str) -> None:
             ax.barh([r["what"] for r in rows], [r["packets/s"] for r in rows])
             ax.set_xscale("log")
             ax.set_xlabel("packets/s")
-        else:
-            def series(r):
-                return r["backend"], r["codec"], r["workers"], r.get("payload B", 0)
-
-            for key_ in sorted({series(r) for r in rows}):
-                pts = [(r["MiB"], r["seconds"]) for r in rows if series(r) == key_ and "seconds" in r]
+        elif key == "allreduce":
+            for s in sorted({series(r) for r in rows}, key=str):
+                pts = [(r["MiB"], r["seconds"]) for r in rows if series(r) == s and "seconds" in r]
                 if pts:
-                    backend, codec, w, payload = key_
-                    label = f"{backend}/{codec} x{w}" + (f" {payload} B" if payload else "")
-                    ax.plot(*zip(*sorted(pts)), marker="o", label=label)
+                    ax.plot(*zip(*sorted(pts)), marker="o", label=label(s))
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("MiB of float32 per worker")
+            ax.set_ylabel("allreduce seconds")
+            ax.legend(fontsize=7)
+        else:  # time against the number of workers, at the largest size measured
+            rows = results["allreduce"]
+            mib = max(r["MiB"] for r in rows)
+            for s in sorted({series(r)[:2] + (None, series(r)[3]) for r in rows}, key=str):
+                pts = [(r["workers"], r["seconds"]) for r in rows
+                       if r["MiB"] == mib and series(r)[:2] + (None, series(r)[3]) == s and "seconds" in r]
+                if pts:
+                    ax.plot(*zip(*sorted(pts)), marker="o", label=label(s))
+            ax.set_yscale("log")
+            ax.set_xlabel(f"workers ({mib} MiB of float32 each)")
             ax.set_ylabel("allreduce seconds")
             ax.legend(fontsize=7)
         ax.set_title(key)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -104,7 +105,7 @@ def cmd_bench(args) -> int:
     def csv(text, cast):
         return [cast(v) for v in text.split(",") if v]
 
-    what = ("codecs", "switch", "allreduce") if args.what == "all" else (args.what,)
+    what = ("codecs", "switch", "allreduce", "train") if args.what == "all" else (args.what,)
     results = {}
     if "codecs" in what:
         results["codecs"] = bench.bench_codecs(args.mib)
@@ -114,13 +115,23 @@ def cmd_bench(args) -> int:
         results["allreduce"] = bench.bench_allreduce(
             csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
             payloads=csv(args.payloads, int), gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
+    train = None
+    if "train" in what:
+        from . import convergence
+
+        train = convergence.run(max(csv(args.workers, int)), csv(args.modes, str), epochs=args.epochs)
+        results["train"] = convergence.main_rows(train)
     if args.json:
-        print(_json.dumps(results, indent=2))
+        print(_json.dumps({**results, **({"exponent_histogram": train["exponents"]} if train else {})}, indent=2))
     else:
         for key, rows in results.items():
             print(f"\n== {key}\n{bench.table(rows)}")
     if args.plot:
-        bench.plot(results, args.plot)
+        if set(results) - {"train"}:
+            bench.plot(results, args.plot)
+        if train:
+            base, ext = os.path.splitext(args.plot)
+            convergence.plot(train, f"{base}-train{ext or '.png'}")
     return 0
 
 
@@ -165,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks: codec kernels, aggregator packets/s, allreduce vs gloo")
-    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce"), default="all")
+    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train"), default="all")
     b.add_argument("--mib", type=int, default=64, help="codecs: buffer size")
     b.add_argument("--packets", type=int, default=200_000, help="switch: packets per measurement")
     b.add_argument("--sizes", default="1,16,64", help="allreduce: MiB of float32 per worker (comma list)")
@@ -176,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allreduce: payload bytes per packet (comma list; 1024 = 256 int32 or 1024 NC codes, "
                         "SwitchML's large packets; loopback carries up to 64 KiB)")
     b.add_argument("--no-gloo", action="store_true", help="allreduce: skip the torch gloo baseline")
+    b.add_argument("--modes", default="gloo,fixed,nc",
+                   help="train: gradient paths (gloo, fixed, nc, nc-deterministic, int32 is not for floats)")
+    b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")
     b.set_defaults(func=cmd_bench)

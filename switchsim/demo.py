@@ -64,8 +64,9 @@ def check_result(args, out) -> dict:
     return res
 
 
-def start_switch(args, ns=None) -> tuple[subprocess.Popen, str]:
-    """`switchsim serve` for args.backend: on loopback, or for dpdk in namespace ns (a VethNamespace)."""
+def start_switch(args, ns=None, extra=()) -> tuple[subprocess.Popen, str]:
+    """`switchsim serve` for args.backend (plus extra arguments): on loopback, or for dpdk in namespace ns
+    (a VethNamespace)."""
     if args.backend == "dpdk":
         serve = ns.serve_command(wire.DEFAULT_PORT)
     else:
@@ -73,7 +74,7 @@ def start_switch(args, ns=None) -> tuple[subprocess.Popen, str]:
     cmd = [*serve, "--workers", str(args.workers),
            "--loss", str(args.loss), "--dup", str(args.dup), "--reorder", str(args.reorder),
            "--slots", str(args.slots), "--elements-per-packet", str(args.elements_per_packet),
-           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--json-stats"]
+           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--json-stats", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"listening on ([\d.]+):(\d+)", line)
