@@ -16,8 +16,10 @@ $(VENV)/.base: pyproject.toml $(NATIVE_SOURCES)
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.base
+# Horovod 0.28.1 needs a patched sdist to build against torch 2.13; the wheel is cached in ~/.cache/ina-emulator
+$(VENV)/.test: $(VENV)/.base tools/install-horovod.sh
 	$(PY) -m pip install -q -e '.[test,torch,bench]'
+	bash tools/install-horovod.sh $(PY)
 	touch $@
 
 install: $(VENV)/.base

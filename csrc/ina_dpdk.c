@@ -221,23 +221,24 @@ int ina_dpdk_send(ina_dpdk *d, uint64_t dst, const uint8_t *pkt, uint32_t len)
 }
 
 static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
-                      uint32_t len, int copied)
+                      uint32_t len, int transient)
 {
-    (void)copied; /* send_to copies into the mbuf */
+    (void)transient; /* send_to copies into the mbuf at once */
     send_to(ctx, dst, hdr, hlen, payload, len);
 }
 
 /* ------------------------------------------------------------------ receiving */
 static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
-                    uint32_t unused_len, int copied)
+                    uint32_t unused_len, int transient)
 {
     ina_dpdk *d = ctx;
-    (void)unused, (void)unused_len, (void)copied;
+    (void)unused, (void)unused_len, (void)transient;
     int k = ina_switch_process(d->sw, pkt, len, src, d->out);
     for (int i = 0; i < k; i++) {
         const ina_out *o = &d->out[i];
         if (ina_impair_active(&d->side[1]))
-            ina_impair_apply(&d->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, send_sink, d);
+            ina_impair_apply(&d->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable,
+                             send_sink, d);
         else
             send_to(d, o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len);
     }
@@ -304,7 +305,7 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
         return;
     }
     if (ina_impair_active(&d->side[0]))
-        ina_impair_apply(&d->side[0], src, pkt, len, pkt + len, 0, deliver, d);
+        ina_impair_apply(&d->side[0], src, pkt, len, pkt + len, 0, 1, deliver, d);
     else
         deliver(d, src, pkt, len, NULL, 0, 0);
     rte_pktmbuf_free(m);

@@ -9,8 +9,10 @@
 
 #include "ina_rng.h"
 
+/* transient: b's memory is reused once the sink returns (a held copy, or a caller's scratch buffer),
+ * so a sink that keeps b past its return must copy it */
 typedef void (*ina_sink)(void *ctx, uint64_t addr, const uint8_t *a, uint32_t alen, const uint8_t *b,
-                         uint32_t blen, int copied);
+                         uint32_t blen, int transient);
 
 typedef struct {
     double loss, dup, reorder;
@@ -50,7 +52,7 @@ static inline void ina_impair_flush(ina_impair *im, ina_sink sink, void *ctx)
 }
 
 static inline void ina_impair_apply(ina_impair *im, uint64_t addr, const uint8_t *a, uint32_t alen,
-                                    const uint8_t *b, uint32_t blen, ina_sink sink, void *ctx)
+                                    const uint8_t *b, uint32_t blen, int transient, ina_sink sink, void *ctx)
 {
     if (im->loss && ina_impair_uniform(im) < im->loss) {
         im->dropped++;
@@ -60,9 +62,9 @@ static inline void ina_impair_apply(ina_impair *im, uint64_t addr, const uint8_t
     if (twice)
         im->duplicated++;
     if (im->full) {
-        sink(ctx, addr, a, alen, b, blen, 0);
+        sink(ctx, addr, a, alen, b, blen, transient);
         if (twice)
-            sink(ctx, addr, a, alen, b, blen, 0);
+            sink(ctx, addr, a, alen, b, blen, transient);
         ina_impair_flush(im, sink, ctx);
     } else if (im->reorder && ina_impair_uniform(im) < im->reorder) {
         im->reordered++;
@@ -71,11 +73,11 @@ static inline void ina_impair_apply(ina_impair *im, uint64_t addr, const uint8_t
         im->held_a = alen, im->held_b = blen, im->held_addr = addr;
         im->full = 1;
         if (twice)
-            sink(ctx, addr, a, alen, b, blen, 0);
+            sink(ctx, addr, a, alen, b, blen, transient);
     } else {
-        sink(ctx, addr, a, alen, b, blen, 0);
+        sink(ctx, addr, a, alen, b, blen, transient);
         if (twice)
-            sink(ctx, addr, a, alen, b, blen, 0);
+            sink(ctx, addr, a, alen, b, blen, transient);
     }
 }
 #endif

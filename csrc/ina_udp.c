@@ -149,22 +149,24 @@ static void queue(ina_udp *u, uint64_t dst, const uint8_t *hdr, const uint8_t *p
 }
 
 static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
-                      uint32_t len, int copied)
+                      uint32_t len, int transient)
 {
     (void)hlen;
-    queue(ctx, dst, hdr, payload, len, copied);
+    queue(ctx, dst, hdr, payload, len, transient);
 }
 
 static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
-                    uint32_t unused_len, int copied)
+                    uint32_t unused_len, int transient)
 {
     ina_udp *u = ctx;
-    (void)unused, (void)unused_len, (void)copied;
+    (void)unused, (void)unused_len, (void)transient; /* processed before the packet's buffer is reused */
     int n = ina_switch_process(u->sw, pkt, len, src, u->out);
     for (int i = 0; i < n; i++) {
         const ina_out *o = &u->out[i];
         if (ina_impair_active(&u->side[1]))
-            ina_impair_apply(&u->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, send_sink, u);
+            /* a control reply's payload is the core's scratch buffer: transient, like a held packet */
+            ina_impair_apply(&u->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable,
+                             send_sink, u);
         else
             queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
     }
@@ -173,7 +175,7 @@ static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, c
 static void receive(ina_udp *u, const uint8_t *pkt, uint32_t len, uint64_t src)
 {
     if (ina_impair_active(&u->side[0]))
-        ina_impair_apply(&u->side[0], src, pkt, len, pkt + len, 0, deliver, u);
+        ina_impair_apply(&u->side[0], src, pkt, len, pkt + len, 0, 1, deliver, u);
     else
         deliver(u, src, pkt, len, NULL, 0, 0);
 }

@@ -54,10 +54,10 @@ int ina_wk_start(ina_wk *w)
 {
     if (!w->window || !w->k || w->k > INA_MAX_ELEMENTS || !w->world || w->world > INA_MAX_WORKERS ||
         w->kind < INA_WK_INT32 || w->kind > INA_WK_NC || (w->kind != INA_WK_INT32 && !w->exps))
-        return -1;
+        return INA_WK_BAD_PARAMETERS;
     priv_t *p = calloc(1, sizeof *p);
     if (!p)
-        return -1;
+        return INA_WK_NO_MEMORY;
     p->esize = w->kind == INA_WK_NC ? 1 : 4;
     p->pkt_max = INA_HEADER_SIZE + (size_t)w->k * p->esize;
     p->win = calloc(w->window, sizeof *p->win);
@@ -67,7 +67,7 @@ int ina_wk_start(ina_wk *w)
     if (!p->win || !p->pkts || !p->rbuf) {
         w->priv = p;
         ina_wk_finish(w);
-        return -1;
+        return INA_WK_NO_MEMORY;
     }
     for (int i = 0; i < INA_WK_BATCH; i++) {
         p->riov[i].iov_base = p->rbuf + (size_t)i * (p->pkt_max + 1);

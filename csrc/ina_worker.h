@@ -49,7 +49,9 @@ typedef struct {
     void *priv;
 } ina_wk;
 
-int ina_wk_start(ina_wk *w); /* 0, or -1 for bad parameters / no memory */
+#define INA_WK_BAD_PARAMETERS (-1)
+#define INA_WK_NO_MEMORY (-2)
+int ina_wk_start(ina_wk *w); /* 0, INA_WK_BAD_PARAMETERS or INA_WK_NO_MEMORY */
 int ina_wk_run(ina_wk *w, int budget_ms);
 void ina_wk_finish(ina_wk *w);
 

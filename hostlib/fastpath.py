@@ -53,8 +53,12 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
     w.rto, w.min_rto, w.max_rto, w.timeout = comm.rto, comm.min_rto, comm.max_rto, comm.timeout
     w.have_srtt = comm._srtt is not None
     w.srtt, w.rttvar = comm._srtt or 0.0, comm._rttvar
-    if lib.ina_wk_start(w) != 0:
-        raise MemoryError("could not set up the native worker loop")
+    rc = lib.ina_wk_start(w)
+    if rc == lib.INA_WK_NO_MEMORY:
+        raise MemoryError(f"native worker loop: no memory for a window of {comm.window} x {k} elements")
+    if rc != 0:
+        raise ValueError(f"native worker loop: bad parameters (window {w.window}, k {w.k}, world {w.world}, "
+                         f"kind {w.kind}, exponents {'given' if exps is not None else 'none'})")
     try:
         reported = 0
         while True:

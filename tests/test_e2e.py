@@ -106,6 +106,45 @@ def test_two_jobs_share_one_switch(switch_process):
     assert all(np.array_equal(o, np.sum(b, axis=0)) for o in res["b"][0])
 
 
+def test_control_replies_keep_their_payload_in_one_batch_with_impairment_on(switch_process):
+    """Regression: with an impairment active, the C loop queued a control reply's payload by pointer into the
+    core's scratch buffer, so a JOIN_WAIT for job 7 in the same receive batch overwrote job 1's JOIN_ACK.
+    The switch is paused (SIGSTOP) while the joins arrive, so they land in one batch."""
+    import os
+    import signal
+    import socket
+
+    from hostlib import wire
+
+    sw = switch_process("--job", "1:2", "--job", "7:2", "--slots", 300, "--dup", 1e-9)
+    host, port = sw.address.rsplit(":", 1)
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for s in socks:
+            s.settimeout(5)
+        os.kill(sw.proc.pid, signal.SIGSTOP)
+        try:
+            for s, (job, rank) in zip(socks, [(1, 0), (1, 1), (7, 0)]):
+                s.sendto(wire.pack(wire.MSG_JOIN, job=job, rank=rank, payload=wire.JOIN_PAYLOAD.pack(rank + 1, 2)),
+                         (host, int(port)))
+            time.sleep(0.2)
+        finally:
+            os.kill(sw.proc.pid, signal.SIGCONT)
+        for s in socks[:2]:
+            data = s.recv(2048)
+            while wire.unpack(data).msg_type == wire.MSG_JOIN_WAIT:  # rank 0 of job 1 may be told to wait first
+                data = s.recv(2048)
+            h = wire.unpack(data)
+            assert (h.msg_type, h.job) == (wire.MSG_JOIN_ACK, 1)
+            _, slots, max_elements = wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
+            assert (slots, max_elements) == (300, 1024)
+        h = wire.unpack(socks[2].recv(2048))
+        assert (h.msg_type, h.job) == (wire.MSG_JOIN_WAIT, 7)
+    finally:
+        for s in socks:
+            s.close()
+
+
 def test_missing_peer_at_join_times_out_clearly(switch_process):
     sw = switch_process("--workers", 3)
     t0 = time.monotonic()

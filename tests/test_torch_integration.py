@@ -122,3 +122,29 @@ def test_state_needs_a_switch_address(monkeypatch):
     assert switch_address() == "10.0.0.7:5000"
 
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda.is_available() "
+                                                          "is False); the hook's CUDA path runs on a GPU machine")
+def test_hook_averages_cuda_gradients(tmp_path):
+    """One rank on a GPU: the hook hands back a CUDA tensor equal to the gradient (mean over one rank)."""
+    from .conftest import SwitchProcess
+
+    sw = SwitchProcess("--workers", 1, backend="c")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(64, 8).cuda()
+        hooked = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8).cuda())
+        hooked.module.load_state_dict(plain.state_dict())
+        state = INAHookState(switch=sw.address, codec="fixed")
+        hooked.register_comm_hook(state, ina_hook)
+        x = torch.randn(16, 64, device="cuda")
+        plain(x).pow(2).sum().backward()
+        hooked(x).pow(2).sum().backward()
+        for a, b in zip(plain.parameters(), hooked.module.parameters()):
+            assert b.grad.is_cuda and torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+        state.close()
+    finally:
+        dist.destroy_process_group()
+        sw.stop()

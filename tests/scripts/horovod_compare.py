@@ -1,0 +1,42 @@
+"""Run under horovodrun with 2 ranks: trains with Horovod's own DistributedOptimizer and with the INA one
+(hostlib.integrations.horovod), saving every rank's final parameters to $OUT/<mode>-<rank>.pt."""
+import os
+import sys
+
+import horovod.torch as hvd
+import torch
+
+from ddp_compare import STEPS, float_model, integer_model
+from hostlib.integrations import horovod as ina_hvd
+
+
+def train(mode, job):
+    integer = mode.endswith("int32")
+    model = integer_model() if integer else float_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=2.0 if integer else 0.1)
+    if mode.startswith("hvd"):
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    else:
+        opt = ina_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           codec=mode.split("-")[1], job=job, timeout=30)
+    g = torch.Generator().manual_seed(100 + hvd.rank())
+    for _ in range(STEPS):
+        if integer:
+            x = torch.randint(-3, 4, (5, 8), generator=g).float()
+            t = torch.randint(-1, 2, (5, 4), generator=g).float()
+            loss = (model(x) * t).sum()
+        else:
+            loss = model(torch.randn(16, 20, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    stats = None if mode.startswith("hvd") else opt.ina_stats.as_dict()
+    torch.save({"params": [p.detach().clone() for p in model.parameters()], "stats": stats},
+               os.path.join(os.environ["OUT"], f"{mode}-{hvd.rank()}.pt"))
+
+
+if __name__ == "__main__":
+    hvd.init()
+    for job, mode in enumerate(sys.argv[1:], start=1):
+        train(mode, job)
