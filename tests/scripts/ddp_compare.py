@@ -26,6 +26,15 @@ def float_model():
     return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
 
 
+def batch_loss(model, integer, g):
+    """A step's loss; with integer inputs, targets and weights every gradient is an integer."""
+    if integer:
+        x = torch.randint(-3, 4, (5, 8), generator=g).float()
+        t = torch.randint(-1, 2, (5, 4), generator=g).float()
+        return (model(x) * t).sum()
+    return model(torch.randn(16, 20, generator=g)).pow(2).mean()
+
+
 def train(mode, hook_state, rank):
     integer = mode.endswith("int32")
     model = integer_model() if integer else float_model()
@@ -37,13 +46,7 @@ def train(mode, hook_state, rank):
     g = torch.Generator().manual_seed(100 + rank)
     grad_max = 0.0
     for _ in range(STEPS):
-        if integer:
-            x = torch.randint(-3, 4, (5, 8), generator=g).float()
-            t = torch.randint(-1, 2, (5, 4), generator=g).float()
-            loss = (ddp(x) * t).sum()
-        else:
-            x = torch.randn(16, 20, generator=g)
-            loss = ddp(x).pow(2).mean()
+        loss = batch_loss(ddp, integer, g)
         opt.zero_grad()
         loss.backward()
         grad_max = max(grad_max, max(float(p.grad.abs().max()) for p in model.parameters()))

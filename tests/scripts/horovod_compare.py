@@ -6,7 +6,7 @@ import sys
 import horovod.torch as hvd
 import torch
 
-from ddp_compare import STEPS, float_model, integer_model
+from ddp_compare import STEPS, batch_loss, float_model, integer_model
 from hostlib.integrations import horovod as ina_hvd
 
 
@@ -22,12 +22,7 @@ def train(mode, job):
                                            codec=mode.split("-")[1], job=job, timeout=30)
     g = torch.Generator().manual_seed(100 + hvd.rank())
     for _ in range(STEPS):
-        if integer:
-            x = torch.randint(-3, 4, (5, 8), generator=g).float()
-            t = torch.randint(-1, 2, (5, 4), generator=g).float()
-            loss = (model(x) * t).sum()
-        else:
-            loss = model(torch.randn(16, 20, generator=g)).pow(2).mean()
+        loss = batch_loss(model, integer, g)
         opt.zero_grad()
         loss.backward()
         opt.step()
