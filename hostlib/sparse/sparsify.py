@@ -1,0 +1,47 @@
+"""Sparsifiers with error feedback: what is not sent is kept (per key) and added to the next gradient,
+so nothing is lost over time, only delayed (Stich et al.; the residual accumulation of SBC and DGC)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class Sparsifier:
+    """method: 'topk' (largest |x|), 'randomk' (uniform, seeded) or 'threshold' (|x| >= threshold);
+    ratio: the fraction kept by topk/randomk. Call with a tensor (and a key per tensor) to get
+    (indices, values) of the flattened tensor."""
+
+    def __init__(self, method: str = "topk", ratio: float = 0.01, threshold: float | None = None,
+                 error_feedback: bool = True, seed: int = 0):
+        if method not in ("topk", "randomk", "threshold"):
+            raise ValueError("method must be 'topk', 'randomk' or 'threshold'")
+        if method == "threshold" and (threshold is None or threshold < 0):
+            raise ValueError("threshold sparsification needs threshold >= 0")
+        if method != "threshold" and not 0 < ratio <= 1:
+            raise ValueError("ratio must be in (0, 1]")
+        self.method, self.ratio, self.threshold = method, ratio, threshold
+        self.error_feedback = error_feedback
+        self.rs = np.random.default_rng(seed)
+        self.residuals: dict = {}
+
+    def count(self, n: int) -> int:
+        return min(n, max(1, math.ceil(self.ratio * n))) if n else 0
+
+    def __call__(self, x, key=0) -> tuple[np.ndarray, np.ndarray]:
+        flat = np.asarray(x, dtype=np.float32).reshape(-1)
+        if not np.all(np.isfinite(flat)):
+            raise ValueError("sparsify: input contains NaN or Inf")
+        acc = flat + self.residuals[key] if self.error_feedback and key in self.residuals else flat.copy()
+        if self.method == "topk":
+            k = self.count(acc.size)
+            idx = np.sort(np.argpartition(np.abs(acc), acc.size - k)[acc.size - k:]) if k else np.zeros(0, np.int64)
+        elif self.method == "randomk":
+            idx = np.sort(self.rs.choice(acc.size, size=self.count(acc.size), replace=False))
+        else:
+            idx = np.flatnonzero(np.abs(acc) >= self.threshold)
+        values = acc[idx]
+        if self.error_feedback:
+            acc[idx] = 0
+            self.residuals[key] = acc
+        return idx.astype(np.int64), values

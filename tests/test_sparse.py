@@ -1,0 +1,187 @@
+"""The sparse path: sparsifiers, the DeepReduce container and its index and value codecs."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hostlib import sparse
+from hostlib.sparse.index import bloom, golomb
+
+LOSSLESS_INDEX = ["delta", "golomb", "rle", "huffman", "bloom-p0"]
+ALL_INDEX = sorted(sparse.INDEX_CODECS)
+ALL_VALUE = sorted(sparse.VALUE_CODECS)
+
+
+@st.composite
+def sparse_tensors(draw, max_size=5000):
+    size = draw(st.integers(1, max_size))
+    idx = np.array(sorted(draw(st.sets(st.integers(0, size - 1), max_size=min(size, 400)))), dtype=np.int64)
+    vals = np.array(draw(st.lists(st.floats(-1e6, 1e6, width=32, allow_subnormal=False), min_size=idx.size,
+                                  max_size=idx.size)), dtype=np.float32)
+    return idx, vals, size
+
+
+def densify(idx, vals, size):
+    out = np.zeros(size, np.float32)
+    out[idx] = vals
+    return out
+
+
+@pytest.mark.parametrize("index", LOSSLESS_INDEX)
+@pytest.mark.parametrize("value", ["none", "deflate"])
+@settings(max_examples=40, deadline=None)
+@given(t=sparse_tensors())
+def test_lossless_combinations_round_trip_exactly(index, value, t):
+    idx, vals, size = t
+    blob = sparse.DeepReduce(index=index, value=value).encode(idx, vals, size)
+    i2, v2, s2 = sparse.DeepReduce.decode(blob)
+    assert s2 == size
+    if index == "bloom-p0":  # the positives include false ones, which carry 0: the tensor is the same
+        assert set(idx) <= set(i2)
+        assert np.array_equal(densify(i2, v2, size), densify(idx, vals, size))
+    else:
+        assert np.array_equal(i2, idx) and np.array_equal(v2, vals)
+
+
+@settings(max_examples=60, deadline=None)
+@given(t=sparse_tensors(), b=st.integers(0, 12))
+def test_golomb_with_any_parameter_round_trips(t, b):
+    idx, _, size = t
+    data, _ = golomb.GolombCodec(b=b).encode(idx, size)
+    assert np.array_equal(golomb.GolombCodec().decode(data, size, idx.size), idx)
+
+
+def test_golomb_bits_per_position_match_the_sbc_formula():
+    p, d = 0.01, 2_000_000
+    assert golomb.optimal_b(p) == 6
+    assert golomb.expected_bits(p, 6) == pytest.approx(8.11, abs=0.01)  # the paper prints 8.38 (b = 7)
+    idx = np.flatnonzero(np.random.default_rng(0).random(d) < p)
+    data, _ = golomb.GolombCodec().encode(idx, d)
+    measured = (len(data) - 9) * 8 / idx.size
+    assert measured == pytest.approx(golomb.expected_bits(p, 6), rel=0.02)
+
+
+@pytest.mark.parametrize("fpr", [0.1, 0.01, 0.001])
+def test_bloom_false_positive_rate_matches_the_formula(fpr):
+    d, r = 400_000, 4000
+    idx = np.sort(np.random.default_rng(1).choice(d, r, replace=False))
+    k, m = bloom.sizing(r, fpr)
+    assert k == math.ceil(math.log2(1 / fpr)) and m == math.ceil(k * r / math.log(2))
+    P = bloom.query(d, bloom.insert(idx, k, m, 123), k, 123)
+    assert set(idx) <= set(P)
+    measured = (P.size - r) / (d - r)
+    want = bloom.expected_fpr(r, k, m)
+    assert want <= fpr * 1.1
+    assert abs(measured - want) <= 5 * math.sqrt(want * (1 - want) / (d - r)) + 1e-5
+
+
+def test_bloom_policies_send_what_they_promise():
+    d, r = 200_000, 2000
+    rs = np.random.default_rng(2)
+    idx = np.sort(rs.choice(d, r, replace=False))
+    vals = rs.standard_normal(r).astype(np.float32)
+    truth = densify(idx, vals, d)
+    errs, hits = {}, {}
+    for policy in ("naive", "p0", "p1", "p2"):
+        blob = sparse.DeepReduce(index=f"bloom-{policy}", index_params={"fpr": 0.02}).encode(idx, vals, d)
+        i2, v2, _ = sparse.DeepReduce.decode(blob)
+        errs[policy] = np.linalg.norm(densify(i2, v2, d) - truth) / np.linalg.norm(truth)
+        hits[policy] = np.isin(i2, idx).mean()
+        if policy != "p0":
+            assert i2.size == r  # naive, p1, p2 send exactly r values
+    assert errs["p0"] == 0
+    assert errs["p2"] < errs["p1"] and hits["p2"] > hits["p1"]  # conflict sets pick true positives more often
+    assert errs["naive"] > errs["p1"]  # one false positive shifts every later value
+
+
+def test_values_at_false_positives_come_from_the_dense_tensor():
+    d = 50_000
+    x = np.random.default_rng(3).standard_normal(d).astype(np.float32)
+    idx, vals = sparse.Sparsifier("topk", 0.02, error_feedback=False)(x)
+    i2, v2, _ = sparse.DeepReduce.decode(sparse.DeepReduce(index="bloom-p0", index_params={"fpr": 0.05})
+                                         .encode(idx, vals, d, dense=x))
+    assert i2.size > idx.size and np.array_equal(v2, x[i2])
+
+
+@pytest.mark.parametrize("value,bound", [("qsgd", None), ("nc", None), ("polyfit", 0.05), ("dexp", 0.3)])
+def test_lossy_value_codecs(value, bound):
+    d = 200_000
+    x = np.random.default_rng(4).standard_normal(d).astype(np.float32)
+    idx, vals = sparse.Sparsifier("topk", 0.01, error_feedback=False)(x)
+    dr = sparse.DeepReduce(index="delta", value=value)
+    blob = dr.encode(idx, vals, d)
+    i2, v2, _ = sparse.DeepReduce.decode(blob)
+    assert np.array_equal(i2, idx)
+    if value == "qsgd":  # each value within norm / levels of its bucket (sorted order: idx order here)
+        q = dr.value
+        norms = np.sqrt(np.add.reduceat(vals.astype(np.float64) ** 2, np.arange(0, vals.size, q.bucket)))
+        assert np.all(np.abs(v2 - vals) <= np.repeat(norms, q.bucket)[:vals.size] / q.levels * 1.0001)
+    elif value == "nc":
+        assert np.all((np.abs(v2) >= np.abs(vals) / 2) & (np.abs(v2) <= np.abs(vals) * 2))
+        assert np.array_equal(np.sign(v2), np.sign(vals))
+    else:  # curve fits of the sorted values: few parameters, small error
+        assert np.linalg.norm(v2 - vals) / np.linalg.norm(vals) < bound
+        assert len(blob) < 0.75 * 8 * idx.size  # values cost a few floats plus the reordering map
+
+
+@pytest.mark.parametrize("index", ALL_INDEX)
+@pytest.mark.parametrize("value", ALL_VALUE)
+def test_truncated_or_corrupt_containers_raise_codec_error(index, value):
+    rs = np.random.default_rng(5)
+    d = 3000
+    idx = np.sort(rs.choice(d, 60, replace=False))
+    vals = rs.standard_normal(60).astype(np.float32)
+    blob = sparse.DeepReduce(index=index, value=value).encode(idx, vals, d)
+    for cut in sorted(set(np.linspace(0, len(blob) - 1, 25).astype(int))):
+        with pytest.raises(sparse.CodecError):
+            sparse.DeepReduce.decode(blob[:cut])
+    with pytest.raises(sparse.CodecError):
+        sparse.DeepReduce.decode(b"XX" + blob[2:])
+    with pytest.raises(sparse.CodecError):
+        sparse.DeepReduce.decode(blob + b"\0")
+    for pos in rs.integers(0, len(blob), 20):  # a flipped byte: an error or some tensor, never a crash
+        bad = bytearray(blob)
+        bad[pos] ^= 0xFF
+        try:
+            i2, v2, s2 = sparse.DeepReduce.decode(bytes(bad))
+        except sparse.CodecError:
+            continue
+        assert i2.size == v2.size and (i2.size == 0 or (i2.min() >= 0 and i2.max() < s2))
+
+
+def test_bad_arguments_are_rejected():
+    dr = sparse.DeepReduce()
+    with pytest.raises(ValueError, match="unique"):
+        dr.encode([1, 1], [1.0, 2.0], 5)
+    with pytest.raises(ValueError, match="lie in"):
+        dr.encode([7], [1.0], 5)
+    with pytest.raises(ValueError, match="NaN"):
+        dr.encode([1], [np.nan], 5)
+    with pytest.raises(ValueError, match="unknown index codec"):
+        sparse.index_codec("zip")
+    with pytest.raises(ValueError, match="unknown value codec"):
+        sparse.value_codec("zip")
+
+
+@pytest.mark.parametrize("method", ["topk", "randomk", "threshold"])
+def test_sparsifiers_lose_nothing_with_error_feedback(method):
+    rs = np.random.default_rng(6)
+    sp = sparse.Sparsifier(method, ratio=0.05, threshold=1.5, seed=1)
+    sent = np.zeros(1000, np.float64)
+    total = np.zeros(1000, np.float64)
+    for _ in range(20):
+        g = rs.standard_normal(1000).astype(np.float32)
+        total += g
+        idx, vals = sp(g, key="w")
+        if method != "threshold":
+            assert idx.size == 50
+        sent[idx] += vals
+    assert np.allclose(sent + sp.residuals["w"], total, atol=1e-4)
+    if method == "topk":
+        acc = sp.residuals["w"]
+        idx, vals = sparse.Sparsifier("topk", 0.05, error_feedback=False)(acc)
+        assert np.abs(vals).min() >= np.abs(np.delete(acc, idx)).max()
