@@ -46,6 +46,45 @@ int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint6
     return over ? INA_KERNEL_OVERFLOW : 0;
 }
 
+static inline uint64_t bloom_bit(uint64_t h1, uint64_t h2, uint32_t i, uint64_t m)
+{
+    return (((h1 + (uint64_t)i * h2) & 0xFFFFFFFFu) * m) >> 32;
+}
+
+void ina_bloom_insert(const int64_t *x, size_t n, uint32_t k, uint64_t m, uint64_t key, uint8_t *bits)
+{
+    for (size_t j = 0; j < n; j++) {
+        uint64_t h = ina_rng_word(key, (uint64_t)x[j]);
+        uint64_t h1 = h & 0xFFFFFFFFu, h2 = (h >> 32) | 1;
+        for (uint32_t i = 0; i < k; i++) {
+            uint64_t b = bloom_bit(h1, h2, i, m);
+            bits[b >> 3] |= (uint8_t)(0x80 >> (b & 7)); /* np.packbits order: MSB first */
+        }
+    }
+}
+
+size_t ina_bloom_query(uint64_t size, const uint8_t *bits, uint32_t k, uint64_t m, uint64_t key, int64_t *out,
+                       size_t cap)
+{
+    size_t found = 0;
+    for (uint64_t x = 0; x < size; x++) {
+        uint64_t h = ina_rng_word(key, x);
+        uint64_t h1 = h & 0xFFFFFFFFu, h2 = (h >> 32) | 1;
+        uint32_t i = 0;
+        for (; i < k; i++) {
+            uint64_t b = bloom_bit(h1, h2, i, m);
+            if (!(bits[b >> 3] & (0x80 >> (b & 7))))
+                break;
+        }
+        if (i == k) {
+            if (found < cap)
+                out[found] = (int64_t)x;
+            found++;
+        }
+    }
+    return found;
+}
+
 static float nc_value_f32(uint8_t c)
 {
     int m = c & 0x7F;

@@ -71,7 +71,7 @@ def test_bloom_false_positive_rate_matches_the_formula(fpr):
     idx = np.sort(np.random.default_rng(1).choice(d, r, replace=False))
     k, m = bloom.sizing(r, fpr)
     assert k == math.ceil(math.log2(1 / fpr)) and m == math.ceil(k * r / math.log(2))
-    P = bloom.query(d, bloom.insert(idx, k, m, 123), k, 123)
+    P = bloom.query(d, bloom.insert(idx, k, m, 123), k, 123, m)
     assert set(idx) <= set(P)
     measured = (P.size - r) / (d - r)
     want = bloom.expected_fpr(r, k, m)
@@ -96,6 +96,17 @@ def test_bloom_policies_send_what_they_promise():
     assert errs["p0"] == 0
     assert errs["p2"] < errs["p1"] and hits["p2"] > hits["p1"]  # conflict sets pick true positives more often
     assert errs["naive"] > errs["p1"]  # one false positive shifts every later value
+
+
+def test_bloom_kernels_match_numpy(monkeypatch):
+    d, r = 300_000, 3000
+    idx = np.sort(np.random.default_rng(7).choice(d, r, replace=False))
+    k, m = bloom.sizing(r, 0.01)
+    fast = bloom.insert(idx, k, m, 99), bloom.query(d, bloom.insert(idx, k, m, 99), k, 99, m, expect=0)
+    monkeypatch.setenv("INA_KERNELS", "numpy")
+    slow = bloom.insert(idx, k, m, 99), bloom.query(d, bloom.insert(idx, k, m, 99), k, 99, m)
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
+    assert fast[1].size > r  # the retry path: expect=0 was too small
 
 
 def test_values_at_false_positives_come_from_the_dense_tensor():

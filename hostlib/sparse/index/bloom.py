@@ -6,14 +6,15 @@ the positives P (true and false). The policy decides which values travel:
   p1     r positives drawn at random (seeded, so the receiver draws the same)
   p2     r positives drawn from conflict sets, smallest first (Algorithm 1): a singleton set is a sure
          true positive
-Hashes: double hashing on SplitMix64 of (seed, index), the same on every process and machine."""
+Hashes: double hashing on SplitMix64 of (seed, index), bit i of x = ((h1 + i h2) mod 2^32) m >> 32, the
+same on every process and machine; the C kernels (csrc/ina_kernels.c) compute the same bits."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from ... import rng
+from ... import kernels, rng
 from ..bits import CodecError
 from .base import IndexCodec
 
@@ -22,10 +23,16 @@ CHUNK = 1 << 22
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
+MAX_BITS = 1 << 32
+
+
 def sizing(r: int, fpr: float) -> tuple[int, int]:
     """(k hashes, m bits) for r items at false-positive rate fpr."""
     k = max(1, math.ceil(math.log2(1 / fpr)))
-    return k, max(8, math.ceil(k * r / math.log(2)))
+    m = max(8, math.ceil(k * r / math.log(2)))
+    if m >= MAX_BITS:
+        raise ValueError(f"bloom: {r} indices at fpr {fpr} need {m} bits, more than 2^32")
+    return k, m
 
 
 def expected_fpr(r: int, k: int, m: int) -> float:
@@ -38,28 +45,49 @@ def _hash_pair(x: np.ndarray, key: int):
     return h & _LOW32, (h >> np.uint64(32)) | np.uint64(1)
 
 
+def _bit(h1, h2, i: int, m: int) -> np.ndarray:
+    return ((((h1 + np.uint64(i) * h2) & _LOW32) * np.uint64(m)) >> np.uint64(32)).astype(np.int64)
+
+
 def positions(x: np.ndarray, i: int, key: int, m: int, pair=None) -> np.ndarray:
     h1, h2 = pair if pair is not None else _hash_pair(x, key)
-    return ((h1 + np.uint64(i) * h2) % np.uint64(m)).astype(np.int64)
+    return _bit(h1, h2, i, m)
 
 
 def insert(indices: np.ndarray, k: int, m: int, key: int) -> np.ndarray:
+    """The filter as packed bits (np.packbits order), m bits."""
+    idx = np.ascontiguousarray(indices, dtype=np.int64)
+    if kernels.enabled():
+        packed = np.zeros(-(-m // 8), dtype=np.uint8)
+        kernels.lib.ina_bloom_insert(kernels.ffi.from_buffer("int64_t[]", idx), idx.size, k, m, key,
+                                     kernels.ffi.from_buffer("uint8_t[]", packed))
+        return packed
     bits = np.zeros(m, dtype=bool)
-    pair = _hash_pair(np.asarray(indices, dtype=np.uint64), key)
+    pair = _hash_pair(idx.astype(np.uint64), key)
     for i in range(k):
         bits[positions(None, i, key, m, pair)] = True
-    return bits
+    return np.packbits(bits)
 
 
-def query(size: int, bits: np.ndarray, k: int, key: int) -> np.ndarray:
+def query(size: int, packed: np.ndarray, k: int, key: int, m: int, expect: int = 0) -> np.ndarray:
     """Every x in [0, size) the filter answers yes for, sorted."""
-    m = bits.size
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    if kernels.enabled():
+        cap = expect + 1024
+        while True:
+            out = np.empty(cap, dtype=np.int64)
+            n = kernels.lib.ina_bloom_query(size, kernels.ffi.from_buffer("uint8_t[]", packed), k, m, key,
+                                            kernels.ffi.from_buffer("int64_t[]", out), cap)
+            if n <= cap:
+                return out[:n]
+            cap = n
+    bits = np.unpackbits(packed)[:m].astype(bool)
     out = []
     for lo in range(0, size, CHUNK):
         cand = np.arange(lo, min(size, lo + CHUNK), dtype=np.uint64)
         h1, h2 = _hash_pair(cand, key)
         for i in range(k):  # each hash keeps only the candidates still answering yes
-            keep = bits[((h1 + np.uint64(i) * h2) % np.uint64(m)).astype(np.int64)]
+            keep = bits[_bit(h1, h2, i, m)]
             cand, h1, h2 = cand[keep], h1[keep], h2[keep]
         out.append(cand.astype(np.int64))
     return np.concatenate(out) if out else np.zeros(0, np.int64)
@@ -127,20 +155,27 @@ class BloomCodec(IndexCodec):
         r = idx.size
         k, m = sizing(max(r, 1), self.fpr)
         key = rng.key(self.seed)
-        bits = insert(idx, k, m, key)
+        packed = insert(idx, k, m, key)
         head = int(m).to_bytes(8, "big") + bytes([k]) + int(r).to_bytes(8, "big")
-        data = head + np.packbits(bits).tobytes()
+        data = head + packed.tobytes()
         if self.policy == "naive":
             return data, idx  # the true values, which the receiver maps onto its first r positives
-        return data, self._select(query(size, bits, k, key), r, k, m, key)
+        return data, self._select(query(size, packed, k, key, m, self._expect(r, k, m, size)), r, k, m, key)
+
+    @staticmethod
+    def _expect(r, k, m, size) -> int:
+        return int(r + 1.5 * expected_fpr(max(r, 1), k, m) * max(size - r, 0))
 
     def decode(self, data, size, count):
         if len(data) < 17:
             raise CodecError("bloom: truncated header")
         m, k, r = int.from_bytes(data[:8], "big"), data[8], int.from_bytes(data[9:17], "big")
-        if not 8 <= m <= 1 << 40 or not 1 <= k <= 64 or r > size or len(data) != 17 + -(-m // 8) or \
+        if not 8 <= m < MAX_BITS or not 1 <= k <= 64 or r > size or len(data) != 17 + -(-m // 8) or \
                 (self.policy != "p0" and r != count):
             raise CodecError("bloom: bad header or truncated filter")
-        bits = np.unpackbits(np.frombuffer(data[17:], dtype=np.uint8))[:m].astype(bool)
+        packed = np.frombuffer(data[17:], dtype=np.uint8)
         key = rng.key(self.seed)
-        return self._select(query(size, bits, k, key), r, k, m, key)
+        P = query(size, packed, k, key, m, count if self.policy == "p0" else self._expect(r, k, m, size))
+        if self.policy == "p0" and P.size != count:
+            raise CodecError(f"bloom: {P.size} positives, the container says {count}")
+        return self._select(P, r, k, m, key)
