@@ -105,7 +105,7 @@ def cmd_bench(args) -> int:
     def csv(text, cast):
         return [cast(v) for v in text.split(",") if v]
 
-    what = ("codecs", "switch", "allreduce", "train") if args.what == "all" else (args.what,)
+    what = ("codecs", "switch", "allreduce", "train", "sparse") if args.what == "all" else (args.what,)
     results = {}
     if "codecs" in what:
         results["codecs"] = bench.bench_codecs(args.mib)
@@ -115,6 +115,10 @@ def cmd_bench(args) -> int:
         results["allreduce"] = bench.bench_allreduce(
             csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
             payloads=csv(args.payloads, int), gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
+    if "sparse" in what:
+        from .bench_sparse import bench_sparse
+
+        results["sparse"] = bench_sparse(args.sparse_d)
     train = None
     if "train" in what:
         from . import convergence
@@ -127,7 +131,7 @@ def cmd_bench(args) -> int:
         for key, rows in results.items():
             print(f"\n== {key}\n{bench.table(rows)}")
     if args.plot:
-        if set(results) - {"train"}:
+        if set(results) - {"train", "sparse"}:
             bench.plot(results, args.plot)
         if train:
             base, ext = os.path.splitext(args.plot)
@@ -176,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks: codec kernels, aggregator packets/s, allreduce vs gloo")
-    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train"), default="all")
+    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train", "sparse"), default="all")
     b.add_argument("--mib", type=int, default=64, help="codecs: buffer size")
     b.add_argument("--packets", type=int, default=200_000, help="switch: packets per measurement")
     b.add_argument("--sizes", default="1,16,64", help="allreduce: MiB of float32 per worker (comma list)")
@@ -190,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="gloo,fixed,nc",
                    help="train: gradient paths (gloo, fixed, nc, nc-deterministic, int32 is not for floats)")
     b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
+    b.add_argument("--sparse-d", type=int, default=25_500_000, help="sparse: size of the synthetic tensor")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")
     b.set_defaults(func=cmd_bench)

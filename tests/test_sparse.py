@@ -196,3 +196,16 @@ def test_sparsifiers_lose_nothing_with_error_feedback(method):
         acc = sp.residuals["w"]
         idx, vals = sparse.Sparsifier("topk", 0.05, error_feedback=False)(acc)
         assert np.abs(vals).min() >= np.abs(np.delete(acc, idx)).max()
+
+
+def test_sparse_benchmark_rows():
+    from switchsim.bench_sparse import bench_tensor, synthetic
+
+    rows = bench_tensor("synthetic", synthetic(100_000))
+    by = {(r["index"], r["value"]): r for r in rows}
+    for (index, value), r in by.items():
+        assert r["nnz"] == 1000 and r["encode s"] >= 0 and r["decode s"] >= 0
+        if sparse.DeepReduce(index=index, value=value).lossless:
+            assert r["rel error"] == 0
+    assert by[("golomb", "none")]["x pairs"] < by[("delta", "none")]["x pairs"] < 0.7
+    assert by[("golomb", "qsgd")]["x pairs"] < 0.3
