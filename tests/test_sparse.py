@@ -209,3 +209,38 @@ def test_sparse_benchmark_rows():
             assert r["rel error"] == 0
     assert by[("golomb", "none")]["x pairs"] < by[("delta", "none")]["x pairs"] < 0.7
     assert by[("golomb", "qsgd")]["x pairs"] < 0.3
+
+
+def test_sbc_sends_the_stronger_side_as_its_mean_and_keeps_the_rest():
+    from hostlib.sparse import sbc
+
+    x = np.random.default_rng(8).standard_normal(10_000).astype(np.float32)
+    x[:50] += 10  # a strong positive side
+    msg, sent = sbc.encode(x, 0.005)
+    out = sbc.decode(msg)
+    assert np.array_equal(out, sent)
+    nz = np.flatnonzero(out)
+    assert nz.size == 50 and set(nz) == set(range(50))
+    assert out[0] == pytest.approx(x[:50].mean(), rel=1e-6)
+    # positions cost what the Golomb formula says (b* for p), plus a 22-byte header
+    assert len(msg) < 22 + 50 * 16 / 8
+    for cut in range(0, len(msg), 7):
+        with pytest.raises(sparse.CodecError):
+            sbc.decode(msg[:cut])
+
+
+def test_sbc_residual_and_communication_delay():
+    from hostlib.sparse import sbc
+
+    comp = sbc.SBC(p=0.01, delay=3)
+    rs = np.random.default_rng(9)
+    total = np.zeros(5000, np.float64)
+    received = np.zeros(5000, np.float64)
+    for step in range(1, 13):
+        g = rs.standard_normal(5000).astype(np.float32)
+        total += g
+        msg = comp.step(g, key="layer")
+        assert (msg is None) == (step % 3 != 0)
+        if msg is not None:
+            received += sbc.decode(msg)
+    assert np.allclose(received + comp.residuals["layer"], total, atol=1e-3)

@@ -10,7 +10,9 @@ codecs (one file each under index/ and values/).
 from .bits import CodecError
 from .container import DeepReduce, index_codec, value_codec
 from .index import INDEX_CODECS
+from .sbc import SBC
 from .sparsify import Sparsifier
 from .values import VALUE_CODECS
 
-__all__ = ["CodecError", "DeepReduce", "INDEX_CODECS", "VALUE_CODECS", "Sparsifier", "index_codec", "value_codec"]
+__all__ = ["CodecError", "DeepReduce", "INDEX_CODECS", "SBC", "VALUE_CODECS", "Sparsifier", "index_codec",
+           "value_codec"]
