@@ -64,3 +64,65 @@ def bench_sparse(d: int = 25_500_000) -> list[dict]:
     except ImportError as e:  # torch/scikit-learn are in the bench extra
         print(f"bench sparse: no real gradient ({e}); pip install -e '.[bench]'")
     return rows + bench_tensor(f"synthetic N(0,1) d={d:,}", synthetic(d))
+
+
+# ---------------------------------------------------------------- SparCML vs dense gloo
+def _sparcml_worker(rank, world, port, size, densities, repeat, queue):
+    import torch
+    import torch.distributed as dist
+
+    from hostlib.sparse import sparcml
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = []
+    for density in densities:
+        rs = np.random.default_rng(rank)
+        idx = np.sort(rs.choice(size, max(1, int(density * size)), replace=False))
+        val = rs.standard_normal(idx.size).astype(np.float32)
+        dense = torch.zeros(size)
+        dense[torch.from_numpy(idx)] = torch.from_numpy(val)
+
+        def timed(fn):
+            best = float("inf")
+            for _ in range(repeat):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+            return best
+
+        base = timed(lambda: dist.all_reduce(dense.clone()))
+        rows.append({"ranks": world, "density": density, "algorithm": "gloo dense allreduce", "seconds": base,
+                     "x gloo": 1.0, "bytes sent/rank": None})
+        for algorithm in sparcml.ALGORITHMS:
+            stats = {}
+            secs = timed(lambda: sparcml.allreduce(idx, val, size, algorithm=algorithm, stats=stats))
+            rows.append({"ranks": world, "density": density, "algorithm": algorithm, "seconds": secs,
+                         "x gloo": secs / base, "bytes sent/rank": stats["bytes_sent"] // repeat})
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def bench_sparcml(ranks=(2, 4), densities=(0.001, 0.01, 0.1), size: int = 1 << 22, repeat: int = 3) -> list[dict]:
+    """SparCML's algorithms against gloo's dense allreduce of the same vectors, by density and rank count."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    rows = []
+    ctx = mp.get_context("spawn")
+    for world in ranks:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_sparcml_worker, args=(r, world, port, size, densities, repeat, queue))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        rows += queue.get(timeout=600)
+        for p in procs:
+            p.join(60)
+    return rows

@@ -105,7 +105,7 @@ def cmd_bench(args) -> int:
     def csv(text, cast):
         return [cast(v) for v in text.split(",") if v]
 
-    what = ("codecs", "switch", "allreduce", "train", "sparse") if args.what == "all" else (args.what,)
+    what = ("codecs", "switch", "allreduce", "train", "sparse", "sparcml") if args.what == "all" else (args.what,)
     results = {}
     if "codecs" in what:
         results["codecs"] = bench.bench_codecs(args.mib)
@@ -119,6 +119,10 @@ def cmd_bench(args) -> int:
         from .bench_sparse import bench_sparse
 
         results["sparse"] = bench_sparse(args.sparse_d)
+    if "sparcml" in what:
+        from .bench_sparse import bench_sparcml
+
+        results["sparcml"] = bench_sparcml(csv(args.workers, int), csv(args.densities, float))
     train = None
     if "train" in what:
         from . import convergence
@@ -131,7 +135,7 @@ def cmd_bench(args) -> int:
         for key, rows in results.items():
             print(f"\n== {key}\n{bench.table(rows)}")
     if args.plot:
-        if set(results) - {"train", "sparse"}:
+        if set(results) & {"codecs", "switch", "allreduce"}:
             bench.plot(results, args.plot)
         if train:
             base, ext = os.path.splitext(args.plot)
@@ -180,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks: codec kernels, aggregator packets/s, allreduce vs gloo")
-    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train", "sparse"), default="all")
+    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train", "sparse", "sparcml"), default="all")
     b.add_argument("--mib", type=int, default=64, help="codecs: buffer size")
     b.add_argument("--packets", type=int, default=200_000, help="switch: packets per measurement")
     b.add_argument("--sizes", default="1,16,64", help="allreduce: MiB of float32 per worker (comma list)")
@@ -194,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", default="gloo,fixed,nc",
                    help="train: gradient paths (gloo, fixed, nc, nc-deterministic, int32 is not for floats)")
     b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
+    b.add_argument("--densities", default="0.001,0.01,0.1", help="sparcml: nonzero fractions (comma list)")
     b.add_argument("--sparse-d", type=int, default=25_500_000, help="sparse: size of the synthetic tensor")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")
