@@ -143,6 +143,12 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def convergence_modes():
+    from .convergence import MODES  # numpy only: cheap
+
+    return MODES
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchsim", description="In-network aggregation emulator (switch side)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -195,8 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allreduce: payload bytes per packet (comma list; 1024 = 256 int32 or 1024 NC codes, "
                         "SwitchML's large packets; loopback carries up to 64 KiB)")
     b.add_argument("--no-gloo", action="store_true", help="allreduce: skip the torch gloo baseline")
-    b.add_argument("--modes", default="gloo,fixed,nc",
-                   help="train: gradient paths (gloo, fixed, nc, nc-deterministic, int32 is not for floats)")
+    b.add_argument("--modes", default=",".join(convergence_modes()),
+                   help="train: gradient paths: gloo, fixed, nc, nc-deterministic, topk:INDEX:VALUE (top-1 %% "
+                        "with DeepReduce codecs, e.g. topk:bloom-p0:qsgd)")
     b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
     b.add_argument("--densities", default="0.001,0.01,0.1", help="sparcml: nonzero fractions (comma list)")
     b.add_argument("--sparse-d", type=int, default=25_500_000, help="sparse: size of the synthetic tensor")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-MODES = ("gloo", "fixed", "nc")
+MODES = ("gloo", "fixed", "nc", "topk:delta:none", "topk:golomb:qsgd")
 
 
 def load_data(seed: int = 0):
@@ -49,9 +49,13 @@ def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
         model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
         ddp = DDP(model)
         state = None
-        if mode != "gloo":
+        if mode.startswith("topk"):  # topk:<index>:<value>: top-1 % with DeepReduce codecs, by allgather
+            _, index, value = (mode.split(":") + ["delta", "none"])[:3]
+            codec, kw = "topk", {"ratio": 0.01, "index": index, "value": value}
+        elif mode != "gloo":
             codec, _, rounding = mode.partition("-")
             kw = {"rounding": rounding} if rounding else {}
+        if mode != "gloo":
             state = INAHookState(switch=switch, codec=codec, job=job, **kw)
             ddp.register_comm_hook(state, ina_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
@@ -77,7 +81,7 @@ def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
         seconds = time.perf_counter() - t0
         params = sum(p.numel() for p in model.parameters())
         if state is not None:
-            sent = state.comm.stats.wire_bytes_sent
+            sent = state.bytes_sent
             state.close()
         else:  # gloo's ring allreduce: 2 (n-1)/n of the float32 gradient per step, plus headers (not counted)
             sent = int(steps * 2 * (world - 1) / world * 4 * params)

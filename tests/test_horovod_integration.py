@@ -21,8 +21,8 @@ def hvd_runs(tmp_path_factory):
     from .conftest import SwitchProcess
 
     out = tmp_path_factory.mktemp("hvd")
-    modes = ["hvd-int32", "ina-int32", "hvd-float", "ina-fixed"]
-    jobs = [a for j, m in enumerate(modes, start=1) if m.startswith("ina") for a in ("--job", f"{j}:2")]
+    modes = ["hvd-int32", "ina-int32", "hvd-float", "ina-fixed", "ina-topk"]
+    jobs = [a for j, m in enumerate(modes, start=1) if m in ("ina-int32", "ina-fixed") for a in ("--job", f"{j}:2")]
     sw = SwitchProcess(*jobs, backend="c")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     env = {**os.environ, "OUT": str(out), "INA_SWITCH": sw.address, "OMP_NUM_THREADS": "1",
@@ -50,3 +50,15 @@ def test_fixed_point_tracks_horovods_allreduce(hvd_runs):
         want = torch.cat([p.reshape(-1) for p in hvd_runs("hvd-float", rank)["params"]])
         got = torch.cat([p.reshape(-1) for p in hvd_runs("ina-fixed", rank)["params"]])
         assert float((got - want).norm()) <= 1e-5 * float(want.norm())
+
+
+def test_sparse_path_under_horovod(hvd_runs):
+    """codec='topk': every rank applies the same averaged sparse gradient, moved from the start, and sent
+    a fraction of the dense bytes."""
+    a, b = (torch.cat([p.reshape(-1) for p in hvd_runs("ina-topk", r)["params"]]) for r in (0, 1))
+    from .test_torch_integration import _float_model_init
+
+    start = torch.cat([p.detach().reshape(-1) for p in _float_model_init()])
+    assert torch.equal(a, b) and torch.isfinite(a).all() and float((a - start).norm()) > 0.01
+    dense_bytes = 4 * a.numel() * 4  # float32, 4 steps
+    assert 0 < hvd_runs("ina-topk", 0)["stats"]["bytes_sent"] < 0.5 * dense_bytes

@@ -31,31 +31,61 @@ class GradientReducer:
 
     codec 'fixed' and 'nc' carry any float gradient; 'int32' carries gradients that are integers (it
     raises otherwise) and is exact. error_feedback (default: on for deterministic NC rounding, the one
-    biased codec here) adds each tensor's local rounding error, kept per key, to its next gradient."""
+    biased codec here) adds each tensor's local rounding error, kept per key, to its next gradient.
+
+    codec 'topk' is the sparse path: top-`ratio` sparsification with error feedback, each rank's sparse
+    gradient in a DeepReduce container (`index`, `value` codec names, `index_params`, `value_params`),
+    exchanged with the framework's allgather (`self.allgather`, set by the integration) instead of the
+    switch, whose dense aggregation cannot sum index sets."""
 
     def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback: bool | None = None,
                  **connect_kwargs):
-        if codec not in ("fixed", "nc", "int32"):
-            raise ValueError(f"codec must be 'fixed', 'nc' or 'int32', got {codec!r}")
+        if codec not in ("fixed", "nc", "int32", "topk"):
+            raise ValueError(f"codec must be 'fixed', 'nc', 'int32' or 'topk', got {codec!r}")
         self.switch = switch
         self.codec = codec
         self.job = int(os.environ.get("INA_JOB", 1)) if job is None else job
+        self.sparse = None
+        if codec == "topk":
+            from .. import sparse
+
+            self.sparsifier = sparse.Sparsifier("topk", connect_kwargs.pop("ratio", 0.01),
+                                                error_feedback=error_feedback is not False)
+            self.sparse = sparse.DeepReduce(connect_kwargs.pop("index", "delta"), connect_kwargs.pop("value", "none"),
+                                            connect_kwargs.pop("index_params", None),
+                                            connect_kwargs.pop("value_params", None))
+            if connect_kwargs:
+                raise ValueError(f"codec 'topk' takes ratio, index, value, index_params, value_params; "
+                                 f"not {sorted(connect_kwargs)}")
         self.connect_kwargs = connect_kwargs
         deterministic = connect_kwargs.get("rounding") == "deterministic"
         self.error_feedback = (codec == "nc" and deterministic) if error_feedback is None else error_feedback
         self.residuals: dict = {}
         self.comm: Communicator | None = None
+        self.allgather = None  # bytes -> list of every rank's bytes (the sparse path)
+        self.sparse_bytes_sent = 0
+        self.world_size = None
         self._lock = threading.Lock()
 
-    def connect(self, rank: int, world_size: int) -> Communicator:
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank has sent: wire bytes through the switch, or its DeepReduce containers."""
+        if self.sparse is not None:
+            return self.sparse_bytes_sent
+        return self.comm.stats.wire_bytes_sent if self.comm is not None else 0
+
+    def connect(self, rank: int, world_size: int) -> Communicator | None:
         with self._lock:
-            if self.comm is None:
+            self.world_size = world_size
+            if self.sparse is None and self.comm is None:
                 self.comm = Communicator(switch_address(self.switch), rank, world_size, job=self.job,
                                          codec=self.codec, **self.connect_kwargs)
             return self.comm
 
     def average(self, flat: np.ndarray, key) -> np.ndarray:
         """The mean over ranks of flat (a 1-D float array of this rank's gradient)."""
+        if self.sparse is not None:
+            return self._average_sparse(flat, key)
         comm = self.comm
         if self.codec == "int32":
             ints = np.rint(flat)
@@ -70,6 +100,20 @@ class GradientReducer:
             self.residuals[key] = x - self._local_rounding(x)
         total = comm.allreduce(x)
         return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
+
+    def _average_sparse(self, flat: np.ndarray, key) -> np.ndarray:
+        from ..sparse import DeepReduce
+
+        idx, val = self.sparsifier(flat, key)
+        blob = self.sparse.encode(idx, val, flat.size)
+        self.sparse_bytes_sent += len(blob)
+        total = np.zeros(flat.size, np.float64)
+        for data in self.allgather(blob):
+            i, v, size = DeepReduce.decode(data)
+            if size != flat.size:
+                raise ValueError(f"a rank sent a gradient of {size} elements, this one has {flat.size}")
+            np.add.at(total, i, v)
+        return (total / self.world_size).astype(flat.dtype)
 
     def _local_rounding(self, x: np.ndarray) -> np.ndarray:
         """What this rank's own packets carry of x, as far as it is known before the allreduce (NC's

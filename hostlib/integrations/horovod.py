@@ -27,6 +27,7 @@ class _INAOptimizer:
 
         self._ina = reducer
         self._ina_hvd = hvd
+        reducer.allgather = hvd.allgather_object
         params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named = list(named_parameters)

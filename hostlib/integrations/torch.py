@@ -22,7 +22,8 @@ from .common import GradientReducer
 class INAHookState(GradientReducer):
     """State of `ina_hook`: the switch connection (made on the first bucket), codec and error feedback.
 
-    Arguments: switch ("HOST:PORT"), codec ('fixed', 'nc' or 'int32'), job (default $INA_JOB or 1),
+    Arguments: switch ("HOST:PORT"), codec ('fixed', 'nc', 'int32', or 'topk': the sparse path with
+    ratio=, index=, value= DeepReduce codecs, exchanged by allgather), job (default $INA_JOB or 1),
     error_feedback, process_group (default: the world), and any `hostlib.connect` option (window,
     elements_per_packet, timeout, rounding, ...)."""
 
@@ -30,6 +31,7 @@ class INAHookState(GradientReducer):
                  process_group=None, **connect_kwargs):
         super().__init__(switch, codec, job, error_feedback, **connect_kwargs)
         self.process_group = process_group
+        self.allgather = self._allgather_bytes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
 
     def __getstate__(self):  # DDP may deep-copy module state; the connection and thread stay behind
@@ -40,6 +42,11 @@ class INAHookState(GradientReducer):
             raise RuntimeError("ina_hook needs an initialised torch.distributed process group")
         pg = self.process_group or dist.group.WORLD
         return dist.get_rank(pg), dist.get_world_size(pg)
+
+    def _allgather_bytes(self, blob: bytes) -> list[bytes]:
+        out = [None] * dist.get_world_size(self.process_group)
+        dist.all_gather_object(out, blob, group=self.process_group)
+        return out
 
     def close(self):
         self._executor.shutdown(wait=True)

@@ -17,6 +17,9 @@ def train(mode, job):
     opt = torch.optim.SGD(model.parameters(), lr=2.0 if integer else 0.1)
     if mode.startswith("hvd"):
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    elif mode == "ina-topk":  # the sparse path: top-25 %, Golomb + QSGD, through hvd.allgather_object
+        opt = ina_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), codec="topk",
+                                           ratio=0.25, index="golomb", value="qsgd")
     else:
         opt = ina_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            codec=mode.split("-")[1], job=job, timeout=30)
@@ -26,7 +29,8 @@ def train(mode, job):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    stats = None if mode.startswith("hvd") else opt.ina_stats.as_dict()
+    stats = None if mode.startswith("hvd") else {"bytes_sent": opt._ina.bytes_sent,
+                                                  **(opt.ina_stats.as_dict() if opt.ina_stats else {})}
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "stats": stats},
                os.path.join(os.environ["OUT"], f"{mode}-{hvd.rank()}.pt"))
 
