@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from . import kernels
-from .codecs.natural import BAD_CODE_MESSAGE
+from .codecs import natural
 from .errors import INAError
 
 RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C) and progress callbacks are served
@@ -104,7 +104,4 @@ def decode(kind_: int, result: np.ndarray, agreed: np.ndarray, world_size: int, 
         return result.astype(dtype, copy=False)
     if kind_ == lib.INA_WK_FIXED:
         return kernels.fixed_dequantize(result, agreed, world_size, k)
-    values, status = kernels.nc_decode(result)
-    if status:
-        raise ValueError(BAD_CODE_MESSAGE)
-    return values
+    return natural.decode(result)  # float32: the C kernel

@@ -103,12 +103,42 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------- allreduce vs gloo
-def _free_port() -> int:
+# ---------------------------------------------------------------- ranks in spawned processes
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
+def run_ranks(target, world: int, args: tuple, expect: int, timeout: float = 600) -> list:
+    """Start target(rank, world, port, *args, queue) in `world` spawned processes (a torch.distributed
+    rendezvous on a free loopback port) and collect `expect` items they put on the queue; RuntimeError
+    if the ranks die or time out first."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    items, deadline = [], time.monotonic() + timeout
+    try:
+        while len(items) < expect and time.monotonic() < deadline:
+            try:
+                items.append(queue.get(timeout=5))
+            except Exception:  # noqa: BLE001 - queue.Empty: check the ranks are alive
+                if not any(p.is_alive() for p in procs):
+                    break
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    if len(items) < expect:
+        raise RuntimeError(f"{target.__name__}: {len(items)} of {expect} reports from {world} ranks")
+    return items
+
+
+# ---------------------------------------------------------------- allreduce vs gloo
 
 def _gloo_rank(rank, n, port, numel, reps, out):
     import torch
@@ -130,16 +160,7 @@ def _gloo_rank(rank, n, port, numel, reps, out):
 
 def gloo_allreduce_seconds(numel: int, workers: int, reps: int = 3) -> float:
     """Best-of-reps time of torch.distributed gloo allreduce of numel float32, slowest rank."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_gloo_rank, args=(r, workers, port, numel, reps, out)) for r in range(workers)]
-    for p in procs:
-        p.start()
-    times = [out.get(timeout=600)[1] for _ in procs]
-    for p in procs:
-        p.join(30)
-    return max(times)
+    return max(t for _, t in run_ranks(_gloo_rank, workers, (numel, reps), expect=workers))
 
 
 def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float = 120, payload: int = 1024) -> dict:

@@ -107,22 +107,9 @@ def _sparcml_worker(rank, world, port, size, densities, repeat, queue):
 
 def bench_sparcml(ranks=(2, 4), densities=(0.001, 0.01, 0.1), size: int = 1 << 22, repeat: int = 3) -> list[dict]:
     """SparCML's algorithms against gloo's dense allreduce of the same vectors, by density and rank count."""
-    import socket
-
-    import torch.multiprocessing as mp
+    from .bench import run_ranks
 
     rows = []
-    ctx = mp.get_context("spawn")
-    for world in ranks:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        queue = ctx.Queue()
-        procs = [ctx.Process(target=_sparcml_worker, args=(r, world, port, size, densities, repeat, queue))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        rows += queue.get(timeout=600)
-        for p in procs:
-            p.join(60)
+    for world in ranks:  # rank 0 reports the rows
+        rows += run_ranks(_sparcml_worker, world, (size, densities, repeat), expect=1)[0]
     return rows

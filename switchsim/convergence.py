@@ -4,7 +4,6 @@ default hook) and the INA hook with each codec. Reports test accuracy, bytes eac
 exponent histogram of the real gradients (the NC paper's Fig. 7)."""
 from __future__ import annotations
 
-import socket
 import time
 from types import SimpleNamespace
 
@@ -24,12 +23,6 @@ def load_data(seed: int = 0):
     cut = int(0.8 * len(y))
     mean, std = x[:cut].mean(0), x[:cut].std(0) + 1e-3
     return (x[:cut] - mean) / std, y[:cut], (x[cut:] - mean) / std, y[cut:]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
@@ -95,8 +88,7 @@ def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
 def run(workers: int = 4, modes=MODES, epochs: int = 30, lr: float = 0.05, batch: int = 32,
         backend: str = "c") -> dict:
     """Train once per mode; returns {"rows": [...], "exponents": histogram (index e + 128)}."""
-    import torch.multiprocessing as mp
-
+    from .bench import run_ranks
     from .demo import start_switch, stop_switch
 
     switch_args = SimpleNamespace(backend=backend, workers=workers, loss=0.0, dup=0.0, reorder=0.0, slots=512,
@@ -104,29 +96,10 @@ def run(workers: int = 4, modes=MODES, epochs: int = 30, lr: float = 0.05, batch
     jobs = [a for j in range(1, len(modes) + 1) for a in ("--job", f"{j}:{workers}")]
     proc, address = start_switch(switch_args, extra=jobs)
     try:
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, workers, port, address, list(modes), epochs, lr, batch, queue))
-                 for r in range(workers)]
-        for p in procs:
-            p.start()
-        reports = []
-        deadline = time.monotonic() + 60 * len(modes) * max(1, epochs // 10)
-        while len(reports) < workers * len(modes) and time.monotonic() < deadline:
-            try:
-                reports.append(queue.get(timeout=5))
-            except Exception:  # noqa: BLE001 - queue.Empty: check the workers are alive
-                if not any(p.is_alive() for p in procs):
-                    break
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+        reports = run_ranks(_worker, workers, (address, list(modes), epochs, lr, batch), expect=workers * len(modes),
+                            timeout=60 * len(modes) * max(1, epochs // 10))
     finally:
         stop_switch(proc)
-    if len(reports) < workers * len(modes):
-        raise RuntimeError(f"training workers failed: {len(reports)} of {workers * len(modes)} reports")
     rows, hist = [], None
     for mode in modes:
         rs = [r for r in reports if r["mode"] == mode]

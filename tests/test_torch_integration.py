@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,15 +11,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 import torch.distributed as dist  # noqa: E402
 
 from hostlib.integrations.torch import INAHookState, ina_hook  # noqa: E402
+from switchsim.bench import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(script, args, env, nproc=2, timeout=240):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels, wire
-from .base import Codec, block_exponents
+from .base import Codec
 
 INT32_MAX = 2**31 - 1
 
@@ -34,9 +34,7 @@ def allreduce_error_bound(inputs, k: int, exact: np.ndarray) -> np.ndarray:
     nb = -(-size // k)
     e = np.full(nb, wire.EXP_NONE, dtype=np.int64)
     for x in inputs:
-        padded = np.zeros(nb * k, dtype=np.float32)
-        padded[:size] = np.ravel(x)
-        e = np.maximum(e, block_exponents(padded.reshape(nb, k)))
+        e = np.maximum(e, FixedPointCodec().flat_exponents(np.ravel(x).astype(np.float32), k))
     bound = np.repeat(error_bound(e, n), k)[:size]
     return bound + np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64) / 2
 

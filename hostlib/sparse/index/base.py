@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bits import CodecError
+
 
 class IndexCodec:
     """Compresses the sorted, unique indices of a sparse tensor of `size` elements.
@@ -31,8 +33,6 @@ def gaps(indices: np.ndarray) -> np.ndarray:
 
 
 def from_gaps(g: np.ndarray, size: int) -> np.ndarray:
-    from ..bits import CodecError
-
     idx = np.cumsum(g.astype(np.int64)) - 1
     if g.size and (np.any(g == 0) or idx[-1] >= size):
         raise CodecError(f"indices out of range for size {size}")
