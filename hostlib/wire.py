@@ -22,10 +22,15 @@ MSG_JOIN_WAIT = 4  # switch -> worker: not everyone joined yet; payload = bitmap
 MSG_ERROR = 5  # switch -> worker: request rejected; payload = utf-8 reason
 MSG_STATS_REQ = 6  # anyone -> switch: ask for counters
 MSG_STATS = 7  # switch -> asker: counters as JSON
+MSG_SPARSE_UPDATE = 8  # worker -> switch: one round of a block-sparse stream (block extension + elements)
+MSG_SPARSE_RESULT = 9  # switch -> worker: the round's aggregated block and the stream's next block
 MSG_NAMES = {
     MSG_UPDATE: "update", MSG_RESULT: "result", MSG_JOIN: "join", MSG_JOIN_ACK: "join_ack",
     MSG_JOIN_WAIT: "join_wait", MSG_ERROR: "error", MSG_STATS_REQ: "stats_req", MSG_STATS: "stats",
+    MSG_SPARSE_UPDATE: "sparse_update", MSG_SPARSE_RESULT: "sparse_result",
 }
+DATA_MESSAGES = (MSG_UPDATE, MSG_RESULT, MSG_SPARSE_UPDATE, MSG_SPARSE_RESULT)
+SPARSE_MESSAGES = (MSG_SPARSE_UPDATE, MSG_SPARSE_RESULT)
 
 # element codecs on the wire
 CODEC_NONE = 0  # control messages
@@ -64,6 +69,12 @@ MAX_SLOTS = POOL_SLOT_MASK + 1
 WIRE_OVERHEAD = 14 + 20 + 8
 JOIN_PAYLOAD = struct.Struct(">QH")  # nonce, world size
 JOIN_ACK_PAYLOAD = struct.Struct(">IHH")  # generation, slots, max elements per packet
+# block-sparse messages: 8 bytes between header and elements. In an update: the block the elements belong
+# to and the sender's next non-zero block; in a result: the aggregated block and the stream's next block
+# (the smallest next block over all workers). BLOCK_NONE: no elements / no further block.
+BLOCK_EXT = struct.Struct(">II")
+BLOCK_EXT_SIZE = BLOCK_EXT.size
+BLOCK_NONE = 0xFFFFFFFF
 
 
 class WireError(ValueError):
@@ -84,12 +95,16 @@ class Header:
     exp_next: int = EXP_NONE
     flags: int = 0
     version: int = VERSION
+    block: int = BLOCK_NONE  # block-sparse messages only
+    next_block: int = BLOCK_NONE
 
     @property
     def pool_index(self) -> int:
         return (self.set << 15) | self.slot
 
     def pack(self, payload: bytes = b"") -> bytes:
+        if self.msg_type in SPARSE_MESSAGES:
+            payload = BLOCK_EXT.pack(self.block, self.next_block) + bytes(payload)
         return pack(self.msg_type, self.job, self.rank, self.packet_id, self.slot, self.set, self.count,
                     self.codec, self.exp_cur, self.exp_next, self.flags, payload)
 
@@ -101,6 +116,14 @@ def pack(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=COD
     head = HEADER.pack(VERSION, msg_type, codec, flags, job, rank, exp_cur, packet_id & 0xFFFFFFFF,
                        (set << 15) | slot, count, exp_next)
     return head + bytes(payload)
+
+
+def pack_sparse(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=CODEC_INT32,
+                exp_cur=0, exp_next=EXP_NONE, flags=0, block=BLOCK_NONE, next_block=BLOCK_NONE,
+                payload=b"") -> bytes:
+    """A block-sparse update or result: header, block extension, elements."""
+    return pack(msg_type, job, rank, packet_id, slot, set, count, codec, exp_cur, exp_next, flags,
+                BLOCK_EXT.pack(block, next_block) + bytes(payload))
 
 
 def unpack(data) -> Header:
@@ -117,19 +140,27 @@ def unpack(data) -> Header:
         raise WireError("reserved pool-index bit 14 is set")
     h = Header(msg_type, job, rank, packet_id, pool & POOL_SLOT_MASK, pool >> 15, count, codec,
                exp_cur, exp_next, flags, version)
-    if msg_type in (MSG_UPDATE, MSG_RESULT):
+    if msg_type in DATA_MESSAGES:
         size = ELEMENT_SIZE.get(codec)
         if size is None:
             raise WireError(f"unknown codec {codec}")
-        if len(data) != HEADER_SIZE + count * size:
-            raise WireError(f"payload is {len(data) - HEADER_SIZE} bytes, header says {count} x {size}")
+        ext = BLOCK_EXT_SIZE if msg_type in SPARSE_MESSAGES else 0
+        if len(data) != HEADER_SIZE + ext + count * size:
+            raise WireError(f"payload is {len(data) - HEADER_SIZE} bytes, header says {ext} + {count} x {size}")
+        if ext:
+            h.block, h.next_block = BLOCK_EXT.unpack_from(data, HEADER_SIZE)
+            if (count == 0) != (h.block == BLOCK_NONE):
+                raise WireError(f"block extension: block {h.block:#x} with {count} elements")
+            if h.block != BLOCK_NONE and h.next_block <= h.block:
+                raise WireError(f"block extension: next block {h.next_block} is not after block {h.block}")
     return h
 
 
 def payload_view(data, h: Header) -> np.ndarray:
     """Zero-copy view of an update/result payload as int32 (big-endian) or uint8 codes."""
     dtype = ">i4" if h.codec == CODEC_INT32 else np.uint8
-    return np.frombuffer(data, dtype=dtype, count=h.count, offset=HEADER_SIZE)
+    offset = HEADER_SIZE + (BLOCK_EXT_SIZE if h.msg_type in SPARSE_MESSAGES else 0)
+    return np.frombuffer(data, dtype=dtype, count=h.count, offset=offset)
 
 
 def nc_floor(exp: int) -> int:

@@ -175,8 +175,11 @@ class Communicator:
                                    f"within {timeout:g} s (a peer is dead or missing)")
 
     # ------------------------------------------------------------------ allreduce
-    def allreduce(self, x, progress=None):
-        """Sum x over all workers of the job. numpy array or torch tensor in, same type/shape/dtype out."""
+    def allreduce(self, x, progress=None, sparse: bool = False):
+        """Sum x over all workers of the job. numpy array or torch tensor in, same type/shape/dtype out.
+
+        sparse=True: block-sparse INA (OmniReduce-style): only blocks of elements_per_packet elements
+        that are non-zero on this worker carry data; every worker of the job must pass the same flag."""
         if self._broken:
             raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
         torch_like = type(x).__module__.startswith("torch")
@@ -185,7 +188,12 @@ class Communicator:
         self.codec.check_input(flat)
         start = time.perf_counter()
         try:
-            out = self._allreduce_flat(flat, progress) if flat.size else flat.copy()
+            if not flat.size:
+                out = flat.copy()
+            elif sparse:
+                out = self._allreduce_sparse(flat, progress)
+            else:
+                out = self._allreduce_flat(flat, progress)
         except TimeoutError as e:
             self._broken = str(e)
             raise
@@ -245,16 +253,7 @@ class Communicator:
                 outstanding[next_q] = [now, now + self.rto, self.rto, 0]
                 next_q += 1
             self._wait(0.002 if outstanding else 0.0)
-            while (data := self._recv()) is not None:
-                if not data:
-                    continue
-                try:
-                    h = wire.unpack(data)
-                except wire.WireError:
-                    continue
-                if h.msg_type == wire.MSG_ERROR:
-                    self._broken = "switch error"
-                    raise INAError(data[wire.HEADER_SIZE:].decode(errors="replace"))
+            for h, data in self._results():
                 q = (h.packet_id - base) & 0xFFFFFFFF
                 if h.msg_type != wire.MSG_RESULT or h.job != self.job or q >= total:
                     self.stats.stale_results += 1
@@ -283,23 +282,162 @@ class Communicator:
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + 0.002
-                for q, o in outstanding.items():
-                    if now < o[1]:
-                        continue
-                    if now - o[0] > self.timeout:
-                        raise TimeoutError(
-                            f"rank {self.rank}: job {self.job}: no result for packet {base + q} (slot {(base + q) % W}) "
-                            f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead or the switch is gone")
-                    self._send(build(q))
-                    self.stats.retransmissions += 1
-                    o[2] = min(o[2] * 2, self.max_rto)
-                    o[1], o[3] = now + o[2], o[3] + 1
+                self._resend_overdue(outstanding, build, lambda q: base + q, now)
         self._next_pid = (base + total) & 0xFFFFFFFF
         if progress is not None:
             progress(N)
         self._check_result(exps, agreed, overflow)
         values = codec.decode(result, agreed, n, k)[:N]
         return values.astype(flat.dtype, copy=False)
+
+    def _allreduce_sparse(self, flat: np.ndarray, progress):
+        """Block-sparse allreduce: the tensor is cut into blocks of k elements and block j travels on stream
+        j mod S (S = min(W, blocks)), one slot per stream. Round r of stream s is packet base + r*W + s.
+
+        Round 0 announces: each worker sends no elements, only its first non-zero block of the stream (and,
+        for codecs with a shared scale, that block's exponent). Every later round is about the block the
+        previous result named (the smallest next block over workers, with the max exponent of the workers
+        holding it): its holders send it, the others send the header alone with their next block. The
+        switch emits the block once every worker has moved past it. Unlike OmniReduce, a worker without the
+        block still sends a header: it acknowledges the previous result, so two sets per slot are enough
+        to recover any loss. Streams end on an even round (one padding round if needed), so each slot's
+        sets keep alternating across calls."""
+        codec, k, W, n = self.codec, self.k, self.window, self.world_size
+        NONE = wire.BLOCK_NONE
+        N = flat.size
+        nb = -(-N // k)
+        S = min(W, nb)
+        if codec.negotiates_exponent:
+            exps = codec.flat_exponents(flat, k)
+            nonzero = np.flatnonzero(exps != wire.EXP_NONE)
+        else:
+            exps = None
+            padded = np.zeros(nb * k, dtype=flat.dtype)
+            padded[:N] = flat
+            nonzero = np.flatnonzero(padded.reshape(nb, k).any(axis=1))
+        mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
+        ptr, rounds = [0] * S, [0] * S
+        target: list = [None] * S  # None: the announce round; NONE: the padding round
+        exp_target = [wire.EXP_NONE] * S  # agreed exponent of the target block
+        agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
+        result = np.zeros(nb * k, dtype=codec.result_dtype())
+        base = self._next_pid
+        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
+        self._calls += 1
+        overflow = False
+
+        def upcoming(s: int, skip: int):
+            i = ptr[s] + skip
+            b = mine[s][i] if i < len(mine[s]) else NONE
+            return b, int(exps[b]) if exps is not None and b != NONE else wire.EXP_NONE
+
+        def holds_target(s: int) -> bool:
+            return ptr[s] < len(mine[s]) and mine[s][ptr[s]] == target[s]
+
+        def build(s: int) -> bytes:
+            pid = base + rounds[s] * W + s
+            exp_cur = exp_target[s] if exps is not None else 0
+            block, count, payload = NONE, 0, b""
+            if target[s] == NONE:
+                nxt, exp_next = NONE, wire.EXP_NONE
+            elif target[s] is not None and holds_target(s):
+                block = target[s]
+                lo, hi = block * k, min(block * k + k, N)
+                data = flat[lo:hi]
+                if exp_cur == wire.EXP_NONFINITE:
+                    data = np.zeros(hi - lo, dtype=flat.dtype)  # everyone raises at the end
+                payload, count = codec.encode(data, exp_cur, n, seed, lo), hi - lo
+                nxt, exp_next = upcoming(s, 1)
+            else:
+                nxt, exp_next = upcoming(s, 0)
+            return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, self.job, self.rank, pid, pid % W, (pid // W) & 1,
+                                    count, codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload)
+
+        outstanding: dict[int, list] = {}  # stream -> [first_sent, deadline, rto, tries]
+
+        def send(s: int):
+            self._send(build(s))
+            now = time.monotonic()
+            outstanding[s] = [now, now + self.rto, self.rto, 0]
+
+        for s in range(S):
+            send(s)
+        emitted = 0
+        next_scan = 0.0
+        while outstanding:
+            self._wait(0.002)
+            for h, data in self._results():
+                q = (h.packet_id - base) & 0xFFFFFFFF
+                s, r = q % W, q // W
+                if h.msg_type != wire.MSG_SPARSE_RESULT or h.job != self.job or s >= S or r > rounds[s]:
+                    self.stats.stale_results += 1
+                    continue
+                if r < rounds[s] or s not in outstanding:
+                    self.stats.duplicate_results += 1
+                    continue
+                t = target[s]
+                real = t is not None and t != NONE
+                if h.codec != codec.wire_codec or h.block != (t if real else NONE) or (
+                        h.count != (min(k, N - t * k) if real else 0)) or not (
+                        h.next_block == NONE or (h.next_block % S == s and h.next_block < nb
+                                                 and (not real or h.next_block > t))):
+                    self.stats.stale_results += 1  # not what this round can be: never accepted
+                    continue
+                if h.flags & wire.FLAG_OVERFLOW:
+                    overflow = True
+                if real:
+                    result[t * k:t * k + h.count] = wire.payload_view(data, h)
+                    agreed[t] = h.exp_cur
+                    emitted += 1
+                    if holds_target(s):
+                        ptr[s] += 1
+                o = outstanding.pop(s)
+                if o[3] == 0:
+                    self._rtt_sample(time.monotonic() - o[0])
+                rounds[s] += 1
+                target[s], exp_target[s] = h.next_block, h.exp_next
+                if h.next_block != NONE or rounds[s] % 2:
+                    send(s)
+                if progress is not None and real:
+                    progress(min(N, emitted * k))
+            now = time.monotonic()
+            if now >= next_scan:
+                next_scan = now + 0.002
+                self._resend_overdue(outstanding, build, lambda s: base + rounds[s] * W + s, now)
+        self._next_pid = (base + max(rounds) * W) & 0xFFFFFFFF
+        self._check_result(exps, agreed, overflow)
+        values = codec.decode(result, agreed, n, k)[:N]
+        return values.astype(flat.dtype, copy=False)
+
+    def _results(self):
+        """Parsed datagrams waiting on the socket; a switch's MSG_ERROR ends the allreduce."""
+        while (data := self._recv()) is not None:
+            if not data:
+                continue
+            try:
+                h = wire.unpack(data)
+            except wire.WireError:
+                continue
+            if h.msg_type == wire.MSG_ERROR:
+                self._broken = "switch error"
+                raise INAError(data[wire.HEADER_SIZE:].decode(errors="replace"))
+            yield h, data
+
+    def _resend_overdue(self, outstanding: dict, build, pid_of, now: float):
+        """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout.
+        outstanding: key -> [first_sent, deadline, rto, tries]; pid_of(key) names the packet in errors."""
+        for key, o in outstanding.items():
+            if now < o[1]:
+                continue
+            if now - o[0] > self.timeout:
+                pid = pid_of(key)
+                raise TimeoutError(
+                    f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {pid % self.window}) "
+                    f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead or the switch is gone")
+            self._send(build(key))
+            self.stats.retransmissions += 1
+            o[2] = min(o[2] * 2, self.max_rto)
+            o[1], o[3] = now + o[2], o[3] + 1
 
     def _check_result(self, exps, agreed, overflow):
         if exps is not None and np.any(agreed == wire.EXP_NONFINITE):

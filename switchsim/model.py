@@ -3,6 +3,10 @@
 It follows SwitchML's per-packet state machine (../shared/switchml-conformance.md section 3): S slots x 2
 sets per job, worker bitmaps with the clear-the-other-set rule, write on first / add / read-only on
 duplicate, multicast on completion, unicast resend of a completed set, drop otherwise, max exponent.
+Block-sparse rounds (OmniReduce-style, wire.MSG_SPARSE_UPDATE) use the same slots, sets, bitmaps and
+packet ids: in a round every worker sends either the round's block or no elements, and each packet says
+where its sender's next non-zero block is; the round completes when every worker has moved past the block,
+and its result carries the smallest next block, so all workers know which block the next round is about.
 Where SwitchML's P4 can be driven into silent wrong sums by stale packets (a late duplicate from a worker
 that has moved on, a worker two uses ahead), the model compares packet ids and drops them instead.
 
@@ -48,6 +52,9 @@ class SlotSet:
     acc: np.ndarray | None = None
     result: bytes = b""  # payload of the result, kept for unicast resends
     flags: int = 0
+    sparse: bool = False  # a block-sparse round: the fields below apply
+    block: int = wire.BLOCK_NONE  # the block the round's elements belong to (none yet: BLOCK_NONE)
+    next_block: int = wire.BLOCK_NONE  # smallest next non-zero block over the workers heard so far
 
 
 @dataclass
@@ -110,7 +117,7 @@ class Switch:
             h = wire.unpack(data)
         except wire.WireError:
             return self._drop("malformed")
-        if h.msg_type == wire.MSG_UPDATE:
+        if h.msg_type in (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE):
             out = self._update(h, data, src)
         elif h.msg_type == wire.MSG_JOIN:
             out = self._join(h, data, src)
@@ -188,6 +195,7 @@ class Switch:
                 return [(self._result(job, h, st, h.rank), src)]  # unicast back where it came from
             return self._drop("duplicate", job, s)
 
+        sparse = h.msg_type == wire.MSG_SPARSE_UPDATE
         if before == 0:
             if st.round_id is not None and not serial_gt(h.packet_id, st.round_id):
                 return self._drop("stale", job, s)  # a late packet of a round that is over
@@ -198,16 +206,23 @@ class Switch:
             st.codec, st.n_elems, st.exp_cur, st.exp_max = h.codec, h.count, h.exp_cur, h.exp_next
             st.acc = values  # write
             st.flags = 0
+            st.sparse, st.block, st.next_block = sparse, h.block, h.next_block
         else:
             if h.packet_id != st.round_id or st.complete:
                 return self._drop("stale", job, s)  # late retransmission from a worker that moved on
-            if (h.codec, h.count, h.exp_cur) != (st.codec, st.n_elems, st.exp_cur):
+            if sparse:
+                if not self._sparse_fits(st, h):
+                    return self._drop("mismatch", job, s)
+            elif st.sparse or (h.codec, h.count, h.exp_cur) != (st.codec, st.n_elems, st.exp_cur):
                 return self._drop("mismatch", job, s)
             values = self._values(h, data)
             if values is None:
                 return self._drop("bad_codes", job, s)
-            st.acc = st.acc + values  # add
-            st.exp_max = max(st.exp_max, h.exp_next)
+            if sparse:
+                self._sparse_add(st, h, values)
+            else:
+                st.acc = st.acc + values  # add
+                st.exp_max = max(st.exp_max, h.exp_next)
         st.bitmap = before | bit
         job.sets[2 * s + (1 - x)].bitmap &= ~bit
         job.addresses[h.rank] = src
@@ -218,6 +233,31 @@ class Switch:
         self._finish(st)
         job.counters["multicast"][s] += 1
         return [(self._result(job, h, st, r), job.addresses[r]) for r in range(job.world_size)]
+
+    @staticmethod
+    def _sparse_fits(st: SlotSet, h) -> bool:
+        """A block-sparse packet joins a round if it agrees on codec and exponent, its elements belong to
+        the round's block, and no worker claims a next block at or before the block being summed."""
+        if not st.sparse or (h.codec, h.exp_cur) != (st.codec, st.exp_cur):
+            return False
+        if h.count and st.block != wire.BLOCK_NONE and (h.block, h.count) != (st.block, st.n_elems):
+            return False
+        block = h.block if h.count else st.block
+        return block == wire.BLOCK_NONE or min(h.next_block, st.next_block) > block
+
+    @staticmethod
+    def _sparse_add(st: SlotSet, h, values):
+        """Elements: write if the round has none yet, else add. Next block: keep the smallest, and the
+        max exponent among the workers whose next block it is (the others hold zeros there)."""
+        if h.count:
+            if st.block == wire.BLOCK_NONE:
+                st.block, st.n_elems, st.acc = h.block, h.count, values
+            else:
+                st.acc = st.acc + values
+        if h.next_block < st.next_block:
+            st.next_block, st.exp_max = h.next_block, h.exp_next
+        elif h.next_block == st.next_block:
+            st.exp_max = max(st.exp_max, h.exp_next)
 
     def _values(self, h, data):
         """Payload as int64 (int32 elements, or NC codes as multiples of the block's floor level)."""
@@ -243,6 +283,10 @@ class Switch:
             st.result = codes.tobytes()
 
     def _result(self, job, h, st, rank):
+        if st.sparse:
+            return wire.pack_sparse(wire.MSG_SPARSE_RESULT, job.job_id, rank, st.round_id, h.slot, h.set,
+                                    st.n_elems, st.codec, st.exp_cur, st.exp_max, st.flags, st.block,
+                                    st.next_block, st.result)
         return wire.pack(wire.MSG_RESULT, job=job.job_id, rank=rank, packet_id=st.round_id, slot=h.slot,
                          set=h.set, count=st.n_elems, codec=st.codec, exp_cur=st.exp_cur,
                          exp_next=st.exp_max, flags=st.flags, payload=st.result)
