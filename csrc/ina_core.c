@@ -16,8 +16,10 @@ typedef struct {
     uint8_t has_round, complete, codec, flags;
     int8_t exp_cur, exp_max;
     uint16_t n_elems;
+    uint8_t sparse;                /* a block-sparse round: block and next_block apply */
+    uint32_t block, next_block;    /* the round's block; smallest next block over workers heard so far */
     int64_t *acc;    /* max_elements */
-    uint8_t *result; /* max_elements * 4: the result payload, kept for unicast resends */
+    uint8_t *result; /* INA_BLOCK_EXT_SIZE + max_elements * 4: the result payload, kept for unicast resends */
     uint32_t result_len;
 } slot_set;
 
@@ -79,6 +81,7 @@ static void job_reset_slots(const ina_switch *sw, job_t *j)
         st->acc = acc;
         st->result = result;
         st->exp_max = INA_EXP_NONE;
+        st->block = st->next_block = INA_BLOCK_NONE;
     }
 }
 
@@ -96,7 +99,8 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
     j->sets = calloc(n_sets, sizeof *j->sets);
     /* calloc: pages of slots never used are never touched */
     j->acc_mem = calloc(n_sets * sw->max_elements, sizeof(int64_t));
-    j->result_mem = calloc(n_sets * sw->max_elements, 4);
+    size_t result_size = INA_BLOCK_EXT_SIZE + (size_t)sw->max_elements * 4;
+    j->result_mem = calloc(n_sets, result_size);
     j->counters = calloc((size_t)INA_SLOT_COUNTERS * sw->slots, sizeof(uint64_t));
     if (!j->sets || !j->acc_mem || !j->result_mem || !j->counters) {
         free(j->sets); free(j->acc_mem); free(j->result_mem); free(j->counters);
@@ -104,7 +108,7 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
     }
     for (size_t i = 0; i < n_sets; i++) {
         j->sets[i].acc = j->acc_mem + i * sw->max_elements;
-        j->sets[i].result = j->result_mem + i * sw->max_elements * 4;
+        j->sets[i].result = j->result_mem + i * result_size;
     }
     job_reset_slots(sw, j);
     j->job_id = job_id;
@@ -293,17 +297,23 @@ static void finish(ina_switch *sw, slot_set *st)
 {
     uint32_t n = st->n_elems;
     const int64_t *acc = st->acc;
+    uint32_t ext = st->sparse ? INA_BLOCK_EXT_SIZE : 0;
+    uint8_t *res = st->result + ext;
+    if (ext) {
+        wr32(st->result, st->block);
+        wr32(st->result + 4, st->next_block);
+    }
     if (st->codec == INA_CODEC_INT32) {
         int over = 0;
         for (uint32_t i = 0; i < n; i++) {
             over |= acc[i] < INT32_MIN || acc[i] > INT32_MAX;
-            wr32(st->result + 4 * i, (uint32_t)acc[i]); /* wraps like the hardware; the flag says so */
+            wr32(res + 4 * i, (uint32_t)acc[i]); /* wraps like the hardware; the flag says so */
         }
         if (over) {
             st->flags |= INA_FLAG_OVERFLOW;
             sw->c.overflows++;
         }
-        st->result_len = 4 * n;
+        st->result_len = ext + 4 * n;
         return;
     }
     int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
@@ -324,24 +334,36 @@ static void finish(ina_switch *sw, slot_set *st)
         over |= (mag != 0) & (level > INA_NC_LEVEL_MAX);
         level = level > INA_NC_LEVEL_MAX ? INA_NC_LEVEL_MAX : level;
         uint8_t code = (uint8_t)((level + INA_NC_BIAS) | (s < 0 ? 0x80 : 0));
-        st->result[i] = mag ? code : 0;
+        res[i] = mag ? code : 0;
     }
     sw->nc_elements_rounded += n;
     if (over) {
         st->flags |= INA_FLAG_OVERFLOW;
         sw->c.overflows++;
     }
-    st->result_len = n;
+    st->result_len = ext + n;
 }
 
 static void result(const job_t *j, const header *h, const slot_set *st, uint8_t rank, uint64_t dst, ina_out *o)
 {
     o->dst = dst;
-    put_header(o->hdr, INA_MSG_RESULT, (uint16_t)j->job_id, rank, st->round_id, h->slot, h->set, st->n_elems,
+    put_header(o->hdr, st->sparse ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT, (uint16_t)j->job_id, rank, st->round_id, h->slot, h->set, st->n_elems,
                st->codec, st->exp_cur, st->exp_max, st->flags);
     o->payload = st->result;
     o->len = st->result_len;
     o->stable = 1;
+}
+
+/* model: Switch._sparse_fits */
+static int sparse_fits(const slot_set *st, const header *h)
+{
+    if (!st->sparse || h->codec != st->codec || h->exp_cur != st->exp_cur)
+        return 0;
+    if (h->count && st->block != INA_BLOCK_NONE && (h->block != st->block || h->count != st->n_elems))
+        return 0;
+    uint32_t block = h->count ? h->block : st->block;
+    uint32_t next = h->next_block < st->next_block ? h->next_block : st->next_block;
+    return block == INA_BLOCK_NONE || next > block;
 }
 
 static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
@@ -371,6 +393,9 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         }
         return drop(sw, INA_DROP_DUPLICATE, j, (int)s);
     }
+    int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE;
+    if (sparse)
+        payload += INA_BLOCK_EXT_SIZE;
     if (before == 0) {
         if (st->has_round && !serial_gt(h->packet_id, st->round_id))
             return drop(sw, INA_DROP_STALE, j, (int)s); /* a late packet of a round that is over */
@@ -385,15 +410,33 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         st->exp_cur = h->exp_cur;
         st->exp_max = h->exp_next;
         st->flags = 0;
+        st->sparse = (uint8_t)sparse;
+        st->block = h->block;
+        st->next_block = h->next_block;
     } else {
         if (h->packet_id != st->round_id || st->complete)
             return drop(sw, INA_DROP_STALE, j, (int)s); /* late retransmission from a worker that moved on */
-        if (h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur)
+        if (sparse ? !sparse_fits(st, h)
+                   : (st->sparse || h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur))
             return drop(sw, INA_DROP_MISMATCH, j, (int)s);
-        if (!values(h, payload, st->acc, 1))
+        /* a sparse round's first elements are written, later ones added */
+        int add = !sparse || st->block != INA_BLOCK_NONE;
+        if (!values(h, payload, st->acc, add))
             return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
-        if (h->exp_next > st->exp_max)
+        if (sparse) {
+            if (h->count && st->block == INA_BLOCK_NONE) {
+                st->block = h->block;
+                st->n_elems = h->count;
+            }
+            if (h->next_block < st->next_block) {
+                st->next_block = h->next_block;
+                st->exp_max = h->exp_next;
+            } else if (h->next_block == st->next_block && h->exp_next > st->exp_max) {
+                st->exp_max = h->exp_next;
+            }
+        } else if (h->exp_next > st->exp_max) {
             st->exp_max = h->exp_next;
+        }
     }
     st->bitmap = before | bit;
     other->bitmap &= ~bit;
@@ -415,7 +458,7 @@ int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t 
     sw->c.packets_in++;
     if (parse(pkt, len, &h) < 0)
         return drop(sw, INA_DROP_MALFORMED, NULL, -1);
-    if (h.msg_type == INA_MSG_UPDATE)
+    if (h.msg_type == INA_MSG_UPDATE || h.msg_type == INA_MSG_SPARSE_UPDATE)
         n = on_update(sw, &h, pkt, src, out);
     else if (h.msg_type == INA_MSG_JOIN)
         n = on_join(sw, &h, pkt, len, src, out);

@@ -23,6 +23,7 @@ typedef struct {
     int8_t exp_cur, exp_next;
     uint16_t job, slot, count;
     uint32_t packet_id;
+    uint32_t block, next_block; /* block-sparse messages only */
 } header;
 
 static inline void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_t rank, uint32_t packet_id,
@@ -62,9 +63,20 @@ static inline int parse(const uint8_t *p, size_t len, header *h)
     h->set = (uint8_t)(pool >> 15);
     h->count = rd16(p + INA_OFF_COUNT);
     h->exp_next = (int8_t)p[INA_OFF_EXP_NEXT];
-    if (h->msg_type == INA_MSG_UPDATE || h->msg_type == INA_MSG_RESULT) {
+    h->block = h->next_block = INA_BLOCK_NONE;
+    int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE || h->msg_type == INA_MSG_SPARSE_RESULT;
+    if (sparse || h->msg_type == INA_MSG_UPDATE || h->msg_type == INA_MSG_RESULT) {
         size_t size = h->codec == INA_CODEC_INT32 ? 4 : h->codec == INA_CODEC_NC8 ? 1 : 0;
-        if (!size || len != INA_HEADER_SIZE + (size_t)h->count * size)
+        size_t ext = sparse ? INA_BLOCK_EXT_SIZE : 0;
+        if (!size || len != INA_HEADER_SIZE + ext + (size_t)h->count * size)
+            return -1;
+    }
+    if (sparse) {
+        h->block = rd32(p + INA_HEADER_SIZE);
+        h->next_block = rd32(p + INA_HEADER_SIZE + 4);
+        if ((h->count == 0) != (h->block == INA_BLOCK_NONE))
+            return -1;
+        if (h->block != INA_BLOCK_NONE && h->next_block <= h->block)
             return -1;
     }
     return 0;

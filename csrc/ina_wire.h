@@ -14,7 +14,9 @@
 #define INA_MSG_ERROR 5
 #define INA_MSG_STATS_REQ 6
 #define INA_MSG_STATS 7
-#define INA_MSG_COUNT 8
+#define INA_MSG_SPARSE_UPDATE 8
+#define INA_MSG_SPARSE_RESULT 9
+#define INA_MSG_COUNT 10
 
 #define INA_CODEC_NONE 0
 #define INA_CODEC_INT32 1
@@ -41,6 +43,9 @@
 #define INA_MAX_ELEMENTS 16384
 #define INA_JOIN_PAYLOAD_SIZE 10
 #define INA_JOIN_ACK_PAYLOAD_SIZE 8
+/* block-sparse messages: u32 block, u32 next block between the header and the elements */
+#define INA_BLOCK_EXT_SIZE 8
+#define INA_BLOCK_NONE 0xFFFFFFFF
 
 /* header byte offsets (big-endian fields) */
 #define INA_OFF_VERSION 0

@@ -12,16 +12,18 @@ import hostlib
 from hostlib.codecs import fixed, natural
 
 
-def run_workers(address, xs, codec, job=1, calls=1, **kw):
-    """Each rank allreduces its tensor `calls` times; returns (outputs of the last call, errors, stats)."""
+def run_workers(address, xs, codec, job=1, calls=1, sparse=False, **kw):
+    """Each rank allreduces its tensor `calls` times (or once per flag if sparse is a list of
+    allreduce(sparse=...) flags); returns (outputs of the last call, errors, stats)."""
     n = len(xs)
     outs, errors, stats = [None] * n, [None] * n, [None] * n
+    flags = sparse if isinstance(sparse, list) else [sparse] * calls
 
     def work(r):
         try:
             with hostlib.connect(address, r, n, job=job, codec=codec, **kw) as comm:
-                for _ in range(calls):
-                    outs[r] = comm.allreduce(xs[r])
+                for flag in flags:
+                    outs[r] = comm.allreduce(xs[r], sparse=flag)
                 stats[r] = comm.stats
         except Exception as e:  # noqa: BLE001 - reported to the test
             errors[r] = e
