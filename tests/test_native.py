@@ -36,7 +36,7 @@ def test_c_wire_constants_match_wire_py():
     d = c_defines("ina_wire.h")
     for name in ("VERSION", "DEFAULT_PORT", "FLAG_OVERFLOW", "EXP_NONE", "EXP_NONFINITE", "EXP_MIN", "EXP_MAX", "NC_BIAS",
                  "NC_LEVEL_MIN", "NC_LEVEL_MAX", "NC_SPAN", "MAX_WORKERS", "HEADER_SIZE", "POOL_SET_BIT",
-                 "POOL_RESERVED_BIT", "POOL_SLOT_MASK", "MAX_SLOTS"):
+                 "POOL_RESERVED_BIT", "POOL_SLOT_MASK", "MAX_SLOTS", "BLOCK_EXT_SIZE", "BLOCK_NONE"):
         assert d[f"INA_{name}"] == getattr(wire, name), name
     for code, name in wire.MSG_NAMES.items():
         assert d[f"INA_MSG_{name.upper()}"] == code
@@ -85,8 +85,10 @@ def traffic(seed: int, n: int = 3000) -> list[tuple[bytes, int]]:
             rounds[(job, pid)] = (int(rs.choice([wire.CODEC_INT32, wire.CODEC_NC8])),
                                   int(rs.choice([K, K, K, K, 5, 0, K + 1])),
                                   int(rs.choice([wire.EXP_NONE, 0, 3, 40, 63, 70, 127, -100])),
-                                  rs.random() < 0.2)
-        codec, count, exp_cur, big = rounds[(job, pid)]
+                                  rs.random() < 0.2, rs.random() < 0.3, int(rs.integers(0, 4)))
+        codec, count, exp_cur, big, sparse, block = rounds[(job, pid)]
+        if sparse and rs.random() < 0.4:
+            count = 0  # a worker that does not hold the round's block
         if codec == wire.CODEC_INT32:
             vals = rs.integers(-(2**31), 2**31, count) if big else rs.integers(-1000, 1000, count)
             payload = vals.astype(">i4").tobytes()
@@ -102,14 +104,22 @@ def traffic(seed: int, n: int = 3000) -> list[tuple[bytes, int]]:
             if rs.random() < 0.05 and count:
                 codes[int(rs.integers(0, count))] = int(rs.choice([0x80, 0x7F, 0x01, 0xC0]))  # mostly invalid
             payload = codes.tobytes()
-        data = wire.pack(wire.MSG_UPDATE, job, rank, pid, min(slot, wire.MAX_SLOTS - 1), set_, count, codec,
-                         exp_cur, int(rs.integers(-128, 128)), 0, payload)
+        if sparse:  # block-sparse round: the holders' next blocks mostly lie after the round's block
+            nxt = int(rs.choice([block + 1, block + 2, block + 3, wire.BLOCK_NONE, block, block - 1, 0]))
+            if not count:
+                nxt = int(rs.choice([block + 1, block + 3, wire.BLOCK_NONE, block]))
+            data = wire.pack_sparse(wire.MSG_SPARSE_UPDATE, job, rank, pid, min(slot, wire.MAX_SLOTS - 1), set_,
+                                    count, codec, exp_cur, int(rs.integers(-128, 128)), 0,
+                                    block if count else wire.BLOCK_NONE, nxt & 0xFFFFFFFF, payload)
+        else:
+            data = wire.pack(wire.MSG_UPDATE, job, rank, pid, min(slot, wire.MAX_SLOTS - 1), set_, count, codec,
+                             exp_cur, int(rs.integers(-128, 128)), 0, payload)
         fault = rs.random()
         if fault < 0.03:
             data = data[: int(rs.integers(0, len(data)))]
         elif fault < 0.06:
             b = bytearray(data)
-            b[int(rs.integers(0, min(len(b), 24)))] ^= 1 << int(rs.integers(0, 8))
+            b[int(rs.integers(0, min(len(b), 32)))] ^= 1 << int(rs.integers(0, 8))
             data = bytes(b)
         elif fault < 0.07:
             data = wire.pack(int(rs.choice([wire.MSG_RESULT, wire.MSG_JOIN_ACK, wire.MSG_ERROR])), job, rank)
@@ -126,16 +136,22 @@ def traffic(seed: int, n: int = 3000) -> list[tuple[bytes, int]]:
 def test_core_matches_model_packet_for_packet(seed, rounding):
     model = Switch(JOBS, slots=SLOTS, max_elements=K, nc_rounding=rounding, seed=seed)
     core = native.CoreSwitch(JOBS, slots=SLOTS, max_elements=K, nc_rounding=rounding, seed=seed)
-    emitted = 0
+    emitted, sparse_blocks, sparse_empty = 0, 0, 0
     for i, (data, src) in enumerate(traffic(seed)):
         want, got = model.process(data, src), core.process(data, src)
         assert got == want, f"packet {i}: {data.hex()}"
         emitted += len(want)
+        for pkt, _ in want:
+            if pkt[1] == wire.MSG_SPARSE_RESULT:
+                h = wire.unpack(pkt)
+                sparse_blocks += h.count > 0
+                sparse_empty += h.count == 0
     assert core.stats(per_slot=True) == model.stats(per_slot=True)
     stats = model.stats()
     # the traffic reaches every branch worth comparing
     assert emitted > 200 and stats["overflows"] > 0 and all(stats["dropped"].values())
     assert stats["jobs"]["1"]["resent"] > 0 and stats["jobs"]["4"]["multicast"] > 0
+    assert sparse_blocks > 20 and sparse_empty > 5  # block-sparse rounds, with and without elements
 
 
 def test_core_answers_stats_requests_like_the_model():
