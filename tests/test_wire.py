@@ -73,3 +73,32 @@ def test_scapy_layer_builds_the_same_bytes():
     assert pkt[scapy_layer.INAInt32].values == values.tolist()
     nc = wire.pack(wire.MSG_RESULT, count=2, codec=wire.CODEC_NC8, payload=bytes([0x41, 0xC0]))
     assert scapy_layer.INA(nc)[scapy_layer.INANC8].codes == [0x41, 0xC0]
+
+
+def test_scapy_layer_dissects_and_builds_block_sparse_messages():
+    scapy_layer = pytest.importorskip("hostlib.scapy_layer", reason="scapy is in the [test] extra")
+    from scapy.all import IP, UDP, raw
+
+    values = [3, -4]
+    ours = wire.pack_sparse(wire.MSG_SPARSE_UPDATE, 1, 2, 40, 3, 0, 2, wire.CODEC_INT32, 0, wire.EXP_NONE, 0,
+                            block=17, next_block=30, payload=np.array(values, ">i4").tobytes())
+    theirs = raw(scapy_layer.INA(msg_type="sparse_update", job=1, rank=2, packet_id=40, slot=3)
+                 / scapy_layer.INABlock(block=17, next_block=30) / scapy_layer.INAInt32(values=values))
+    assert theirs == ours
+    pkt = IP(raw(IP(dst="127.0.0.1") / UDP(sport=40000, dport=wire.DEFAULT_PORT) / ours))
+    assert (pkt[scapy_layer.INABlock].block, pkt[scapy_layer.INABlock].next_block) == (17, 30)
+    assert pkt[scapy_layer.INA].count == 2 and pkt[scapy_layer.INAInt32].values == values
+    empty = wire.pack_sparse(wire.MSG_SPARSE_RESULT, codec=wire.CODEC_NC8, next_block=5)
+    ina = scapy_layer.INA(empty)
+    assert ina[scapy_layer.INABlock].block == wire.BLOCK_NONE and ina[scapy_layer.INABlock].next_block == 5
+
+
+def test_block_extension_layout_matches_docs():
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*`ext\.(\w+)`", DOC.read_text(), re.M)
+    assert {name: (int(off), int(size)) for off, size, name in rows} == {"block": (20, 4), "next_block": (24, 4)}
+    data = wire.pack_sparse(wire.MSG_SPARSE_RESULT, count=1, block=0x01020304, next_block=0x05060708,
+                            payload=bytes(4))
+    assert data[20:24] == b"\x01\x02\x03\x04" and data[24:28] == b"\x05\x06\x07\x08"
+    assert wire.HEADER_SIZE + wire.BLOCK_EXT_SIZE == 28
+    for code in wire.SPARSE_MESSAGES:
+        assert re.search(rf"^\| {code} \| {wire.MSG_NAMES[code]} \|", DOC.read_text(), re.M)
