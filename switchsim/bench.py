@@ -163,11 +163,12 @@ def gloo_allreduce_seconds(numel: int, workers: int, reps: int = 3) -> float:
     return max(t for _, t in run_ranks(_gloo_rank, workers, (numel, reps), expect=workers))
 
 
-def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float = 120, payload: int = 1024) -> dict:
+def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float = 120, payload: int = 1024,
+             extra: tuple = ()) -> dict:
     elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
     cmd = [sys.executable, "-m", "switchsim", "demo", "--json", "--backend", backend, "--codec", codec,
            "--size", str(numel), "--workers", str(workers), "--timeout", str(timeout),
-           "--elements", str(elements), "--elements-per-packet", str(max(elements, 1024))]
+           "--elements", str(elements), "--elements-per-packet", str(max(elements, 1024)), *extra]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * 6 + 120)
     try:
         return json.loads(run.stdout)
@@ -199,6 +200,41 @@ def bench_allreduce(sizes_mib, workers_list, backends, codecs, payloads=(1024,),
                                 "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
                                 "retransmissions": r.get("retransmissions")})
                 rows.append(row)
+    return rows
+
+
+def bench_block_sparse(sizes_mib, workers_list, backends, codecs, densities, payload: int = 1024, gloo=True,
+                       progress=None) -> list[dict]:
+    """Block-sparse INA against dense INA of the same block-sparse tensors (same switch, same codec) and
+    gloo's dense allreduce, by the fraction of non-zero blocks per worker (each worker draws its own)."""
+    rows = []
+    for workers in workers_list:
+        for mib in sizes_mib:
+            numel = int(mib * (1 << 20)) // 4
+            base = gloo_allreduce_seconds(numel, workers) if gloo else None
+            if base is not None:
+                rows.append({"workers": workers, "MiB": mib, "density": None, "backend": "gloo", "codec": "float32",
+                             "mode": "dense", "seconds": base, "x gloo": 1.0})
+            for density, backend, codec in itertools.product(densities, backends, codecs):
+                dense_secs = None
+                for mode in ("dense", "block-sparse"):
+                    if progress:
+                        progress(f"{workers} workers, {mib} MiB, density {density}, {backend}, {codec}, {mode}")
+                    extra = ("--density", str(density)) + (("--sparse",) if mode == "block-sparse" else ())
+                    r = demo_run(backend, codec, numel, workers, payload=payload, extra=extra)
+                    row = {"workers": workers, "MiB": mib, "density": density, "backend": backend, "codec": codec,
+                           "mode": mode}
+                    if r.get("errors") or not r.get("ok"):
+                        row["error"] = "; ".join(r.get("errors") or ["result check failed"])[:200]
+                    else:
+                        secs = r["allreduce_seconds"]
+                        dense_secs = secs if mode == "dense" else dense_secs
+                        row.update({"seconds": secs, "x gloo": secs / base if base else None,
+                                    "x dense INA": secs / dense_secs if dense_secs else None,
+                                    "bytes/worker x float32": r["bytes_ratio_vs_float32"],
+                                    "packets/worker": r["packets_sent_per_worker"],
+                                    "retransmissions": r["retransmissions"]})
+                    rows.append(row)
     return rows
 
 

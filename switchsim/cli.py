@@ -105,7 +105,8 @@ def cmd_bench(args) -> int:
     def csv(text, cast):
         return [cast(v) for v in text.split(",") if v]
 
-    what = ("codecs", "switch", "allreduce", "train", "sparse", "sparcml") if args.what == "all" else (args.what,)
+    what = (("codecs", "switch", "allreduce", "train", "sparse", "sparcml", "blocksparse") if args.what == "all"
+            else (args.what,))
     results = {}
     if "codecs" in what:
         results["codecs"] = bench.bench_codecs(args.mib)
@@ -115,6 +116,11 @@ def cmd_bench(args) -> int:
         results["allreduce"] = bench.bench_allreduce(
             csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
             payloads=csv(args.payloads, int), gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
+    if "blocksparse" in what:
+        results["blocksparse"] = bench.bench_block_sparse(
+            csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
+            csv(args.densities, float), payload=csv(args.payloads, int)[0], gloo=not args.no_gloo,
+            progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
     if "sparse" in what:
         from .bench_sparse import bench_sparse
 
@@ -186,11 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--elements", type=int, default=None, help="elements per packet (codec default)")
     d.add_argument("--timeout", type=float, default=60.0)
     d.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    d.add_argument("--density", type=float, default=1.0,
+                   help="fraction of each worker's blocks (of --elements) that are non-zero (default 1: dense)")
+    d.add_argument("--sparse", action="store_true", help="block-sparse INA: send only non-zero blocks")
     network(d)
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks: codec kernels, aggregator packets/s, allreduce vs gloo")
-    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train", "sparse", "sparcml"), default="all")
+    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train", "sparse", "sparcml", "blocksparse"),
+                   default="all")
     b.add_argument("--mib", type=int, default=64, help="codecs: buffer size")
     b.add_argument("--packets", type=int, default=200_000, help="switch: packets per measurement")
     b.add_argument("--sizes", default="1,16,64", help="allreduce: MiB of float32 per worker (comma list)")
@@ -205,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train: gradient paths: gloo, fixed, nc, nc-deterministic, topk:INDEX:VALUE (top-1 %% "
                         "with DeepReduce codecs, e.g. topk:bloom-p0:qsgd)")
     b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
-    b.add_argument("--densities", default="0.001,0.01,0.1", help="sparcml: nonzero fractions (comma list)")
+    b.add_argument("--densities", default="0.001,0.01,0.1",
+                   help="sparcml: non-zero fractions; blocksparse: fractions of non-zero blocks (comma lists)")
     b.add_argument("--sparse-d", type=int, default=25_500_000, help="sparse: size of the synthetic tensor")
     b.add_argument("--json", action="store_true")
     b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")

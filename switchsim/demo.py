@@ -15,22 +15,41 @@ import numpy as np
 from hostlib import wire
 
 
-def make_input(codec: str, size: int, rank: int, seed: int = 1234) -> np.ndarray:
+def make_input(codec: str, size: int, rank: int, seed: int = 1234, density: float = 1.0,
+               block: int = 256) -> np.ndarray:
+    """Rank's tensor; with density < 1, only that fraction of its blocks of `block` elements is non-zero
+    (each rank draws its own blocks), the input block-sparse INA is for."""
     rs = np.random.default_rng(seed * 1000 + rank)
     if codec == "int32":
-        return rs.integers(-(1 << 20), 1 << 20, size, dtype=np.int64).astype(np.int32)
-    return rs.standard_normal(size, dtype=np.float32)
+        x = rs.integers(-(1 << 20), 1 << 20, size, dtype=np.int64).astype(np.int32)
+    else:
+        x = rs.standard_normal(size, dtype=np.float32)
+    if density < 1.0:
+        keep = rs.random(-(-size // block)) < density
+        x[~np.repeat(keep, block)[:size]] = 0
+    return x
+
+
+def block_elements(args) -> int:
+    """Elements per packet the workers ask for (the block of block-sparse INA)."""
+    from hostlib.codecs import get_codec
+
+    return min(args.elements or get_codec(args.codec).default_elements, args.elements_per_packet)
+
+
+def inputs(args, rank: int) -> np.ndarray:
+    return make_input(args.codec, args.size, rank, density=args.density, block=block_elements(args))
 
 
 def _worker(rank, args, address, progress, results):
     import hostlib
 
     try:
-        x = make_input(args.codec, args.size, rank)
+        x = inputs(args, rank)
         with hostlib.connect(address, rank, args.workers, job=1, codec=args.codec, window=args.window,
                              elements_per_packet=args.elements, timeout=args.timeout) as comm:
             t0 = time.perf_counter()
-            out = comm.allreduce(x, progress=lambda done: setattr(progress, "value", done))
+            out = comm.allreduce(x, progress=lambda done: setattr(progress, "value", done), sparse=args.sparse)
             seconds = time.perf_counter() - t0
             rep = {"rank": rank, "seconds": seconds, "stats": comm.stats.as_dict(),
                    "digest": hashlib.sha256(out.tobytes()).hexdigest()}
@@ -45,7 +64,7 @@ def check_result(args, out) -> dict:
     """Compare with the exact sum computed by numpy in float64 (or int64)."""
     from hostlib.codecs import fixed, natural
 
-    xs = [make_input(args.codec, args.size, r) for r in range(args.workers)]
+    xs = [inputs(args, r) for r in range(args.workers)]
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
     err = out.astype(np.float64) - exact
     norm = float(np.linalg.norm(exact)) or 1.0
@@ -54,7 +73,7 @@ def check_result(args, out) -> dict:
         res["bound"] = 0.0
         res["ok"] = bool(np.array_equal(out.astype(np.int64), exact.astype(np.int64)))
     elif args.codec == "fixed":
-        bound = fixed.allreduce_error_bound(xs, args.elements or 256, exact)
+        bound = fixed.allreduce_error_bound(xs, block_elements(args), exact)
         res["bound"] = float(bound.max())
         res["ok"] = bool(np.all(np.abs(err) <= bound))
     else:
@@ -101,6 +120,9 @@ def stop_switch(proc) -> dict:
 def run_demo(args) -> int:
     if args.workers < 1 or args.size < 1:
         print("switchsim demo: --workers and --size must be >= 1", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.density <= 1.0:
+        print("switchsim demo: --density must be in [0, 1]", file=sys.stderr)
         return 2
     ns = None
     if args.backend == "dpdk":
@@ -161,7 +183,7 @@ def report(args, reports, switch_stats, wall) -> int:
     missing = args.workers - len(reports)
     ok = not errors and not missing
     summary = {"workers": args.workers, "size": args.size, "codec": args.codec, "backend": args.backend,
-               "loss": args.loss,
+               "loss": args.loss, "sparse": args.sparse, "density": args.density,
                "wall_seconds": round(wall, 3), "errors": [f"rank {r['rank']}: {r['error']}" for r in errors]}
     if missing:
         summary["errors"].append(f"{missing} workers did not report")
@@ -193,7 +215,10 @@ def report(args, reports, switch_stats, wall) -> int:
 
 
 def print_table(s):
-    rows = [("workers x elements", f"{s['workers']} x {s['size']:,} ({s['codec']}, loss {s['loss']:.0%})")]
+    what = f"{s['codec']}, loss {s['loss']:.0%}"
+    if s["density"] < 1 or s["sparse"]:
+        what += f", {s['density']:.2%} of blocks non-zero, {'block-sparse' if s['sparse'] else 'dense'} INA"
+    rows = [("workers x elements", f"{s['workers']} x {s['size']:,} ({what})")]
     if "allreduce_seconds" in s:
         c = s["check"]
         sw = s["switch"]
