@@ -30,6 +30,7 @@ demo: $(VENV)/.base
 	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec fixed
 	$(VENV)/bin/switchsim demo --workers 4 --size 1048576 --codec int32 --loss 0.05
 	$(VENV)/bin/switchsim demo --workers 4 --size 16777216 --codec nc --backend c
+	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec int32 --sparse --density 0.01 --loss 0.02
 
 test: $(VENV)/.test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
