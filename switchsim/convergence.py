@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-MODES = ("gloo", "fixed", "nc", "topk:delta:none", "topk:golomb:qsgd")
+MODES = ("gloo", "fixed", "nc", "topk:delta:none", "topk:golomb:qsgd", "blocktopk:fixed:0.25", "blocktopk:nc:0.1")
 
 
 def load_data(seed: int = 0):
@@ -45,6 +45,9 @@ def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
         if mode.startswith("topk"):  # topk:<index>:<value>: top-1 % with DeepReduce codecs, by allgather
             _, index, value = (mode.split(":") + ["delta", "none"])[:3]
             codec, kw = "topk", {"ratio": 0.01, "index": index, "value": value}
+        elif mode.startswith("blocktopk"):  # blocktopk:<codec>:<ratio>: top blocks by block-sparse INA
+            _, codec, ratio = (mode.split(":") + ["fixed", "0.25"])[:3]
+            kw = {"block_topk": float(ratio)}
         elif mode != "gloo":
             codec, _, rounding = mode.partition("-")
             kw = {"rounding": rounding} if rounding else {}

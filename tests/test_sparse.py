@@ -178,10 +178,10 @@ def test_bad_arguments_are_rejected():
         sparse.value_codec("zip")
 
 
-@pytest.mark.parametrize("method", ["topk", "randomk", "threshold"])
+@pytest.mark.parametrize("method", ["topk", "randomk", "threshold", "blocktopk"])
 def test_sparsifiers_lose_nothing_with_error_feedback(method):
     rs = np.random.default_rng(6)
-    sp = sparse.Sparsifier(method, ratio=0.05, threshold=1.5, seed=1)
+    sp = sparse.Sparsifier(method, ratio=0.05, threshold=1.5, seed=1, block=25)
     sent = np.zeros(1000, np.float64)
     total = np.zeros(1000, np.float64)
     for _ in range(20):
@@ -196,6 +196,20 @@ def test_sparsifiers_lose_nothing_with_error_feedback(method):
         acc = sp.residuals["w"]
         idx, vals = sparse.Sparsifier("topk", 0.05, error_feedback=False)(acc)
         assert np.abs(vals).min() >= np.abs(np.delete(acc, idx)).max()
+
+
+def test_block_topk_keeps_whole_blocks_with_the_largest_norms():
+    rs = np.random.default_rng(8)
+    x = rs.standard_normal(1010).astype(np.float32)  # 11 blocks of 100, the last one short
+    x[300:400] *= 10
+    x[1000:] = 50.0
+    idx, vals = sparse.Sparsifier("blocktopk", ratio=0.2, block=100, error_feedback=False)(x)  # 3 of 11 blocks
+    blocks = np.unique(idx // 100)
+    norms = [float(np.sum(x[b * 100:b * 100 + 100] ** 2)) for b in range(11)]
+    assert blocks.tolist() == sorted(np.argsort(norms)[-3:].tolist()) and {3, 10} <= set(blocks.tolist())
+    assert idx.size == 2 * 100 + 10 and np.array_equal(vals, x[idx])  # whole blocks, clipped at the end
+    with pytest.raises(ValueError, match="block"):
+        sparse.Sparsifier("blocktopk", block=0)
 
 
 def test_sparse_benchmark_rows():

@@ -114,6 +114,10 @@ def test_state_needs_a_switch_address(monkeypatch):
     from hostlib.integrations.common import switch_address
 
     assert switch_address() == "10.0.0.7:5000"
+    for bad in ({"codec": "int32", "block_topk": 0.1}, {"codec": "fixed", "block_topk": 0.0},
+                {"codec": "topk", "block_topk": 0.5}):
+        with pytest.raises(ValueError, match="block_topk"):
+            INAHookState(**bad)
 
 
 

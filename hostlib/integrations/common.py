@@ -36,12 +36,21 @@ class GradientReducer:
     codec 'topk' is the sparse path: top-`ratio` sparsification with error feedback, each rank's sparse
     gradient in a DeepReduce container (`index`, `value` codec names, `index_params`, `value_params`),
     exchanged with the framework's allgather (`self.allgather`, set by the integration) instead of the
-    switch, whose dense aggregation cannot sum index sets."""
+    switch, whose dense aggregation cannot sum index sets.
+
+    block_topk=RATIO (with 'fixed' or 'nc') sends through the switch's block-sparse INA instead: each
+    tensor keeps the RATIO of its blocks (elements_per_packet elements each) with the largest norm, the
+    rest goes to the residual (error feedback), and only those blocks travel."""
 
     def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback: bool | None = None,
-                 **connect_kwargs):
+                 block_topk: float | None = None, **connect_kwargs):
         if codec not in ("fixed", "nc", "int32", "topk"):
             raise ValueError(f"codec must be 'fixed', 'nc', 'int32' or 'topk', got {codec!r}")
+        if block_topk is not None and (codec not in ("fixed", "nc") or not 0 < block_topk <= 1):
+            raise ValueError("block_topk is a fraction in (0, 1] of blocks, for codec 'fixed' or 'nc'")
+        self.block_topk = block_topk
+        self.block_sparsifier = None
+        self.block_error_feedback = error_feedback is not False
         self.switch = switch
         self.codec = codec
         self.job = int(os.environ.get("INA_JOB", 1)) if job is None else job
@@ -87,6 +96,8 @@ class GradientReducer:
         if self.sparse is not None:
             return self._average_sparse(flat, key)
         comm = self.comm
+        if self.block_topk is not None:
+            return self._average_block_sparse(flat, key)
         if self.codec == "int32":
             ints = np.rint(flat)
             if not np.array_equal(ints, flat) or np.abs(ints).max(initial=0) > np.iinfo(np.int32).max:
@@ -99,6 +110,19 @@ class GradientReducer:
                 x = x + r
             self.residuals[key] = x - self._local_rounding(x)
         total = comm.allreduce(x)
+        return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
+
+    def _average_block_sparse(self, flat: np.ndarray, key) -> np.ndarray:
+        from ..sparse import Sparsifier
+
+        comm = self.comm
+        if self.block_sparsifier is None:
+            self.block_sparsifier = Sparsifier("blocktopk", self.block_topk, block=comm.k,
+                                               error_feedback=self.block_error_feedback)
+        idx, val = self.block_sparsifier(flat, key)
+        x = np.zeros(flat.size, np.float32)
+        x[idx] = val
+        total = comm.allreduce(x, sparse=True)
         return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
 
     def _average_sparse(self, flat: np.ndarray, key) -> np.ndarray:

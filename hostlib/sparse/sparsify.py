@@ -8,14 +8,18 @@ import numpy as np
 
 
 class Sparsifier:
-    """method: 'topk' (largest |x|), 'randomk' (uniform, seeded) or 'threshold' (|x| >= threshold);
-    ratio: the fraction kept by topk/randomk. Call with a tensor (and a key per tensor) to get
-    (indices, values) of the flattened tensor."""
+    """method: 'topk' (largest |x|), 'randomk' (uniform, seeded), 'threshold' (|x| >= threshold) or
+    'blocktopk' (the blocks of `block` elements with the largest L2 norm: the sparsity block-sparse INA
+    carries); ratio: the fraction of elements (of blocks for blocktopk) kept. Call with a tensor (and a
+    key per tensor) to get (indices, values) of the flattened tensor."""
 
     def __init__(self, method: str = "topk", ratio: float = 0.01, threshold: float | None = None,
-                 error_feedback: bool = True, seed: int = 0):
-        if method not in ("topk", "randomk", "threshold"):
-            raise ValueError("method must be 'topk', 'randomk' or 'threshold'")
+                 error_feedback: bool = True, seed: int = 0, block: int = 256):
+        if method not in ("topk", "randomk", "threshold", "blocktopk"):
+            raise ValueError("method must be 'topk', 'randomk', 'threshold' or 'blocktopk'")
+        if block < 1:
+            raise ValueError("block must be >= 1")
+        self.block = block
         if method == "threshold" and (threshold is None or threshold < 0):
             raise ValueError("threshold sparsification needs threshold >= 0")
         if method != "threshold" and not 0 < ratio <= 1:
@@ -36,6 +40,8 @@ class Sparsifier:
         if self.method == "topk":
             k = self.count(acc.size)
             idx = np.sort(np.argpartition(np.abs(acc), acc.size - k)[acc.size - k:]) if k else np.zeros(0, np.int64)
+        elif self.method == "blocktopk":
+            idx = self._top_blocks(acc)
         elif self.method == "randomk":
             idx = np.sort(self.rs.choice(acc.size, size=self.count(acc.size), replace=False))
         else:
@@ -45,3 +51,14 @@ class Sparsifier:
             acc[idx] = 0
             self.residuals[key] = acc
         return idx.astype(np.int64), values
+
+    def _top_blocks(self, acc: np.ndarray) -> np.ndarray:
+        b = self.block
+        nb = -(-acc.size // b)
+        padded = np.zeros(nb * b, np.float64)
+        padded[:acc.size] = acc
+        norms = np.einsum("ij,ij->i", padded.reshape(nb, b), padded.reshape(nb, b))
+        kb = self.count(nb)
+        top = np.sort(np.argpartition(norms, nb - kb)[nb - kb:]) if kb else np.zeros(0, np.int64)
+        idx = (top[:, None] * b + np.arange(b)).reshape(-1)
+        return idx[idx < acc.size]
