@@ -176,30 +176,36 @@ def demo_run(backend: str, codec: str, numel: int, workers: int, timeout: float 
         return {"errors": [run.stderr.strip()[-300:] or f"exit {run.returncode}"]}
 
 
-def bench_allreduce(sizes_mib, workers_list, backends, codecs, payloads=(1024,), gloo=True,
-                    progress=None) -> list[dict]:
-    rows = []
+def _with_gloo(workers_list, sizes_mib, gloo: bool, rows: list):
+    """(workers, MiB, elements, gloo seconds or None) per configuration; appends gloo's row to rows."""
     for workers in workers_list:
         for mib in sizes_mib:
             numel = int(mib * (1 << 20)) // 4
             base = gloo_allreduce_seconds(numel, workers) if gloo else None
             if base is not None:
                 rows.append({"workers": workers, "MiB": mib, "backend": "gloo", "codec": "float32", "seconds": base,
-                             "x gloo": 1.0, "bytes/worker x float32": None})
-            for backend, codec, payload in itertools.product(backends, codecs, payloads):
-                if progress:
-                    progress(f"{workers} workers, {mib} MiB, {backend}, {codec}, {payload} B/packet")
-                r = demo_run(backend, codec, numel, workers, payload=payload)
-                row = {"workers": workers, "MiB": mib, "backend": backend, "codec": codec,
-                       "payload B": payload}
-                if r.get("errors"):
-                    row["error"] = "; ".join(r["errors"])[:200]
-                else:
-                    secs = r["allreduce_seconds"]
-                    row.update({"seconds": secs, "x gloo": secs / base if base else None,
-                                "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
-                                "retransmissions": r.get("retransmissions")})
-                rows.append(row)
+                             "x gloo": 1.0})
+            yield workers, mib, numel, base
+
+
+def bench_allreduce(sizes_mib, workers_list, backends, codecs, payloads=(1024,), gloo=True,
+                    progress=None) -> list[dict]:
+    rows = []
+    for workers, mib, numel, base in _with_gloo(workers_list, sizes_mib, gloo, rows):
+        for backend, codec, payload in itertools.product(backends, codecs, payloads):
+            if progress:
+                progress(f"{workers} workers, {mib} MiB, {backend}, {codec}, {payload} B/packet")
+            r = demo_run(backend, codec, numel, workers, payload=payload)
+            row = {"workers": workers, "MiB": mib, "backend": backend, "codec": codec,
+                   "payload B": payload}
+            if r.get("errors"):
+                row["error"] = "; ".join(r["errors"])[:200]
+            else:
+                secs = r["allreduce_seconds"]
+                row.update({"seconds": secs, "x gloo": secs / base if base else None,
+                            "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
+                            "retransmissions": r.get("retransmissions")})
+            rows.append(row)
     return rows
 
 
@@ -208,33 +214,27 @@ def bench_block_sparse(sizes_mib, workers_list, backends, codecs, densities, pay
     """Block-sparse INA against dense INA of the same block-sparse tensors (same switch, same codec) and
     gloo's dense allreduce, by the fraction of non-zero blocks per worker (each worker draws its own)."""
     rows = []
-    for workers in workers_list:
-        for mib in sizes_mib:
-            numel = int(mib * (1 << 20)) // 4
-            base = gloo_allreduce_seconds(numel, workers) if gloo else None
-            if base is not None:
-                rows.append({"workers": workers, "MiB": mib, "density": None, "backend": "gloo", "codec": "float32",
-                             "mode": "dense", "seconds": base, "x gloo": 1.0})
-            for density, backend, codec in itertools.product(densities, backends, codecs):
-                dense_secs = None
-                for mode in ("dense", "block-sparse"):
-                    if progress:
-                        progress(f"{workers} workers, {mib} MiB, density {density}, {backend}, {codec}, {mode}")
-                    extra = ("--density", str(density)) + (("--sparse",) if mode == "block-sparse" else ())
-                    r = demo_run(backend, codec, numel, workers, payload=payload, extra=extra)
-                    row = {"workers": workers, "MiB": mib, "density": density, "backend": backend, "codec": codec,
-                           "mode": mode}
-                    if r.get("errors") or not r.get("ok"):
-                        row["error"] = "; ".join(r.get("errors") or ["result check failed"])[:200]
-                    else:
-                        secs = r["allreduce_seconds"]
-                        dense_secs = secs if mode == "dense" else dense_secs
-                        row.update({"seconds": secs, "x gloo": secs / base if base else None,
-                                    "x dense INA": secs / dense_secs if dense_secs else None,
-                                    "bytes/worker x float32": r["bytes_ratio_vs_float32"],
-                                    "packets/worker": r["packets_sent_per_worker"],
-                                    "retransmissions": r["retransmissions"]})
-                    rows.append(row)
+    for workers, mib, numel, base in _with_gloo(workers_list, sizes_mib, gloo, rows):
+        for density, backend, codec in itertools.product(densities, backends, codecs):
+            dense_secs = None
+            for mode in ("dense", "block-sparse"):
+                if progress:
+                    progress(f"{workers} workers, {mib} MiB, density {density}, {backend}, {codec}, {mode}")
+                extra = ("--density", str(density)) + (("--sparse",) if mode == "block-sparse" else ())
+                r = demo_run(backend, codec, numel, workers, payload=payload, extra=extra)
+                row = {"workers": workers, "MiB": mib, "density": density, "backend": backend, "codec": codec,
+                       "mode": mode}
+                if r.get("errors") or not r.get("ok"):
+                    row["error"] = "; ".join(r.get("errors") or ["result check failed"])[:200]
+                else:
+                    secs = r["allreduce_seconds"]
+                    dense_secs = secs if mode == "dense" else dense_secs
+                    row.update({"seconds": secs, "x gloo": secs / base if base else None,
+                                "x dense INA": secs / dense_secs if dense_secs else None,
+                                "bytes/worker x float32": r["bytes_ratio_vs_float32"],
+                                "packets/worker": r["packets_sent_per_worker"],
+                                "retransmissions": r["retransmissions"]})
+                rows.append(row)
     return rows
 
 
@@ -279,7 +279,7 @@ def label(key) -> str:
 
 def plot(results: dict, path: str) -> None:
     plt = pyplot()
-    panels = [k for k in ("codecs", "switch", "allreduce") if results.get(k)]
+    panels = [k for k in ("codecs", "switch", "allreduce", "blocksparse") if results.get(k)]
     if len({r["workers"] for r in results.get("allreduce", [])}) > 1:
         panels.append("allreduce vs workers")
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
@@ -292,6 +292,23 @@ def plot(results: dict, path: str) -> None:
             ax.barh([r["what"] for r in rows], [r["packets/s"] for r in rows])
             ax.set_xscale("log")
             ax.set_xlabel("packets/s")
+        elif key == "blocksparse":  # time against density, at the largest size measured
+            mib = max(r["MiB"] for r in rows)
+            timed = [r for r in rows if r["MiB"] == mib and "seconds" in r]
+            for s in sorted({(r["backend"], r["codec"], r["mode"], r["workers"]) for r in timed if r["density"]}):
+                pts = sorted((r["density"], r["seconds"]) for r in timed
+                             if (r["backend"], r["codec"], r["mode"], r["workers"]) == s and r["density"])
+                ax.plot(*zip(*pts), marker="o", linestyle="-" if s[2] == "block-sparse" else "--",
+                        label=f"{s[0]}/{s[1]} {s[2]} x{s[3]}")
+            for r in timed:
+                if r["backend"] == "gloo":
+                    ax.axhline(r["seconds"], color="grey", linewidth=0.8)
+                    ax.annotate(f"gloo x{r['workers']}", (ax.get_xlim()[0], r["seconds"]), fontsize=7)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(f"fraction of non-zero blocks per worker ({mib} MiB)")
+            ax.set_ylabel("allreduce seconds")
+            ax.legend(fontsize=7)
         elif key == "allreduce":
             for s in sorted({series(r) for r in rows}, key=str):
                 pts = [(r["MiB"], r["seconds"]) for r in rows if series(r) == s and "seconds" in r]

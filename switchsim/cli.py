@@ -141,7 +141,7 @@ def cmd_bench(args) -> int:
         for key, rows in results.items():
             print(f"\n== {key}\n{bench.table(rows)}")
     if args.plot:
-        if set(results) & {"codecs", "switch", "allreduce"}:
+        if set(results) & {"codecs", "switch", "allreduce", "blocksparse"}:
             bench.plot(results, args.plot)
         if train:
             base, ext = os.path.splitext(args.plot)
@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-gloo", action="store_true", help="allreduce: skip the torch gloo baseline")
     b.add_argument("--modes", default=",".join(convergence_modes()),
                    help="train: gradient paths: gloo, fixed, nc, nc-deterministic, topk:INDEX:VALUE (top-1 %% "
-                        "with DeepReduce codecs, e.g. topk:bloom-p0:qsgd)")
+                        "with DeepReduce codecs, e.g. topk:bloom-p0:qsgd), blocktopk:CODEC:RATIO (top blocks by "
+                        "block-sparse INA, e.g. blocktopk:nc:0.1)")
     b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
     b.add_argument("--densities", default="0.001,0.01,0.1",
                    help="sparcml: non-zero fractions; blocksparse: fractions of non-zero blocks (comma lists)")

@@ -66,3 +66,28 @@ def test_bench_codecs_and_switch_print_ratios_and_plot(tmp_path):
             assert all(r["x copyto"] > 0 for r in rows)
         else:
             assert rows[0]["x python"] == 1.0 and all(r["packets/s"] > 0 for r in rows)
+
+
+def test_bench_blocksparse_runs_both_modes_and_plots(tmp_path):
+    """Small run of `switchsim bench blocksparse`: every row is a checked allreduce (demo's ok), the sparse
+    one sends a fraction of the dense one's bytes; figures are not checked beyond that."""
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
+    png = tmp_path / "bs.png"
+    run = subprocess.run([sys.executable, "-m", "switchsim", "bench", "blocksparse", "--sizes", "0.25", "--workers",
+                          "2", "--backends", "c", "--codecs", "int32", "--densities", "0.05", "--no-gloo", "--json",
+                          "--plot", str(png)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    rows = {r["mode"]: r for r in json.loads(run.stdout)["blocksparse"]}
+    assert set(rows) == {"dense", "block-sparse"} and not any("error" in r for r in rows.values())
+    assert rows["block-sparse"]["bytes/worker x float32"] < 0.2 < rows["dense"]["bytes/worker x float32"]
+    assert png.stat().st_size > 1000
+
+
+def test_demo_block_sparse_reports_the_density(tmp_path):
+    r = switchsim("demo", "--workers", 2, "--size", 20000, "--codec", "fixed", "--sparse", "--density", 0.1,
+                  "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] and out["sparse"] and out["density"] == 0.1 and out["bytes_ratio_vs_float32"] < 0.3
+    bad = switchsim("demo", "--density", 2, timeout=60)
+    assert bad.returncode == 2 and "density" in bad.stderr
