@@ -36,7 +36,14 @@ typedef struct {
     struct mmsghdr rmsg[INA_WK_BATCH], smsg[INA_WK_BATCH];
     struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH];
     int n_send;
+    /* sparse: per stream */
+    uint32_t *pos;      /* this worker's next non-zero block not yet sent (NONE: none left) */
+    uint32_t *target;   /* the block the current round is about (ANNOUNCE: round 0; NONE: padding) */
+    uint32_t *round;
+    int8_t *exp_target; /* the agreed exponent of target */
 } priv_t;
+
+#define ANNOUNCE (INA_BLOCK_NONE - 1)
 
 static double now(void)
 {
@@ -50,6 +57,8 @@ static double fixed_scale(int exp, int world)
     return (double)(INT32_MAX_ / world) / ldexp(1.0, exp == INA_EXP_NONE ? 0 : exp);
 }
 
+static uint32_t held_from(const ina_wk *w, uint64_t from);
+
 int ina_wk_start(ina_wk *w)
 {
     if (!w->window || !w->k || w->k > INA_MAX_ELEMENTS || !w->world || w->world > INA_MAX_WORKERS ||
@@ -59,7 +68,7 @@ int ina_wk_start(ina_wk *w)
     if (!p)
         return INA_WK_NO_MEMORY;
     p->esize = w->kind == INA_WK_NC ? 1 : 4;
-    p->pkt_max = INA_HEADER_SIZE + (size_t)w->k * p->esize;
+    p->pkt_max = INA_HEADER_SIZE + (w->sparse ? INA_BLOCK_EXT_SIZE : 0) + (size_t)w->k * p->esize;
     p->win = calloc(w->window, sizeof *p->win);
     p->pkts = malloc((size_t)w->window * p->pkt_max);
     /* one byte more than the largest result, so an oversized datagram shows as a length mismatch */
@@ -73,12 +82,43 @@ int ina_wk_start(ina_wk *w)
         p->riov[i].iov_base = p->rbuf + (size_t)i * (p->pkt_max + 1);
         p->riov[i].iov_len = p->pkt_max + 1;
     }
-    w->nb = (uint32_t)((w->n + w->k - 1) / w->k);
-    w->D = w->kind == INA_WK_INT32 ? 0 : (w->window < w->nb ? w->window : w->nb);
+    uint64_t nb = (w->n + w->k - 1) / w->k;
+    if (nb >= ANNOUNCE || (w->sparse && !w->held)) {
+        w->priv = p;
+        ina_wk_finish(w);
+        return INA_WK_BAD_PARAMETERS;
+    }
+    w->nb = (uint32_t)nb;
+    w->D = w->kind == INA_WK_INT32 || w->sparse ? 0 : (w->window < w->nb ? w->window : w->nb);
     w->total = w->nb + w->D;
     w->ndone = 0;
     w->priv = p;
+    if (w->sparse) {
+        uint32_t S = w->streams = w->window < w->nb ? w->window : w->nb;
+        w->streams_done = w->rounds_max = 0;
+        p->pos = malloc(S * sizeof *p->pos);
+        p->target = malloc(S * sizeof *p->target);
+        p->round = calloc(S, sizeof *p->round);
+        p->exp_target = malloc(S);
+        if (!p->pos || !p->target || !p->round || !p->exp_target) {
+            ina_wk_finish(w);
+            return INA_WK_NO_MEMORY;
+        }
+        for (uint32_t s = 0; s < S; s++) {
+            p->target[s] = ANNOUNCE;
+            p->exp_target[s] = INA_EXP_NONE;
+            p->pos[s] = held_from(w, s);
+        }
+    }
     return 0;
+}
+
+/* this worker's first non-zero block of the stream of `from`, at or after it (sparse) */
+static uint32_t held_from(const ina_wk *w, uint64_t from)
+{
+    while (from < w->nb && !w->held[from])
+        from += w->streams;
+    return from < w->nb ? (uint32_t)from : INA_BLOCK_NONE;
 }
 
 void ina_wk_finish(ina_wk *w)
@@ -89,9 +129,46 @@ void ina_wk_finish(ina_wk *w)
     free(p->win);
     free(p->pkts);
     free(p->rbuf);
+    free(p->pos);
+    free(p->target);
+    free(p->round);
+    free(p->exp_target);
     free(p);
     w->priv = NULL;
 }
+
+/* count elements from lo, encoded with the agreed exponent exp_cur, into pl; 0, or -1 if a kernel failed */
+static int encode_elements(ina_wk *w, priv_t *p, uint64_t lo, uint32_t count, int8_t exp_cur, uint8_t *pl)
+{
+    if (w->kind == INA_WK_INT32) {
+        const int32_t *s = (const int32_t *)w->src + lo;
+        for (uint32_t i = 0; i < count; i++)
+            wr32(pl + 4 * i, (uint32_t)s[i]);
+        return 0;
+    }
+    const float *s = (const float *)w->src + lo;
+    if (exp_cur == INA_EXP_NONFINITE) {
+        memset(pl, 0, count * p->esize); /* every worker raises at the end */
+    } else if (w->kind == INA_WK_FIXED) {
+        ina_fixed_quantize(s, count, fixed_scale(exp_cur, w->world), INT32_MAX_ / w->world, pl);
+    } else {
+        int floor = exp_cur == INA_EXP_NONE ? INA_NC_LEVEL_MIN : nc_floor(exp_cur);
+        int rc = ina_nc_encode(s, count, pl, w->seed, lo, w->deterministic, floor);
+        if (rc) {
+            w->sys_errno = rc;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static uint32_t block_count(const ina_wk *w, uint64_t block)
+{
+    uint64_t lo = block * w->k;
+    return (uint32_t)(w->n - lo < w->k ? w->n - lo : w->k);
+}
+
+static uint8_t wire_codec(const ina_wk *w) { return w->kind == INA_WK_NC ? INA_CODEC_NC8 : INA_CODEC_INT32; }
 
 /* the update packet for q into buf (worker.py build()); its length, or -1 if a kernel failed */
 static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
@@ -100,35 +177,41 @@ static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
     int8_t exp_next = w->exps && q < w->nb ? w->exps[q] : INA_EXP_NONE;
     int8_t exp_cur = 0;
     uint32_t count = 0;
-    uint8_t *pl = buf + INA_HEADER_SIZE;
     if (q >= w->D) {
-        uint64_t lo = (uint64_t)(q - w->D) * w->k;
-        count = (uint32_t)(w->n - lo < w->k ? w->n - lo : w->k);
-        if (w->kind == INA_WK_INT32) {
-            const int32_t *s = (const int32_t *)w->src + lo;
-            for (uint32_t i = 0; i < count; i++)
-                wr32(pl + 4 * i, (uint32_t)s[i]);
-        } else {
+        count = block_count(w, q - w->D);
+        if (w->kind != INA_WK_INT32)
             exp_cur = w->agreed[q - w->D];
-            const float *s = (const float *)w->src + lo;
-            if (exp_cur == INA_EXP_NONFINITE) {
-                memset(pl, 0, count * p->esize); /* every worker raises at the end */
-            } else if (w->kind == INA_WK_FIXED) {
-                ina_fixed_quantize(s, count, fixed_scale(exp_cur, w->world), INT32_MAX_ / w->world, pl);
-            } else {
-                int floor = exp_cur == INA_EXP_NONE ? INA_NC_LEVEL_MIN : nc_floor(exp_cur);
-                int rc = ina_nc_encode(s, count, pl, w->seed, lo, w->deterministic, floor);
-                if (rc) {
-                    w->sys_errno = rc;
-                    return -1;
-                }
-            }
-        }
+        if (encode_elements(w, p, (uint64_t)(q - w->D) * w->k, count, exp_cur, buf + INA_HEADER_SIZE))
+            return -1;
     }
     put_header(buf, INA_MSG_UPDATE, w->job, w->rank, (uint32_t)pid, (uint16_t)(pid % w->window),
-               (uint8_t)((pid / w->window) & 1), (uint16_t)count,
-               w->kind == INA_WK_NC ? INA_CODEC_NC8 : INA_CODEC_INT32, exp_cur, exp_next, 0);
+               (uint8_t)((pid / w->window) & 1), (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0);
     return INA_HEADER_SIZE + (long)count * (long)p->esize;
+}
+
+/* the sparse_update of stream s's current round into buf (worker.py _allreduce_sparse build()) */
+static long build_sparse(ina_wk *w, priv_t *p, uint32_t s, uint8_t *buf)
+{
+    uint64_t pid = (uint64_t)w->base_pid + (uint64_t)p->round[s] * w->window + s;
+    uint32_t t = p->target[s], block = INA_BLOCK_NONE, count = 0, next;
+    int8_t exp_cur = w->exps ? p->exp_target[s] : 0;
+    if (t == INA_BLOCK_NONE) {
+        next = INA_BLOCK_NONE;
+    } else if (t != ANNOUNCE && p->pos[s] == t) {
+        block = t;
+        count = block_count(w, t);
+        if (encode_elements(w, p, (uint64_t)t * w->k, count, exp_cur, buf + INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE))
+            return -1;
+        next = held_from(w, (uint64_t)t + w->streams);
+    } else {
+        next = p->pos[s];
+    }
+    int8_t exp_next = w->exps && next != INA_BLOCK_NONE ? w->exps[next] : INA_EXP_NONE;
+    put_header(buf, INA_MSG_SPARSE_UPDATE, w->job, w->rank, (uint32_t)pid, (uint16_t)(pid % w->window),
+               (uint8_t)((pid / w->window) & 1), (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0);
+    wr32(buf + INA_HEADER_SIZE, block);
+    wr32(buf + INA_HEADER_SIZE + 4, next);
+    return INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE + (long)count * (long)p->esize;
 }
 
 /* send the queued batch; like the Python loop, a refused or dropped send counts as sent and the
@@ -182,7 +265,73 @@ static void rtt_sample(ina_wk *w, double r)
     w->rto = fmin(fmax(rto, w->min_rto), w->max_rto);
 }
 
-/* one received datagram; INA_WK_AGAIN to go on, or INA_WK_SWITCH_ERROR */
+/* build stream s's current round into its window entry and queue it; INA_WK_AGAIN or INA_WK_ENCODE_ERROR */
+static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
+{
+    entry *e = &p->win[s];
+    long len = build_sparse(w, p, s, p->pkts + (size_t)s * p->pkt_max);
+    if (len < 0)
+        return INA_WK_ENCODE_ERROR;
+    *e = (entry){.q = p->round[s] * w->window + s, .len = (uint32_t)len, .busy = 1, .first_sent = t,
+                 .deadline = t + w->rto, .rto = w->rto};
+    queue(w, p, e);
+    return INA_WK_AGAIN;
+}
+
+/* a parsed sparse_result (worker.py _allreduce_sparse's receive branch) */
+static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t *d)
+{
+    uint32_t q = h->packet_id - w->base_pid, s = q % w->window, r = q / w->window;
+    if (h->msg_type != INA_MSG_SPARSE_RESULT || h->job != w->job || s >= w->streams || r > p->round[s]) {
+        w->stale_results++;
+        return INA_WK_AGAIN;
+    }
+    entry *e = &p->win[s];
+    if (r < p->round[s] || !e->busy) {
+        w->duplicate_results++;
+        return INA_WK_AGAIN;
+    }
+    uint32_t t = p->target[s], nx = h->next_block;
+    int real = t != ANNOUNCE && t != INA_BLOCK_NONE;
+    int next_ok = nx == INA_BLOCK_NONE || (nx % w->streams == s && nx < w->nb && (!real || nx > t));
+    if (h->codec != wire_codec(w) || h->block != (real ? t : INA_BLOCK_NONE) ||
+        h->count != (real ? block_count(w, t) : 0) || !next_ok) {
+        w->stale_results++; /* not what this round can be: never accepted */
+        return INA_WK_AGAIN;
+    }
+    if (h->flags & INA_FLAG_OVERFLOW)
+        w->overflow = 1;
+    if (real) {
+        const uint8_t *pl = d + INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE;
+        uint64_t lo = (uint64_t)t * w->k;
+        if (w->kind == INA_WK_NC) {
+            memcpy((uint8_t *)w->result + lo, pl, h->count);
+        } else {
+            int32_t *res = (int32_t *)w->result + lo;
+            for (uint32_t i = 0; i < h->count; i++)
+                res[i] = (int32_t)rd32(pl + 4 * i);
+        }
+        w->agreed[t] = h->exp_cur;
+        w->ndone++;
+        if (p->pos[s] == t)
+            p->pos[s] = held_from(w, (uint64_t)t + w->streams);
+    }
+    e->busy = 0;
+    double now_ = now();
+    if (e->tries == 0)
+        rtt_sample(w, now_ - e->first_sent);
+    p->round[s]++;
+    p->target[s] = nx;
+    p->exp_target[s] = h->exp_next;
+    if (nx != INA_BLOCK_NONE || p->round[s] % 2)
+        return start_round(w, p, s, now_);
+    w->streams_done++;
+    if (p->round[s] > w->rounds_max)
+        w->rounds_max = p->round[s];
+    return INA_WK_AGAIN;
+}
+
+/* one received datagram; INA_WK_AGAIN to go on, or INA_WK_SWITCH_ERROR (INA_WK_ENCODE_ERROR: sparse) */
 static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
 {
     header h;
@@ -196,6 +345,8 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->error[t] = 0;
         return INA_WK_SWITCH_ERROR;
     }
+    if (w->sparse)
+        return on_sparse_result(w, p, &h, d);
     uint32_t q = h.packet_id - w->base_pid;
     if (h.msg_type != INA_MSG_RESULT || h.job != w->job || q >= w->total) {
         w->stale_results++;
@@ -206,8 +357,8 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         return INA_WK_AGAIN;
     }
     uint64_t lo = (uint64_t)(q - w->D) * w->k;
-    uint32_t expect = q < w->D ? 0 : (uint32_t)(w->n - lo < w->k ? w->n - lo : w->k);
-    if (h.count != expect || h.codec != (w->kind == INA_WK_NC ? INA_CODEC_NC8 : INA_CODEC_INT32)) {
+    uint32_t expect = q < w->D ? 0 : block_count(w, q - w->D);
+    if (h.count != expect || h.codec != wire_codec(w)) {
         w->stale_results++;
         return INA_WK_AGAIN;
     }
@@ -291,13 +442,26 @@ static int scan(ina_wk *w, priv_t *p, double t)
     return INA_WK_AGAIN;
 }
 
+static int finished(const ina_wk *w)
+{
+    return w->sparse ? w->streams_done == w->streams : w->ndone == w->total;
+}
+
 int ina_wk_run(ina_wk *w, int budget_ms)
 {
     priv_t *p = w->priv;
     double end = now() + budget_ms * 1e-3;
-    while (w->ndone < w->total) {
+    if (w->sparse && p->next_q == 0) { /* round 0 of every stream: the announcements */
+        p->next_q = 1;
+        for (uint32_t s = 0; s < w->streams; s++)
+            if (start_round(w, p, s, now()) != INA_WK_AGAIN) {
+                flush(w, p);
+                return INA_WK_ENCODE_ERROR;
+            }
+    }
+    while (!finished(w)) {
         double t = now();
-        while (sendable(w, p->next_q)) {
+        while (!w->sparse && sendable(w, p->next_q)) {
             uint32_t q = p->next_q;
             entry *e = &p->win[q % w->window];
             long len = build(w, p, q, p->pkts + (size_t)(e - p->win) * p->pkt_max);
@@ -312,6 +476,7 @@ int ina_wk_run(ina_wk *w, int budget_ms)
         }
         flush(w, p);
         int got = receive(w, p);
+        flush(w, p); /* sparse: the rounds the results started */
         if (got < 0)
             return -got;
         t = now();
@@ -321,7 +486,7 @@ int ina_wk_run(ina_wk *w, int budget_ms)
             if (rc != INA_WK_AGAIN)
                 return rc;
         }
-        if (got == 0 && !sendable(w, p->next_q) && w->ndone < w->total) {
+        if (got == 0 && (w->sparse || !sendable(w, p->next_q)) && !finished(w)) {
             if (t >= end)
                 return INA_WK_AGAIN;
             double wait = fmin(p->next_scan, end) - t;

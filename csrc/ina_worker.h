@@ -38,8 +38,12 @@ typedef struct {
     double rto, min_rto, max_rto, timeout;
     double srtt, rttvar; /* the round-trip estimate, carried over calls */
     int have_srtt;
+    /* block-sparse allreduce (worker.py _allreduce_sparse): one stream per slot, rounds of one block */
+    int sparse;
+    const uint8_t *held; /* per block: this worker's block is non-zero */
     /* filled by ina_wk_start / ina_wk_run */
-    uint32_t nb, D, total, ndone;
+    uint32_t nb, D, total, ndone; /* sparse: ndone counts the blocks received */
+    uint32_t streams, streams_done, rounds_max; /* sparse: the packet ids used are base .. base + rounds_max * window */
     uint64_t packets_sent, bytes_sent, packets_received, bytes_received;
     uint64_t retransmissions, duplicate_results, stale_results;
     int overflow;

@@ -28,11 +28,12 @@ def kind(codec, flat: np.ndarray):
     return None
 
 
-def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, progress):
-    """Run one allreduce's packet stream; returns (result, agreed exponents, overflow flag, packets).
+def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, progress, held=None):
+    """Run one allreduce's packet stream; returns (result, agreed exponents, overflow flag, packet ids used).
 
     result holds native int32 sums (int32, fixed) or NC codes per element; raises TimeoutError when a
-    packet gets no result within comm.timeout and INAError when the switch rejects the job."""
+    packet gets no result within comm.timeout and INAError when the switch rejects the job. held (a bool
+    per block: this worker's block is non-zero) makes it the block-sparse allreduce."""
     ffi, lib = kernels.ffi, kernels.lib
     n, k = flat.size, comm.k
     src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
@@ -53,6 +54,9 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
     w.rto, w.min_rto, w.max_rto, w.timeout = comm.rto, comm.min_rto, comm.max_rto, comm.timeout
     w.have_srtt = comm._srtt is not None
     w.srtt, w.rttvar = comm._srtt or 0.0, comm._rttvar
+    if held is not None:
+        held_c = np.ascontiguousarray(held, dtype=np.uint8)
+        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", held_c)
     rc = lib.ina_wk_start(w)
     if rc == lib.INA_WK_NO_MEMORY:
         raise MemoryError(f"native worker loop: no memory for a window of {comm.window} x {k} elements")
@@ -65,7 +69,7 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
             rc = lib.ina_wk_run(w, RUN_MS)
             if progress is not None and w.ndone != reported:
                 reported = w.ndone
-                progress(min(n, max(0, w.ndone - w.D) * k))
+                progress(min(n, max(0, w.ndone - w.D) * k))  # sparse: blocks received
             if rc != lib.INA_WK_AGAIN:
                 break
         if rc == lib.INA_WK_DONE and progress is not None:
@@ -94,7 +98,7 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
         raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")
     if rc == lib.INA_WK_SYSTEM_ERROR:
         raise OSError(w.sys_errno, f"worker socket: {os.strerror(w.sys_errno)}")
-    return result, agreed, bool(w.overflow), int(w.total)
+    return result, agreed, bool(w.overflow), int(w.rounds_max * comm.window if held is not None else w.total)
 
 
 def decode(kind_: int, result: np.ndarray, agreed: np.ndarray, world_size: int, k: int, dtype) -> np.ndarray:

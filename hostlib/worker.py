@@ -307,23 +307,32 @@ class Communicator:
         N = flat.size
         nb = -(-N // k)
         S = min(W, nb)
+        if nb >= NONE - 1:
+            raise ValueError(f"sparse allreduce: {nb} blocks of {k} elements; block ids are 32-bit")
         if codec.negotiates_exponent:
             exps = codec.flat_exponents(flat, k)
-            nonzero = np.flatnonzero(exps != wire.EXP_NONE)
+            held = exps != wire.EXP_NONE
         else:
             exps = None
             padded = np.zeros(nb * k, dtype=flat.dtype)
             padded[:N] = flat
-            nonzero = np.flatnonzero(padded.reshape(nb, k).any(axis=1))
+            held = padded.reshape(nb, k).any(axis=1)
+        base = self._next_pid
+        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
+        self._calls += 1
+        kind = fastpath.kind(codec, flat) if self.fast is not False else None
+        if kind is not None:
+            result, agreed, overflow, used = fastpath.allreduce(self, kind, flat, exps, seed, base, progress, held)
+            self._next_pid = (base + used) & 0xFFFFFFFF
+            self._check_result(exps, agreed, overflow)
+            return fastpath.decode(kind, result, agreed, n, k, flat.dtype)
+        nonzero = np.flatnonzero(held)
         mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
         ptr, rounds = [0] * S, [0] * S
         target: list = [None] * S  # None: the announce round; NONE: the padding round
         exp_target = [wire.EXP_NONE] * S  # agreed exponent of the target block
         agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
         result = np.zeros(nb * k, dtype=codec.result_dtype())
-        base = self._next_pid
-        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
-        self._calls += 1
         overflow = False
 
         def upcoming(s: int, skip: int):

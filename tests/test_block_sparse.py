@@ -303,3 +303,16 @@ def test_block_sparse_torch_tensors(switch_process):
     outs, errors, _ = run_workers(sw.address, ts, "int32", sparse=True)
     assert errors == [None, None] and isinstance(outs[0], torch.Tensor) and outs[0].dtype == torch.int64
     assert torch.equal(outs[0], ts[0] + ts[1])
+
+
+def test_python_sparse_loop_exact_under_loss(switch_process):
+    """The fallback loop (fast=False, the definition the C loop is checked against) recovers on its own."""
+    n, k = 3, 64
+    sw = switch_process("--workers", n, "--loss", 0.1, "--dup", 0.1, "--reorder", 0.1, "--seed", 9)
+    xs = block_sparse(np.random.default_rng(9), n, 12000, k, 0.2)
+    outs, errors, stats = run_workers(sw.address, xs, "int32", sparse=[True, False, True], fast=False,
+                                      elements_per_packet=k, window=16, timeout=30)
+    assert errors == [None] * n
+    exact = np.sum(np.array(xs, dtype=np.int64), axis=0)
+    assert all(np.array_equal(o, exact) for o in outs)
+    check_impaired(json.loads(sw.stop()), stats)

@@ -1,7 +1,9 @@
 /* The worker loop (ina_worker.c) against an echo switch on a datagram socketpair, for AddressSanitizer:
  * one worker of a one-worker job, so every result is the update sent back (an NC code re-compressed
  * alone is itself). The switch thread drops every 5th first copy and duplicates every 7th packet, so
- * retransmission, duplicate and stale paths run. Prints "ok" and exits 0 when every result is right. */
+ * retransmission, duplicate and stale paths run. Each codec runs dense and block-sparse (every third block
+ * zero; a one-worker sparse_result is the sparse_update itself). Prints "ok" and exits 0 when every result
+ * is right. */
 #define _GNU_SOURCE
 #include <poll.h>
 #include <pthread.h>
@@ -32,7 +34,7 @@ static void *echo(void *arg)
         n++;
         if (n % 5 == 0)
             continue; /* lost */
-        buf[1] = INA_MSG_RESULT;
+        buf[1] = buf[1] == INA_MSG_SPARSE_UPDATE ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT;
         /* exp_next of a result is the agreed exponent: with one worker, its own */
         send(fd, buf, (size_t)len, 0);
         if (n % 7 == 0)
@@ -45,15 +47,18 @@ static void *echo(void *arg)
     return NULL;
 }
 
-static int run(int fd, int kind, size_t n, uint32_t k)
+static int run(int fd, int kind, size_t n, uint32_t k, int sparse)
 {
     float *xf = malloc(n * sizeof *xf);
     int32_t *xi = malloc(n * sizeof *xi);
-    for (size_t i = 0; i < n; i++) {
-        xf[i] = (float)((double)((i * 2654435761u) % 20001) / 1000.0 - 10.0);
-        xi[i] = (int32_t)(i * 2654435761u);
-    }
     size_t nb = (n + k - 1) / k;
+    uint8_t *held = malloc(nb);
+    for (size_t b = 0; b < nb; b++)
+        held[b] = !sparse || b % 3 != 1;
+    for (size_t i = 0; i < n; i++) {
+        xf[i] = held[i / k] ? (float)((double)((i * 2654435761u) % 20001) / 1000.0 - 10.0) : 0.0f;
+        xi[i] = held[i / k] ? (int32_t)(i * 2654435761u) : 0;
+    }
     int8_t *exps = malloc(nb), *agreed = malloc(nb);
     void *result = calloc(n, kind == INA_WK_NC ? 1 : 4);
     uint8_t *done = calloc(2 * nb, 1);
@@ -62,7 +67,7 @@ static int run(int fd, int kind, size_t n, uint32_t k)
     ina_wk w = {.fd = fd, .job = 1, .rank = 0, .world = 1, .window = 8, .k = k, .base_pid = 0xFFFFFFF0u,
                 .kind = kind, .seed = 42, .src = kind == INA_WK_INT32 ? (void *)xi : (void *)xf, .n = n,
                 .exps = kind == INA_WK_INT32 ? NULL : exps, .agreed = agreed, .result = result, .done = done,
-                .rto = 0.002, .min_rto = 0.002, .max_rto = 0.01, .timeout = 20};
+                .rto = 0.002, .min_rto = 0.002, .max_rto = 0.01, .timeout = 20, .sparse = sparse, .held = held};
     memset(agreed, INA_EXP_NONE, nb);
     if (ina_wk_start(&w))
         return 2;
@@ -87,10 +92,12 @@ static int run(int fd, int kind, size_t n, uint32_t k)
         free(y);
     }
     bad |= memcmp(agreed, exps, kind == INA_WK_INT32 ? 0 : nb) != 0;
-    fprintf(stderr, "kind %d: rc %d sent %lu retransmissions %lu duplicates %lu stale %lu -> %s\n", kind, rc,
+    if (sparse)
+        bad |= w.streams_done != w.streams || w.rounds_max % 2 || w.ndone != nb - nb / 3 - (nb % 3 == 2);
+    fprintf(stderr, "kind %d sparse %d: rc %d sent %lu retransmissions %lu duplicates %lu stale %lu -> %s\n", kind, sparse, rc,
             (unsigned long)w.packets_sent, (unsigned long)w.retransmissions, (unsigned long)w.duplicate_results,
             (unsigned long)w.stale_results, bad ? "BAD" : "ok");
-    free(xf); free(xi); free(exps); free(agreed); free(result); free(done);
+    free(xf); free(xi); free(exps); free(agreed); free(result); free(done); free(held);
     return bad;
 }
 
@@ -101,8 +108,10 @@ int main(void)
         return 3;
     pthread_t t;
     pthread_create(&t, NULL, echo, &sv[1]);
-    int bad = run(sv[0], INA_WK_INT32, 10007, 64) | run(sv[0], INA_WK_FIXED, 5003, 100) |
-              run(sv[0], INA_WK_NC, 20011, 512);
+    int bad = 0;
+    for (int sparse = 0; sparse < 2; sparse++)
+        bad |= run(sv[0], INA_WK_INT32, 10007, 64, sparse) | run(sv[0], INA_WK_FIXED, 5003, 100, sparse) |
+               run(sv[0], INA_WK_NC, 20011, 512, sparse);
     stop = 1;
     pthread_join(t, NULL);
     close(sv[0]);
