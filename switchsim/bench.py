@@ -295,15 +295,21 @@ def plot(results: dict, path: str) -> None:
         elif key == "blocksparse":  # time against density, at the largest size measured
             mib = max(r["MiB"] for r in rows)
             timed = [r for r in rows if r["MiB"] == mib and "seconds" in r]
-            for s in sorted({(r["backend"], r["codec"], r["mode"], r["workers"]) for r in timed if r["density"]}):
-                pts = sorted((r["density"], r["seconds"]) for r in timed
-                             if (r["backend"], r["codec"], r["mode"], r["workers"]) == s and r["density"])
-                ax.plot(*zip(*pts), marker="o", linestyle="-" if s[2] == "block-sparse" else "--",
-                        label=f"{s[0]}/{s[1]} {s[2]} x{s[3]}")
+            timed_ina = [r for r in timed if r.get("density")]
+            configs = sorted({(r["backend"], r["codec"], r["workers"]) for r in timed_ina})
+            colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+            for i, cfg in enumerate(configs):  # one colour per configuration: dashed dense, solid block-sparse
+                for mode in ("dense", "block-sparse"):
+                    pts = sorted((r["density"], r["seconds"]) for r in timed_ina
+                                 if (r["backend"], r["codec"], r["workers"]) == cfg and r["mode"] == mode)
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", color=colors[i % len(colors)],
+                                linestyle="-" if mode == "block-sparse" else "--",
+                                label=f"{cfg[0]}/{cfg[1]} x{cfg[2]} {mode}")
             for r in timed:
                 if r["backend"] == "gloo":
-                    ax.axhline(r["seconds"], color="grey", linewidth=0.8)
-                    ax.annotate(f"gloo x{r['workers']}", (ax.get_xlim()[0], r["seconds"]), fontsize=7)
+                    ax.axhline(r["seconds"], color="grey", linewidth=0.8, linestyle=":" if r["workers"] > 2 else "-",
+                               label=f"gloo x{r['workers']} (dense float32)")
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(f"fraction of non-zero blocks per worker ({mib} MiB)")

@@ -74,11 +74,11 @@ def test_bench_blocksparse_runs_both_modes_and_plots(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
     png = tmp_path / "bs.png"
     run = subprocess.run([sys.executable, "-m", "switchsim", "bench", "blocksparse", "--sizes", "0.25", "--workers",
-                          "2", "--backends", "c", "--codecs", "int32", "--densities", "0.05", "--no-gloo", "--json",
+                          "2", "--backends", "c", "--codecs", "int32", "--densities", "0.05", "--json",
                           "--plot", str(png)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr
-    rows = {r["mode"]: r for r in json.loads(run.stdout)["blocksparse"]}
-    assert set(rows) == {"dense", "block-sparse"} and not any("error" in r for r in rows.values())
+    rows = {r["backend"] if r["backend"] == "gloo" else r["mode"]: r for r in json.loads(run.stdout)["blocksparse"]}
+    assert set(rows) == {"gloo", "dense", "block-sparse"} and not any("error" in r for r in rows.values())
     assert rows["block-sparse"]["bytes/worker x float32"] < 0.2 < rows["dense"]["bytes/worker x float32"]
     assert png.stat().st_size > 1000
 
