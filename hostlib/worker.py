@@ -414,6 +414,8 @@ class Communicator:
                 next_scan = now + 0.002
                 self._resend_overdue(outstanding, build, lambda s: base + rounds[s] * W + s, now)
         self._next_pid = (base + max(rounds) * W) & 0xFFFFFFFF
+        if progress is not None:
+            progress(N)
         self._check_result(exps, agreed, overflow)
         values = codec.decode(result, agreed, n, k)[:N]
         return values.astype(flat.dtype, copy=False)
