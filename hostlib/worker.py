@@ -444,7 +444,8 @@ class Communicator:
                 pid = pid_of(key)
                 raise TimeoutError(
                     f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {pid % self.window}) "
-                    f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead or the switch is gone")
+                    f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead, the switch is gone, "
+                    f"or the ranks' calls differ (size, codec, sparse=)")
             self._send(build(key))
             self.stats.retransmissions += 1
             o[2] = min(o[2] * 2, self.max_rto)

@@ -316,3 +316,26 @@ def test_python_sparse_loop_exact_under_loss(switch_process):
     exact = np.sum(np.array(xs, dtype=np.int64), axis=0)
     assert all(np.array_equal(o, exact) for o in outs)
     check_impaired(json.loads(sw.stop()), stats)
+
+
+def test_ranks_that_disagree_on_sparse_time_out_clearly(switch_process):
+    """One rank sparse, the other dense: the switch drops the mixed round as a mismatch, and both ranks get
+    a TimeoutError that names the possibility, instead of a wrong sum."""
+    sw = switch_process("--workers", 2)
+    xs = [np.arange(3000, dtype=np.int32)] * 2
+    box = [None, None]
+
+    def work(r):
+        try:
+            with hostlib.connect(sw.address, r, 2, timeout=1.0) as comm:
+                comm.allreduce(xs[r], sparse=(r == 0))
+        except Exception as e:  # noqa: BLE001 - checked below
+            box[r] = e
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(e, TimeoutError) and "calls differ" in str(e) for e in box), box
+    assert json.loads(sw.stop())["dropped"]["mismatch"] > 0
