@@ -67,19 +67,25 @@ def check_impaired(report, stats):
     assert imp["rx"]["duplicated"] + imp["tx"]["duplicated"] > 0
 
 
-def test_fixed_point_within_proven_bound_under_loss(switch_process):
-    n = 4
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "block-sparse"])
+def test_fixed_point_within_proven_bound_under_loss(switch_process, sparse):
+    """Block-sparse: each worker keeps a fifth of its blocks; the agreed exponents, hence the bound, are the
+    dense path's, and blocks zero everywhere come back exactly zero."""
+    n, k, size = 4, 128, 20000
     sw = switch_process("--workers", n, "--loss", 0.05, "--reorder", 0.05)
     rs = np.random.default_rng(1)
-    xs = [(rs.standard_normal(20000) * 10.0 ** rs.integers(-3, 3, 20000)).astype(np.float32) for _ in range(n)]
-    k = 128
-    outs, errors, _ = run_workers(sw.address, xs, "fixed", elements_per_packet=k, window=16, timeout=30)
+    xs = [(rs.standard_normal(size) * 10.0 ** rs.integers(-3, 3, size)).astype(np.float32) for _ in range(n)]
+    if sparse:
+        xs = [np.where(np.repeat(rs.random(-(-size // k)) < 0.2, k)[:size], x, 0).astype(np.float32) for x in xs]
+    outs, errors, _ = run_workers(sw.address, xs, "fixed", sparse=sparse, elements_per_packet=k, window=16,
+                                  timeout=30)
     assert errors == [None] * n
     exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
     bound = fixed.allreduce_error_bound(xs, k, exact)
     for o in outs:
         assert o.dtype == np.float32 and np.all(np.abs(o - exact) <= bound)
         assert np.array_equal(o, outs[0])
+    assert np.all(outs[0][exact == 0] == 0)
 
 
 def test_nc_over_udp_is_unbiased_with_the_predicted_error(switch_process):
