@@ -11,8 +11,11 @@ from switchsim.model import DROP_REASONS, Switch
 from .test_e2e import run_workers
 
 
-def valid_update(rank=0, count=8, codec=wire.CODEC_INT32, exp_cur=0):
+def valid_update(rank=0, count=8, codec=wire.CODEC_INT32, exp_cur=0, sparse=False):
     size = wire.ELEMENT_SIZE[codec]
+    if sparse:  # a block-sparse round's packet: elements of block 3, next block 7
+        return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, 1, rank, count=count, codec=codec, exp_cur=exp_cur,
+                                block=3 if count else wire.BLOCK_NONE, next_block=7, payload=bytes(count * size))
     return wire.pack(wire.MSG_UPDATE, job=1, rank=rank, count=count, codec=codec, exp_cur=exp_cur,
                      payload=bytes(count * size))
 
@@ -31,7 +34,7 @@ def test_random_bytes_never_crash_the_model(data):
 def test_mutated_valid_packets_are_processed_or_counted(data):
     sw = Switch({1: 2}, slots=4, max_elements=64)
     codec = data.draw(st.sampled_from([wire.CODEC_INT32, wire.CODEC_NC8]))
-    pkt = bytearray(valid_update(count=8, codec=codec, exp_cur=10))
+    pkt = bytearray(valid_update(count=8, codec=codec, exp_cur=10, sparse=data.draw(st.booleans())))
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, len(pkt) - 1))
         pkt[i] = data.draw(st.integers(0, 255))
