@@ -21,8 +21,9 @@ def hvd_runs(tmp_path_factory):
     from .conftest import SwitchProcess
 
     out = tmp_path_factory.mktemp("hvd")
-    modes = ["hvd-int32", "ina-int32", "hvd-float", "ina-fixed", "ina-topk"]
-    jobs = [a for j, m in enumerate(modes, start=1) if m in ("ina-int32", "ina-fixed") for a in ("--job", f"{j}:2")]
+    modes = ["hvd-int32", "ina-int32", "hvd-float", "ina-fixed", "ina-topk", "ina-blocktopk"]
+    jobs = [a for j, m in enumerate(modes, start=1) if m in ("ina-int32", "ina-fixed", "ina-blocktopk")
+            for a in ("--job", f"{j}:2")]
     sw = SwitchProcess(*jobs, backend="c")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     env = {**os.environ, "OUT": str(out), "INA_SWITCH": sw.address, "OMP_NUM_THREADS": "1",
@@ -62,3 +63,14 @@ def test_sparse_path_under_horovod(hvd_runs):
     assert torch.equal(a, b) and torch.isfinite(a).all() and float((a - start).norm()) > 0.01
     dense_bytes = 4 * a.numel() * 4  # float32, 4 steps
     assert 0 < hvd_runs("ina-topk", 0)["stats"]["bytes_sent"] < 0.5 * dense_bytes
+
+
+def test_block_topk_through_the_switch_under_horovod(hvd_runs):
+    """block_topk: each rank's top blocks travel by block-sparse INA; both ranks apply the same average."""
+    from .test_torch_integration import _float_model_init
+
+    a, b = (torch.cat([p.reshape(-1) for p in hvd_runs("ina-blocktopk", r)["params"]]) for r in (0, 1))
+    start = torch.cat([p.detach().reshape(-1) for p in _float_model_init()])
+    assert torch.equal(a, b) and torch.isfinite(a).all() and float((a - start).norm()) > 0.01
+    stats = hvd_runs("ina-blocktopk", 0)["stats"]
+    assert stats["allreduces"] > 0 and stats["packets_sent"] > 0

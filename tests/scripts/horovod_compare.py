@@ -20,6 +20,9 @@ def train(mode, job):
     elif mode == "ina-topk":  # the sparse path: top-25 %, Golomb + QSGD, through hvd.allgather_object
         opt = ina_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), codec="topk",
                                            ratio=0.25, index="golomb", value="qsgd")
+    elif mode == "ina-blocktopk":  # top-50 % of 16-element blocks by block-sparse INA through the switch
+        opt = ina_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), codec="fixed",
+                                           block_topk=0.5, elements_per_packet=16, job=job, timeout=30)
     else:
         opt = ina_hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            codec=mode.split("-")[1], job=job, timeout=30)
