@@ -173,7 +173,7 @@ static uint8_t wire_codec(const ina_wk *w) { return w->kind == INA_WK_NC ? INA_C
 /* the update packet for q into buf (worker.py build()); its length, or -1 if a kernel failed */
 static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
 {
-    uint64_t pid = (uint64_t)w->base_pid + q;
+    uint64_t pid = w->base_pid + q;
     int8_t exp_next = w->exps && q < w->nb ? w->exps[q] : INA_EXP_NONE;
     int8_t exp_cur = 0;
     uint32_t count = 0;
@@ -192,7 +192,7 @@ static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
 /* the sparse_update of stream s's current round into buf (worker.py _allreduce_sparse build()) */
 static long build_sparse(ina_wk *w, priv_t *p, uint32_t s, uint8_t *buf)
 {
-    uint64_t pid = (uint64_t)w->base_pid + (uint64_t)p->round[s] * w->window + s;
+    uint64_t pid = w->base_pid + (uint64_t)p->round[s] * w->window + s;
     uint32_t t = p->target[s], block = INA_BLOCK_NONE, count = 0, next;
     int8_t exp_cur = w->exps ? p->exp_target[s] : 0;
     if (t == INA_BLOCK_NONE) {
@@ -281,7 +281,7 @@ static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
 /* a parsed sparse_result (worker.py _allreduce_sparse's receive branch) */
 static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t *d)
 {
-    uint32_t q = h->packet_id - w->base_pid, s = q % w->window, r = q / w->window;
+    uint32_t q = (uint32_t)(h->packet_id - w->base_pid), s = q % w->window, r = q / w->window;
     if (h->msg_type != INA_MSG_SPARSE_RESULT || h->job != w->job || s >= w->streams || r > p->round[s]) {
         w->stale_results++;
         return INA_WK_AGAIN;
@@ -347,7 +347,7 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     }
     if (w->sparse)
         return on_sparse_result(w, p, &h, d);
-    uint32_t q = h.packet_id - w->base_pid;
+    uint32_t q = (uint32_t)(h.packet_id - w->base_pid);
     if (h.msg_type != INA_MSG_RESULT || h.job != w->job || q >= w->total) {
         w->stale_results++;
         return INA_WK_AGAIN;

@@ -26,7 +26,8 @@ typedef struct {
     int fd; /* connected, non-blocking UDP socket */
     uint16_t job;
     uint8_t rank, world;
-    uint32_t window, k, base_pid;
+    uint32_t window, k;
+    uint64_t base_pid; /* the stream's packet counter: slot and set come from it, the wire carries it mod 2^32 */
     int kind, deterministic;
     uint64_t seed;
     const void *src;

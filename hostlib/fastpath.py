@@ -89,7 +89,8 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
     if rc == lib.INA_WK_TIMEOUT:
         q = w.timeout_q
         raise TimeoutError(
-            f"rank {comm.rank}: job {comm.job}: no result for packet {base + q} (slot {(base + q) % comm.window}) "
+            f"rank {comm.rank}: job {comm.job}: no result for packet {(base + q) & 0xFFFFFFFF} "
+            f"(slot {(base + q) % comm.window}) "
             f"after {w.timeout_tries} retransmissions in {comm.timeout:g} s; a peer is dead, the switch is gone, "
             f"or the ranks' calls differ (size, codec, sparse=)")
     if rc == lib.INA_WK_SWITCH_ERROR:

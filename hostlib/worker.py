@@ -95,6 +95,8 @@ class Communicator:
         self.fast = fast  # None: the C loop where it applies; False: always the Python loop
         self.stats = CommStats()
         self._calls = 0
+        # the stream's packet counter, unbounded here: slot = counter mod W and set = (counter div W) mod 2
+        # stay in sequence when the 32-bit packet id on the wire wraps, whatever W is
         self._next_pid = 0
         self._broken: str | None = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -218,7 +220,7 @@ class Communicator:
         kind = fastpath.kind(codec, flat) if self.fast is not False else None
         if kind is not None:
             result, agreed, overflow, _ = fastpath.allreduce(self, kind, flat, exps, seed, base, progress)
-            self._next_pid = (base + total) & 0xFFFFFFFF
+            self._next_pid = base + total
             self._check_result(exps, agreed, overflow)
             return fastpath.decode(kind, result, agreed, n, k, flat.dtype)
         agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
@@ -283,7 +285,7 @@ class Communicator:
             if now >= next_scan:
                 next_scan = now + 0.002
                 self._resend_overdue(outstanding, build, lambda q: base + q, now)
-        self._next_pid = (base + total) & 0xFFFFFFFF
+        self._next_pid = base + total
         if progress is not None:
             progress(N)
         self._check_result(exps, agreed, overflow)
@@ -323,7 +325,7 @@ class Communicator:
         kind = fastpath.kind(codec, flat) if self.fast is not False else None
         if kind is not None:
             result, agreed, overflow, used = fastpath.allreduce(self, kind, flat, exps, seed, base, progress, held)
-            self._next_pid = (base + used) & 0xFFFFFFFF
+            self._next_pid = base + used
             self._check_result(exps, agreed, overflow)
             return fastpath.decode(kind, result, agreed, n, k, flat.dtype)
         nonzero = np.flatnonzero(held)
@@ -413,7 +415,7 @@ class Communicator:
             if now >= next_scan:
                 next_scan = now + 0.002
                 self._resend_overdue(outstanding, build, lambda s: base + rounds[s] * W + s, now)
-        self._next_pid = (base + max(rounds) * W) & 0xFFFFFFFF
+        self._next_pid = base + max(rounds) * W
         if progress is not None:
             progress(N)
         self._check_result(exps, agreed, overflow)
@@ -443,7 +445,8 @@ class Communicator:
             if now - o[0] > self.timeout:
                 pid = pid_of(key)
                 raise TimeoutError(
-                    f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {pid % self.window}) "
+                    f"rank {self.rank}: job {self.job}: no result for packet {pid & 0xFFFFFFFF} "
+                    f"(slot {pid % self.window}) "
                     f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead, the switch is gone, "
                     f"or the ranks' calls differ (size, codec, sparse=)")
             self._send(build(key))

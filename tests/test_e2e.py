@@ -220,3 +220,34 @@ def test_shapes_dtypes_and_torch_tensors(switch_process):
     outs, errors, _ = run_workers(sw.address, ts, "int32")
     assert errors == [None, None] and isinstance(outs[0], torch.Tensor) and outs[0].dtype == torch.int32
     assert torch.equal(outs[0], torch.arange(10, dtype=torch.int32) * 3)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["c-loop", "python-loop"])
+def test_packet_ids_wrap_past_2_32_with_any_window(switch_process, fast):
+    """The 32-bit packet id wraps during these calls; with a window of 12 (2^32 is not a multiple of 2W)
+    slots and sets must still follow the unbounded packet counter, dense and block-sparse alike."""
+    n, size = 3, 5000
+    sw = switch_process("--workers", n)
+    rs = np.random.default_rng(12)
+    xs = [rs.integers(-1000, 1000, size).astype(np.int32) for _ in range(n)]
+    for x in xs:
+        x[1000:4000] = 0
+    outs, errors = [None] * n, [None] * n
+
+    def work(r):
+        try:
+            with hostlib.connect(sw.address, r, n, window=12, elements_per_packet=64, timeout=10, fast=fast) as c:
+                c._next_pid = 2**32 - 100  # as after ~4 billion packets
+                for flag in (False, True, False, True):
+                    outs[r] = c.allreduce(xs[r], sparse=flag)
+                assert c._next_pid > 2**32
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[r] = e
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [None] * n
+    assert all(np.array_equal(o, np.sum(np.array(xs, dtype=np.int64), axis=0)) for o in outs)
