@@ -347,8 +347,8 @@ static void finish(ina_switch *sw, slot_set *st)
 static void result(const job_t *j, const header *h, const slot_set *st, uint8_t rank, uint64_t dst, ina_out *o)
 {
     o->dst = dst;
-    put_header(o->hdr, st->sparse ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT, (uint16_t)j->job_id, rank, st->round_id, h->slot, h->set, st->n_elems,
-               st->codec, st->exp_cur, st->exp_max, st->flags);
+    put_header(o->hdr, st->sparse ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT, (uint16_t)j->job_id, rank,
+               st->round_id, h->slot, h->set, st->n_elems, st->codec, st->exp_cur, st->exp_max, st->flags);
     o->payload = st->result;
     o->len = st->result_len;
     o->stable = 1;
@@ -364,6 +364,21 @@ static int sparse_fits(const slot_set *st, const header *h)
     uint32_t block = h->count ? h->block : st->block;
     uint32_t next = h->next_block < st->next_block ? h->next_block : st->next_block;
     return block == INA_BLOCK_NONE || next > block;
+}
+
+/* model: Switch._sparse_add, after values() wrote or added the elements */
+static void sparse_add(slot_set *st, const header *h)
+{
+    if (h->count && st->block == INA_BLOCK_NONE) {
+        st->block = h->block;
+        st->n_elems = h->count;
+    }
+    if (h->next_block < st->next_block) {
+        st->next_block = h->next_block;
+        st->exp_max = h->exp_next;
+    } else if (h->next_block == st->next_block && h->exp_next > st->exp_max) {
+        st->exp_max = h->exp_next;
+    }
 }
 
 static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
@@ -424,16 +439,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         if (!values(h, payload, st->acc, add))
             return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
         if (sparse) {
-            if (h->count && st->block == INA_BLOCK_NONE) {
-                st->block = h->block;
-                st->n_elems = h->count;
-            }
-            if (h->next_block < st->next_block) {
-                st->next_block = h->next_block;
-                st->exp_max = h->exp_next;
-            } else if (h->next_block == st->next_block && h->exp_next > st->exp_max) {
-                st->exp_max = h->exp_next;
-            }
+            sparse_add(st, h);
         } else if (h->exp_next > st->exp_max) {
             st->exp_max = h->exp_next;
         }

@@ -265,6 +265,18 @@ static void rtt_sample(ina_wk *w, double r)
     w->rto = fmin(fmax(rto, w->min_rto), w->max_rto);
 }
 
+/* a result's elements into the result buffer at element lo (native int32 sums, or NC codes) */
+static void store_elements(ina_wk *w, uint64_t lo, const uint8_t *pl, uint32_t count)
+{
+    if (w->kind == INA_WK_NC) {
+        memcpy((uint8_t *)w->result + lo, pl, count);
+        return;
+    }
+    int32_t *res = (int32_t *)w->result + lo;
+    for (uint32_t i = 0; i < count; i++)
+        res[i] = (int32_t)rd32(pl + 4 * i);
+}
+
 /* build stream s's current round into its window entry and queue it; INA_WK_AGAIN or INA_WK_ENCODE_ERROR */
 static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
 {
@@ -302,15 +314,7 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     if (h->flags & INA_FLAG_OVERFLOW)
         w->overflow = 1;
     if (real) {
-        const uint8_t *pl = d + INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE;
-        uint64_t lo = (uint64_t)t * w->k;
-        if (w->kind == INA_WK_NC) {
-            memcpy((uint8_t *)w->result + lo, pl, h->count);
-        } else {
-            int32_t *res = (int32_t *)w->result + lo;
-            for (uint32_t i = 0; i < h->count; i++)
-                res[i] = (int32_t)rd32(pl + 4 * i);
-        }
+        store_elements(w, (uint64_t)t * w->k, d + INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE, h->count);
         w->agreed[t] = h->exp_cur;
         w->ndone++;
         if (p->pos[s] == t)
@@ -366,16 +370,8 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->overflow = 1;
     if (w->exps && q < w->nb)
         w->agreed[q] = h.exp_next;
-    if (q >= w->D) {
-        const uint8_t *pl = d + INA_HEADER_SIZE;
-        if (w->kind == INA_WK_NC) {
-            memcpy((uint8_t *)w->result + lo, pl, h.count);
-        } else {
-            int32_t *r = (int32_t *)w->result + lo;
-            for (uint32_t i = 0; i < h.count; i++)
-                r[i] = (int32_t)rd32(pl + 4 * i);
-        }
-    }
+    if (q >= w->D)
+        store_elements(w, lo, d + INA_HEADER_SIZE, h.count);
     w->done[q] = 1;
     w->ndone++;
     entry *e = &p->win[q % w->window];

@@ -214,15 +214,9 @@ class Communicator:
         else:
             exps, D = None, 0
         total = nb + D
-        base = self._next_pid
-        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
-        self._calls += 1
-        kind = fastpath.kind(codec, flat) if self.fast is not False else None
+        base, seed, kind = self._begin_call(flat)
         if kind is not None:
-            result, agreed, overflow, _ = fastpath.allreduce(self, kind, flat, exps, seed, base, progress)
-            self._next_pid = base + total
-            self._check_result(exps, agreed, overflow)
-            return fastpath.decode(kind, result, agreed, n, k, flat.dtype)
+            return self._run_c_loop(kind, flat, exps, seed, base, progress)
         agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
         result = np.zeros(nb * k, dtype=codec.result_dtype())
         done = np.zeros(total, dtype=bool)
@@ -285,12 +279,7 @@ class Communicator:
             if now >= next_scan:
                 next_scan = now + 0.002
                 self._resend_overdue(outstanding, build, lambda q: base + q, now)
-        self._next_pid = base + total
-        if progress is not None:
-            progress(N)
-        self._check_result(exps, agreed, overflow)
-        values = codec.decode(result, agreed, n, k)[:N]
-        return values.astype(flat.dtype, copy=False)
+        return self._end_python_loop(base + total, flat, result, exps, agreed, overflow, progress)
 
     def _allreduce_sparse(self, flat: np.ndarray, progress):
         """Block-sparse allreduce: the tensor is cut into blocks of k elements and block j travels on stream
@@ -316,18 +305,14 @@ class Communicator:
             held = exps != wire.EXP_NONE
         else:
             exps = None
-            padded = np.zeros(nb * k, dtype=flat.dtype)
-            padded[:N] = flat
-            held = padded.reshape(nb, k).any(axis=1)
-        base = self._next_pid
-        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
-        self._calls += 1
-        kind = fastpath.kind(codec, flat) if self.fast is not False else None
+            whole = N // k  # whole blocks through a view, the short last one apart: no copy of the tensor
+            held = np.zeros(nb, dtype=bool)
+            held[:whole] = flat[:whole * k].reshape(whole, k).any(axis=1)
+            if whole < nb:
+                held[whole] = flat[whole * k:].any()
+        base, seed, kind = self._begin_call(flat)
         if kind is not None:
-            result, agreed, overflow, used = fastpath.allreduce(self, kind, flat, exps, seed, base, progress, held)
-            self._next_pid = base + used
-            self._check_result(exps, agreed, overflow)
-            return fastpath.decode(kind, result, agreed, n, k, flat.dtype)
+            return self._run_c_loop(kind, flat, exps, seed, base, progress, held)
         nonzero = np.flatnonzero(held)
         mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
         ptr, rounds = [0] * S, [0] * S
@@ -415,11 +400,27 @@ class Communicator:
             if now >= next_scan:
                 next_scan = now + 0.002
                 self._resend_overdue(outstanding, build, lambda s: base + rounds[s] * W + s, now)
-        self._next_pid = base + max(rounds) * W
-        if progress is not None:
-            progress(N)
+        return self._end_python_loop(base + max(rounds) * W, flat, result, exps, agreed, overflow, progress)
+
+    def _begin_call(self, flat: np.ndarray):
+        """This call's first packet number, RNG seed, and the C loop's kind for it (None: the Python loop)."""
+        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
+        self._calls += 1
+        kind = fastpath.kind(self.codec, flat) if self.fast is not False else None
+        return self._next_pid, seed, kind
+
+    def _run_c_loop(self, kind, flat, exps, seed: int, base: int, progress, held=None) -> np.ndarray:
+        result, agreed, overflow, used = fastpath.allreduce(self, kind, flat, exps, seed, base, progress, held)
+        self._next_pid = base + used
         self._check_result(exps, agreed, overflow)
-        values = codec.decode(result, agreed, n, k)[:N]
+        return fastpath.decode(kind, result, agreed, self.world_size, self.k, flat.dtype)
+
+    def _end_python_loop(self, next_pid: int, flat, result, exps, agreed, overflow: bool, progress) -> np.ndarray:
+        self._next_pid = next_pid
+        if progress is not None:
+            progress(flat.size)
+        self._check_result(exps, agreed, overflow)
+        values = self.codec.decode(result, agreed, self.world_size, self.k)[:flat.size]
         return values.astype(flat.dtype, copy=False)
 
     def _results(self):
