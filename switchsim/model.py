@@ -8,7 +8,11 @@ packet ids: in a round every worker sends either the round's block or no element
 where its sender's next non-zero block is; the round completes when every worker has moved past the block,
 and its result carries the smallest next block, so all workers know which block the next round is about.
 Where SwitchML's P4 can be driven into silent wrong sums by stale packets (a late duplicate from a worker
-that has moved on, a worker two uses ahead), the model compares packet ids and drops them instead.
+that has moved on, a worker two uses ahead), the model compares packet ids and drops them instead: a packet
+id counts the uses of its slot, and a new round is accepted only with the one id it must have (the slot's
+previous round + 1, that round complete).
+Admission (protocol v2): data packets are accepted only from the address each rank joined from and with
+the generation's session value; the join barrier itself is the control plane's (switchsim/control.py).
 
 The model is transport-free: `process(data, src)` returns the packets to send as (bytes, address) pairs,
 where addresses are whatever the transport passes in (a UDP (host, port) tuple, a test's port number).
@@ -20,21 +24,32 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hostlib import wire
-from hostlib.codecs import natural
+from inaproto import nc, wire
+
+from .control import ControlPlane
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
-# counters kept per slot (arrays of shape [slots]) and their meaning
-SLOT_COUNTERS = ("received", "multicast", "resent", "dropped")
-# switch-wide drop reasons
-DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "bad_slot", "stale", "mismatch",
-                "duplicate", "bad_codes")
+# counters kept per slot (arrays of shape [slots]) and switch-wide drop reasons: wire.py names them
+SLOT_COUNTERS = wire.SLOT_COUNTERS
+DROP_REASONS = wire.DROP_REASONS
 
 
 def serial_gt(a: int, b: int) -> bool:
     """a > b in 32-bit serial-number arithmetic (RFC 1982): packet ids may wrap."""
     return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
+
+
+def _next_round(st, other, x: int):
+    """The one packet id a new round of (slot, set x) may have: the slot's previous round (in the other
+    set) + 1 once that round is complete; 0 in set 0 for a fresh slot. None: no new round may start."""
+    if other.round_id is None:
+        return 0 if x == 0 and st.round_id is None else None
+    return (other.round_id + 1) & wire.PACKET_ID_MASK if other.complete else None
+
+
+def _behind_or_ahead(pid: int, expected) -> str:
+    return "ahead" if expected is None or serial_gt(pid, expected) else "stale"
 
 
 @dataclass
@@ -64,16 +79,16 @@ class Job:
     slots: int
     max_elements: int
     sets: list = field(default_factory=list)  # sets[2*slot + set]
-    addresses: dict = field(default_factory=dict)  # rank -> last source address
+    addresses: list = field(default_factory=list)  # rank -> the address it joined from (admitted)
     counters: dict = field(default_factory=dict)
-    generation: int = 0
-    members: dict = field(default_factory=dict)  # rank -> nonce of the current generation
-    pending: dict = field(default_factory=dict)  # rank -> nonce of the next generation
-    join_addresses: dict = field(default_factory=dict)
+    generation: int = 0  # 0: never admitted, no data packet is accepted
+    session: int = 0
+    heard: list = field(default_factory=list)  # rank -> admitted packets (the control plane's liveness)
 
     def __post_init__(self):
         self.reset_slots()
         self.counters = {name: np.zeros(self.slots, dtype=np.int64) for name in SLOT_COUNTERS}
+        self.heard = [0] * self.world_size
 
     def reset_slots(self):
         self.sets = [SlotSet() for _ in range(2 * self.slots)]
@@ -83,8 +98,8 @@ def check_config(jobs: dict[int, int], slots: int, max_elements: int, nc_roundin
     """The limits every backend enforces, with one wording."""
     if not 1 <= slots <= wire.MAX_SLOTS:
         raise ValueError(f"slots must be in 1..{wire.MAX_SLOTS}")
-    if not 1 <= max_elements <= 16384:
-        raise ValueError("max_elements must be in 1..16384")
+    if not 1 <= max_elements <= wire.MAX_ELEMENTS:
+        raise ValueError(f"max_elements must be in 1..{wire.MAX_ELEMENTS}")
     if nc_rounding not in ("stochastic", "deterministic"):
         raise ValueError("nc_rounding must be 'stochastic' or 'deterministic'")
     for job_id, n in jobs.items():
@@ -95,10 +110,10 @@ def check_config(jobs: dict[int, int], slots: int, max_elements: int, nc_roundin
 
 
 class Switch:
-    """The data plane of one switch, shared by any number of isolated jobs."""
+    """The data plane of one switch, shared by any number of isolated jobs, with its control plane."""
 
     def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
-                 nc_rounding: str = "stochastic", seed: int = 0):
+                 nc_rounding: str = "stochastic", seed: int = 0, **control):
         check_config(jobs, slots, max_elements, nc_rounding)
         self.jobs: dict[int, Job] = {j: Job(j, n, slots, max_elements) for j, n in jobs.items()}
         self.slots, self.max_elements = slots, max_elements
@@ -108,6 +123,7 @@ class Switch:
         self.drops = dict.fromkeys(DROP_REASONS, 0)
         self.packets_in = self.packets_out = 0
         self.overflows = 0
+        self.control = ControlPlane(self, jobs, slots, max_elements, **control)
 
     # ------------------------------------------------------------------ entry point
     def process(self, data, src) -> list[tuple[bytes, object]]:
@@ -119,10 +135,8 @@ class Switch:
             return self._drop("malformed")
         if h.msg_type in (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE):
             out = self._update(h, data, src)
-        elif h.msg_type == wire.MSG_JOIN:
-            out = self._join(h, data, src)
-        elif h.msg_type == wire.MSG_STATS_REQ:
-            out = [(wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode()), src)]
+        elif h.msg_type in wire.CONTROL_REQUESTS:
+            out = self.control.handle(h, data, src)
         else:  # results, acks... are never sent to a switch
             return self._drop("malformed")
         self.packets_out += len(out)
@@ -134,62 +148,50 @@ class Switch:
             job.counters["dropped"][slot] += 1
         return []
 
-    # ------------------------------------------------------------------ control: join barrier
-    def _error(self, h, src, text):
-        return [(wire.pack(wire.MSG_ERROR, job=h.job, rank=h.rank, payload=text.encode()), src)]
-
-    def _join(self, h, data, src):
-        job = self.jobs.get(h.job)
-        if job is None:
-            self.drops["unknown_job"] += 1
-            return self._error(h, src, f"unknown job {h.job}; this switch serves jobs {sorted(self.jobs)}")
-        if len(data) != wire.HEADER_SIZE + wire.JOIN_PAYLOAD.size:
-            return self._drop("malformed")
-        nonce, world = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
-        if world != job.world_size:
-            self.drops["unknown_worker"] += 1
-            return self._error(h, src, f"job {h.job} has {job.world_size} workers, not {world}")
-        if h.rank >= job.world_size:
-            self.drops["unknown_worker"] += 1
-            return self._error(h, src, f"rank {h.rank} out of range for job {h.job} of {job.world_size} workers")
-        job.join_addresses[h.rank] = src
-        job.addresses[h.rank] = src
-        if job.members.get(h.rank) == nonce and not job.pending:
-            return [(self._join_ack(job, h.rank), src)]  # the ack was lost: send it again
-        job.pending[h.rank] = nonce
-        if len(job.pending) < job.world_size:
-            bitmap = sum(1 << r for r in job.pending)
-            return [(wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=bitmap.to_bytes(8, "big")), src)]
-        # every rank joined: a new generation starts with clean slots
-        job.members, job.pending = job.pending, {}
-        job.generation += 1
+    # ------------------------------------------------------------------ what the control plane calls
+    def admit(self, job_id: int, generation: int, session: int, addresses: list):
+        """A new generation: these ranks' addresses and session, clean slots."""
+        job = self.jobs[job_id]
+        job.generation, job.session, job.addresses = generation, session, list(addresses)
         job.reset_slots()
-        return [(self._join_ack(job, r), job.join_addresses[r]) for r in range(job.world_size)]
 
-    def _join_ack(self, job, rank):
-        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation, job.slots, job.max_elements)
-        return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload)
+    def member_packets(self, job_id: int) -> list[int]:
+        return list(self.jobs[job_id].heard)
+
+    def count_drop(self, reason: str):
+        self.drops[reason] += 1
 
     # ------------------------------------------------------------------ data plane
-    def _update(self, h, data, src):
+    def _admitted(self, h, src):
+        """The job, or the drop reason: a rank of an admitted generation, from its address, with its session."""
         job = self.jobs.get(h.job)
         if job is None:
-            return self._drop("unknown_job")
-        if h.rank >= job.world_size:
-            return self._drop("unknown_worker")
+            return "unknown_job"
+        if h.rank >= job.world_size or not job.generation:
+            return "unknown_worker"
+        if src != job.addresses[h.rank]:
+            return "spoofed"
+        if h.session != job.session:
+            return "wrong_session"
+        job.heard[h.rank] += 1
+        return job
+
+    def _update(self, h, data, src):
+        job = self._admitted(h, src)
+        if isinstance(job, str):
+            return self._drop(job)
         if h.slot >= job.slots or h.count > job.max_elements:
             return self._drop("bad_slot")
         s, x = h.slot, h.set
         job.counters["received"][s] += 1
-        st = job.sets[2 * s + x]
+        st, other = job.sets[2 * s + x], job.sets[2 * s + (1 - x)]
         bit = 1 << h.rank
         before = st.bitmap
-        dup = bool(before & bit)
 
-        if dup:
+        if before & bit:
             if h.packet_id != st.round_id:
-                return self._drop("stale", job, s)  # same set, other round: a protocol violation
-            job.sets[2 * s + (1 - x)].bitmap &= ~bit
+                return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, s)  # a protocol violation
+            other.bitmap &= ~bit
             if st.complete:
                 job.counters["resent"][s] += 1
                 return [(self._result(job, h, st, h.rank), src)]  # unicast back where it came from
@@ -197,8 +199,9 @@ class Switch:
 
         sparse = h.msg_type == wire.MSG_SPARSE_UPDATE
         if before == 0:
-            if st.round_id is not None and not serial_gt(h.packet_id, st.round_id):
-                return self._drop("stale", job, s)  # a late packet of a round that is over
+            expected = _next_round(st, other, x)
+            if h.packet_id != expected:
+                return self._drop(_behind_or_ahead(h.packet_id, expected), job, s)
             values = self._values(h, data)
             if values is None:
                 return self._drop("bad_codes", job, s)
@@ -209,7 +212,7 @@ class Switch:
             st.sparse, st.block, st.next_block = sparse, h.block, h.next_block
         else:
             if h.packet_id != st.round_id or st.complete:
-                return self._drop("stale", job, s)  # late retransmission from a worker that moved on
+                return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, s)
             if sparse:
                 if not self._sparse_fits(st, h):
                     return self._drop("mismatch", job, s)
@@ -224,8 +227,7 @@ class Switch:
                 st.acc = st.acc + values  # add
                 st.exp_max = max(st.exp_max, h.exp_next)
         st.bitmap = before | bit
-        job.sets[2 * s + (1 - x)].bitmap &= ~bit
-        job.addresses[h.rank] = src
+        other.bitmap &= ~bit
         st.count += 1
         if st.count < job.world_size:
             return []
@@ -264,7 +266,7 @@ class Switch:
         payload = wire.payload_view(data, h)
         if h.codec == wire.CODEC_INT32:
             return payload.astype(np.int64)
-        return natural.codes_to_int(payload, h.exp_cur)
+        return nc.codes_to_int(payload, h.exp_cur)
 
     def _finish(self, st: SlotSet):
         """Turn the accumulator into the result payload (once per round, so resends are identical)."""
@@ -274,7 +276,7 @@ class Switch:
                 self.overflows += 1
             st.result = st.acc.astype(">i4").tobytes()  # wraps like the hardware; the flag says so
         else:
-            codes, overflow = natural.int_to_codes(st.acc, st.exp_cur, self.nc_deterministic,
+            codes, overflow = nc.int_to_codes(st.acc, st.exp_cur, self.nc_deterministic,
                                                    self.seed, self.nc_elements_rounded)
             self.nc_elements_rounded += st.acc.size
             if overflow:
@@ -286,10 +288,10 @@ class Switch:
         if st.sparse:
             return wire.pack_sparse(wire.MSG_SPARSE_RESULT, job.job_id, rank, st.round_id, h.slot, h.set,
                                     st.n_elems, st.codec, st.exp_cur, st.exp_max, st.flags, st.block,
-                                    st.next_block, st.result)
+                                    st.next_block, st.result, job.session)
         return wire.pack(wire.MSG_RESULT, job=job.job_id, rank=rank, packet_id=st.round_id, slot=h.slot,
                          set=h.set, count=st.n_elems, codec=st.codec, exp_cur=st.exp_cur,
-                         exp_next=st.exp_max, flags=st.flags, payload=st.result)
+                         exp_next=st.exp_max, flags=st.flags, payload=st.result, session=job.session)
 
     # ------------------------------------------------------------------ counters
     def stats(self, per_slot: bool = False) -> dict:

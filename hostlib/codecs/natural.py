@@ -5,14 +5,14 @@ wire.py / docs/protocol.md). In the float32 bit view rounding is exact: |x| = 2^
 up with probability mant/2^23, decided by comparing mant with 23 random bits. Values below the floor
 level 2^F go to 0 or 2^F with probability |x|/2^F, so the operator stays unbiased over its whole range.
 
-The switch side lives here too (`codes_to_int`, `int_to_codes`), so worker and switch share one
-definition of the code table.
+The switch side of the code table (`codes_to_int`, `int_to_codes`) lives in inaproto.nc, which both
+sides import; it is re-exported here.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
+
+from inaproto.nc import codes_to_int, int_to_codes  # noqa: F401 - re-exported
 
 from .. import kernels, rng, wire
 from .base import Codec
@@ -87,60 +87,6 @@ def decode(codes, dtype=np.float32) -> np.ndarray:
     if np.any(c == _SIGN):
         raise ValueError(BAD_CODE_MESSAGE)
     return _DECODE[c].astype(dtype, copy=False)
-
-
-@lru_cache(maxsize=512)
-def _int_table(floor: int, top: int):
-    """Per code: its integer value 2^(level - floor) with sign, and whether it is valid for [floor, top]."""
-    value = np.zeros(256, dtype=np.int64)
-    valid = np.zeros(256, dtype=bool)
-    valid[0] = True
-    for lvl in range(floor, top + 1):
-        m = lvl + wire.NC_BIAS
-        value[m], value[m | 0x80] = 1 << (lvl - floor), -(1 << (lvl - floor))
-        valid[m] = valid[m | 0x80] = True
-    return value, valid
-
-
-def codes_to_int(codes: np.ndarray, exp: int):
-    """Switch side: codes of a block with agreed exponent exp -> int64 values, or None if any is invalid."""
-    if exp == wire.EXP_NONE:
-        return np.zeros(codes.size, np.int64) if not np.any(codes) else None
-    floor = wire.nc_floor(exp)
-    value, valid = _int_table(floor, min(exp, wire.NC_LEVEL_MAX))
-    if not valid[codes].all():
-        return None
-    return value[codes]
-
-
-def int_to_codes(sums: np.ndarray, exp: int, deterministic: bool, seed: int, offset: int):
-    """Switch side: compress integer sums (units of 2^floor) back to NC codes.
-
-    Exact in integers: |s| = 2^a + rem rounds up with probability rem / 2^a. Returns (codes, overflow).
-    """
-    floor = wire.nc_floor(exp) if exp != wire.EXP_NONE else wire.NC_LEVEL_MIN
-    s = np.asarray(sums, dtype=np.int64)
-    mag = np.abs(s).astype(np.uint64)
-    nz = mag > 0
-    _, e = np.frexp(mag.astype(np.float64))
-    a = np.maximum(e - 1, 0).astype(np.int64)
-    one = np.uint64(1)
-    # float64 may round mag up past a power of two: correct a so that 2^a <= mag < 2^(a+1)
-    a -= (np.left_shift(one, a.astype(np.uint64)) > mag) & nz
-    rem = mag - np.left_shift(one, a.astype(np.uint64))
-    if deterministic:
-        half = np.where(a > 0, np.left_shift(one, np.maximum(a - 1, 0).astype(np.uint64)), one)
-        up = (rem >= half) & (a > 0)
-    else:
-        r = rng.bits64(seed, offset, s.size)
-        shift = np.clip(64 - a, 1, 63).astype(np.uint64)
-        up = ((r >> shift) < rem) & (a > 0)
-    level = floor + a + up
-    overflow = bool(np.any(nz & (level > wire.NC_LEVEL_MAX)))
-    level = np.minimum(level, wire.NC_LEVEL_MAX)
-    codes = np.where(nz, level + wire.NC_BIAS, 0).astype(np.uint8)
-    codes |= (s < 0).astype(np.uint8) << np.uint8(7)
-    return codes, overflow
 
 
 def allreduce_expected_sq_error(inputs, exact: np.ndarray) -> float:

@@ -1,0 +1,48 @@
+"""Addresses and UDP sockets, the same on both sides."""
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+SOCKET_BUFFER = 8 << 20  # a window of bursts from every worker without drops on loopback
+
+
+def parse_address(address) -> tuple[str, int]:
+    """"HOST:PORT" or (host, port) -> (host, port); ":PORT" means 127.0.0.1."""
+    if isinstance(address, tuple):
+        return address[0], int(address[1])
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"switch address must look like HOST:PORT, got {address!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER):
+    """Ask for nbytes of send and receive buffer; as root past net.core.[rw]mem_max (the *BUFFORCE options),
+    since a drop there costs a retransmission timeout."""
+    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
+                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+        except OSError:  # not root: capped at the sysctl limit
+            sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
+
+
+def ip_to_int(host: str) -> int:
+    return int(ipaddress.IPv4Address(host))
+
+
+def int_to_ip(ip: int) -> str:
+    return str(ipaddress.IPv4Address(ip))
+
+
+def address_id(host: str, port: int) -> int:
+    """The 48-bit id the C loops give a UDP source (IPv4 << 16 | port)."""
+    return ip_to_int(host) << 16 | port
+
+
+def is_loopback(host) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

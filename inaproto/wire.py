@@ -1,0 +1,207 @@
+"""The wire format, defined once. Both sides (hostlib, switchsim), the scapy layer, the generated C header
+(csrc/ina_wire.h, `python -m inaproto.gen_c`) and the tests take it from here.
+
+docs/protocol.md describes the same bytes for people; tests/test_wire.py keeps the two honest.
+All multi-byte fields are big-endian (network order).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+VERSION = 2
+DEFAULT_PORT = 0xBEE0  # 48864, SwitchML's UDP port range starts here
+
+# message types
+MSG_UPDATE = 0  # worker -> switch: a block of data for one (slot, set)
+MSG_RESULT = 1  # switch -> worker: the aggregate of a completed (slot, set)
+MSG_JOIN = 2  # worker -> switch: join a job (barrier that starts a generation with clean slots)
+MSG_JOIN_ACK = 3  # switch -> worker: every rank joined; carries the session and the switch's limits
+MSG_JOIN_WAIT = 4  # switch -> worker: not everyone joined yet; payload = bitmap of joined ranks
+MSG_ERROR = 5  # switch -> worker: request rejected; payload = utf-8 reason
+MSG_STATS_REQ = 6  # control host -> switch: ask for counters
+MSG_STATS = 7  # switch -> control host: counters as JSON
+MSG_SPARSE_UPDATE = 8  # worker -> switch: one round of a block-sparse stream (block extension + elements)
+MSG_SPARSE_RESULT = 9  # switch -> worker: the round's aggregated block and the stream's next block
+MSG_LEAVE = 10  # worker -> switch: this rank is done; its rank is free for the next generation at once
+MSG_NAMES = {
+    MSG_UPDATE: "update", MSG_RESULT: "result", MSG_JOIN: "join", MSG_JOIN_ACK: "join_ack",
+    MSG_JOIN_WAIT: "join_wait", MSG_ERROR: "error", MSG_STATS_REQ: "stats_req", MSG_STATS: "stats",
+    MSG_SPARSE_UPDATE: "sparse_update", MSG_SPARSE_RESULT: "sparse_result", MSG_LEAVE: "leave",
+}
+DATA_MESSAGES = (MSG_UPDATE, MSG_RESULT, MSG_SPARSE_UPDATE, MSG_SPARSE_RESULT)
+SPARSE_MESSAGES = (MSG_SPARSE_UPDATE, MSG_SPARSE_RESULT)
+CONTROL_REQUESTS = (MSG_JOIN, MSG_STATS_REQ, MSG_LEAVE)  # what a switch hands to its control plane
+
+# element codecs on the wire
+CODEC_NONE = 0  # control messages
+CODEC_INT32 = 1  # signed int32 big-endian; used by the int32 and the fixed-point codecs
+CODEC_NC8 = 2  # natural compression, one byte per element (code table below)
+CODEC_NAMES = {CODEC_NONE: "none", CODEC_INT32: "int32", CODEC_NC8: "nc8"}
+ELEMENT_SIZE = {CODEC_INT32: 4, CODEC_NC8: 1}
+
+# flags
+FLAG_OVERFLOW = 0x01  # the aggregate does not fit the codec's range (int32 sum, NC level > 2^63)
+
+# exponent byte values (signed int8): e means every |x| in the block is < 2^e
+EXP_NONE = -128  # "no data": the block is all zeros, or the packet carries no exponent
+EXP_NONFINITE = 127  # a worker saw NaN/Inf; max() propagates it so every worker raises
+EXP_MIN, EXP_MAX = -127, 126
+
+# natural compression code table: bit 7 = sign, bits 6..0 = m
+#   m = 0        -> 0 (0x80 is not a valid code)
+#   m = 1..127   -> 2^(m - 64), i.e. 2^-63 .. 2^63
+NC_BIAS = 64
+NC_LEVEL_MIN, NC_LEVEL_MAX = -63, 63
+# Inside a packet every code lies in [2^(e - NC_SPAN + 1), 2^e] for the block's agreed exponent e, so
+# the switch holds each element as an integer < 2^(NC_SPAN-1) = 2^55 and a sum over MAX_WORKERS = 64
+# workers stays below 2^61: an int64 accumulator can never overflow.
+NC_SPAN = 56
+MAX_WORKERS = 64
+MAX_ELEMENTS = 16384  # elements one packet (and so one slot) may carry
+
+# The header, field by field (struct codes, big-endian). Offsets, the C header and the docs table come
+# from this list. packet_id counts per slot: the slot's use number (round) mod 2^32; set = its parity.
+HEADER_FIELDS = (
+    ("version", "B"), ("msg_type", "B"), ("codec", "B"), ("flags", "B"), ("job", "H"), ("rank", "B"),
+    ("exp_cur", "b"), ("packet_id", "I"), ("pool", "H"), ("count", "H"), ("exp_next", "b"),
+    ("reserved", "3x"), ("session", "I"),
+)
+HEADER = struct.Struct(">" + "".join(code for _, code in HEADER_FIELDS))
+HEADER_SIZE = HEADER.size  # 24
+OFFSETS = {}
+for _name, _code in HEADER_FIELDS:
+    OFFSETS[_name] = struct.calcsize(">" + "".join(c for n, c in HEADER_FIELDS[:len(OFFSETS)]))
+del _name, _code
+POOL_SET_BIT = 0x8000
+POOL_RESERVED_BIT = 0x4000
+POOL_SLOT_MASK = 0x3FFF
+MAX_SLOTS = POOL_SLOT_MASK + 1
+PACKET_ID_MASK = 0xFFFFFFFF
+# IPv4 + UDP + Ethernet (with FCS, preamble and inter-frame gap left out) per packet
+WIRE_OVERHEAD = 14 + 20 + 8
+
+# join: nonce, world size, window the worker asks for, MAC (zeros for a job without a key), then zero
+# padding to JOIN_SIZE bytes in all, so that no answer to a join (ack, wait, error) is larger than the join
+# itself: a forged source address gains no amplification.
+JOIN_PAYLOAD = struct.Struct(">QHH16s")
+JOIN_SIZE = 256
+JOIN_PAYLOAD_SIZE = JOIN_SIZE - HEADER_SIZE
+JOIN_MAC_SIZE = 16
+JOIN_ACK_PAYLOAD = struct.Struct(">IHHH2x")  # generation, slots, max elements per packet, agreed window
+JOIN_WAIT_PAYLOAD = struct.Struct(">Q")  # bitmap of the ranks joined so far
+MAX_ERROR_TEXT = JOIN_SIZE - HEADER_SIZE  # an error is never larger than the join it answers
+# block-sparse messages: 8 bytes between header and elements. In an update: the block the elements belong
+# to and the sender's next non-zero block; in a result: the aggregated block and the stream's next block
+# (the smallest next block over all workers). BLOCK_NONE: no elements / no further block.
+BLOCK_EXT = struct.Struct(">II")
+BLOCK_EXT_SIZE = BLOCK_EXT.size
+BLOCK_NONE = 0xFFFFFFFF
+
+# What a switch counts, the same names and order on every backend (the C enums are generated from these).
+DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "spoofed", "wrong_session", "bad_slot", "stale",
+                "ahead", "mismatch", "duplicate", "bad_codes", "bad_mac", "rate_limited", "not_control",
+                "fragment")
+SLOT_COUNTERS = ("received", "multicast", "resent", "dropped")
+
+
+class WireError(ValueError):
+    """A packet that does not follow the wire format."""
+
+
+@dataclass
+class Header:
+    msg_type: int
+    job: int = 0
+    rank: int = 0
+    packet_id: int = 0
+    slot: int = 0
+    set: int = 0
+    count: int = 0
+    codec: int = CODEC_NONE
+    exp_cur: int = 0
+    exp_next: int = EXP_NONE
+    flags: int = 0
+    version: int = VERSION
+    session: int = 0
+    block: int = BLOCK_NONE  # block-sparse messages only
+    next_block: int = BLOCK_NONE
+
+    @property
+    def pool_index(self) -> int:
+        return (self.set << 15) | self.slot
+
+    def pack(self, payload: bytes = b"") -> bytes:
+        if self.msg_type in SPARSE_MESSAGES:
+            payload = BLOCK_EXT.pack(self.block, self.next_block) + bytes(payload)
+        return pack(self.msg_type, self.job, self.rank, self.packet_id, self.slot, self.set, self.count,
+                    self.codec, self.exp_cur, self.exp_next, self.flags, payload, self.session)
+
+
+def pack(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=CODEC_NONE,
+         exp_cur=0, exp_next=EXP_NONE, flags=0, payload=b"", session=0) -> bytes:
+    if not 0 <= slot < MAX_SLOTS or set not in (0, 1):
+        raise WireError(f"slot {slot} / set {set} out of range")
+    head = HEADER.pack(VERSION, msg_type, codec, flags, job, rank, exp_cur, packet_id & PACKET_ID_MASK,
+                       (set << 15) | slot, count, exp_next, session & 0xFFFFFFFF)
+    return head + bytes(payload)
+
+
+def pack_sparse(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=CODEC_INT32,
+                exp_cur=0, exp_next=EXP_NONE, flags=0, block=BLOCK_NONE, next_block=BLOCK_NONE,
+                payload=b"", session=0) -> bytes:
+    """A block-sparse update or result: header, block extension, elements."""
+    return pack(msg_type, job, rank, packet_id, slot, set, count, codec, exp_cur, exp_next, flags,
+                BLOCK_EXT.pack(block, next_block) + bytes(payload), session)
+
+
+def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE)) -> bytes:
+    """A join request, padded to JOIN_SIZE bytes."""
+    body = JOIN_PAYLOAD.pack(nonce, world, window, mac)
+    return pack(MSG_JOIN, job=job, rank=rank, payload=body.ljust(JOIN_PAYLOAD_SIZE, b"\0"))
+
+
+def unpack(data) -> Header:
+    """Parse and check the header; raise WireError for anything a switch must drop."""
+    if len(data) < HEADER_SIZE:
+        raise WireError(f"truncated header: {len(data)} < {HEADER_SIZE} bytes")
+    (version, msg_type, codec, flags, job, rank, exp_cur, packet_id, pool, count,
+     exp_next, session) = HEADER.unpack_from(data)
+    if version != VERSION:
+        raise WireError(f"unknown version {version}")
+    if msg_type not in MSG_NAMES:
+        raise WireError(f"unknown message type {msg_type}")
+    if pool & POOL_RESERVED_BIT:
+        raise WireError("reserved pool-index bit 14 is set")
+    h = Header(msg_type, job, rank, packet_id, pool & POOL_SLOT_MASK, pool >> 15, count, codec,
+               exp_cur, exp_next, flags, version, session)
+    if msg_type in DATA_MESSAGES:
+        size = ELEMENT_SIZE.get(codec)
+        if size is None:
+            raise WireError(f"unknown codec {codec}")
+        ext = BLOCK_EXT_SIZE if msg_type in SPARSE_MESSAGES else 0
+        if len(data) != HEADER_SIZE + ext + count * size:
+            raise WireError(f"payload is {len(data) - HEADER_SIZE} bytes, header says {ext} + {count} x {size}")
+        if ext:
+            h.block, h.next_block = BLOCK_EXT.unpack_from(data, HEADER_SIZE)
+            if (count == 0) != (h.block == BLOCK_NONE):
+                raise WireError(f"block extension: block {h.block:#x} with {count} elements")
+            if h.block != BLOCK_NONE and h.next_block <= h.block:
+                raise WireError(f"block extension: next block {h.next_block} is not after block {h.block}")
+    elif msg_type == MSG_JOIN and len(data) != JOIN_SIZE:
+        raise WireError(f"join is {len(data)} bytes, not {JOIN_SIZE}")
+    return h
+
+
+def payload_view(data, h: Header) -> np.ndarray:
+    """Zero-copy view of an update/result payload as int32 (big-endian) or uint8 codes."""
+    dtype = ">i4" if h.codec == CODEC_INT32 else np.uint8
+    offset = HEADER_SIZE + (BLOCK_EXT_SIZE if h.msg_type in SPARSE_MESSAGES else 0)
+    return np.frombuffer(data, dtype=dtype, count=h.count, offset=offset)
+
+
+def nc_floor(exp: int) -> int:
+    """Lowest NC level (a power of two) usable in a block whose agreed exponent is exp."""
+    return max(exp - NC_SPAN + 1, NC_LEVEL_MIN)

@@ -1,0 +1,199 @@
+"""The switch's control plane, one for every data plane (the Python model, the C core under its UDP and
+DPDK loops): the join barrier, admission, leaves and stats requests. Data planes hand it every
+JOIN / LEAVE / STATS_REQ and it tells them who is admitted (`admit`).
+
+What it guarantees (docs/protocol.md, threat model):
+- a generation starts only when every rank of the job has joined; its session value (in every data packet
+  of the generation) is a keyed hash of the switch's secret, the job, the generation and the ranks' nonces;
+- each rank's packets are accepted only from the address it joined from;
+- with a job key, a join must carry the MAC of it (inaproto.auth); without one, a rank held by a live
+  member (heard within `member_idle` seconds, not left) is not handed to another address;
+- pending joins expire after `join_expiry` seconds, and a member re-sending its own join is always
+  answered, so a stray join cannot wedge a barrier;
+- no answer is larger than the request it answers (joins are padded to JOIN_SIZE), errors and stats are
+  rate-limited, and stats go only to control hosts (loopback by default).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from inaproto import auth, net, rng, wire
+
+JOIN_EXPIRY = 10.0  # seconds a pending join waits for the rest of the barrier
+MEMBER_IDLE = 3.0  # seconds without a packet after which a member's rank may be taken over (no key)
+CONTROL_RATE = (2000.0, 200)  # control requests handled per second, burst
+ERROR_RATE = (50.0, 50)  # error replies per second, burst
+STATS_RATE = (20.0, 20)  # stats replies per second, burst
+
+
+class TokenBucket:
+    """`rate` events per second with bursts of `burst`: take() says whether one more may happen now."""
+
+    def __init__(self, rate: float, burst: int, clock):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.at = float(burst), clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+@dataclass
+class Member:
+    address: object
+    nonce: int
+    seen_at: float  # when its packet count last changed (or it joined)
+    seen_count: int = 0
+    left: bool = False
+
+
+@dataclass
+class Pending:
+    address: object
+    nonce: int
+    window: int
+    at: float
+
+
+@dataclass
+class JobControl:
+    job_id: int
+    world_size: int
+    key: bytes | None = None
+    generation: int = 0
+    session: int = 0
+    window: int = 0
+    members: dict = field(default_factory=dict)  # rank -> Member of the current generation
+    pending: dict = field(default_factory=dict)  # rank -> Pending for the next one
+
+
+def derive_session(secret: int, job: int, generation: int, nonces: list[int]) -> int:
+    """Nonzero 32-bit session value of a generation; unpredictable without the switch's secret."""
+    s = rng.derive_seed(secret, job, generation, *nonces) & 0xFFFFFFFF
+    return s or 1
+
+
+class ControlPlane:
+    def __init__(self, dataplane, jobs: dict[int, int], slots: int, max_elements: int, keys=None,
+                 secret: int | None = None, control_hosts=None, clock=None, join_expiry=JOIN_EXPIRY,
+                 member_idle=MEMBER_IDLE, stats=None):
+        self.dataplane, self.slots, self.max_elements = dataplane, slots, max_elements
+        self.jobs = {j: JobControl(j, n, (keys or {}).get(j)) for j, n in jobs.items()}
+        self.secret = secrets.randbits(64) if secret is None else secret
+        self.control_hosts = set(control_hosts or ())  # besides loopback
+        self.clock = clock or time.monotonic
+        self.join_expiry, self.member_idle = join_expiry, member_idle
+        self.stats = stats or dataplane.stats
+        self.requests = TokenBucket(*CONTROL_RATE, self.clock)
+        self.errors = TokenBucket(*ERROR_RATE, self.clock)
+        self.stats_replies = TokenBucket(*STATS_RATE, self.clock)
+
+    def handle(self, h: wire.Header, data, src) -> list[tuple[bytes, object]]:
+        """Answer one control request (already parsed); returns the packets to send."""
+        if not self.requests.take():
+            return self._drop("rate_limited")
+        if h.msg_type == wire.MSG_JOIN:
+            return self._join(h, data, src)
+        if h.msg_type == wire.MSG_LEAVE:
+            return self._leave(h, src)
+        return self._stats(src)
+
+    def _drop(self, reason):
+        self.dataplane.count_drop(reason)
+        return []
+
+    def _error(self, h, src, text: str):
+        if not self.errors.take():
+            return self._drop("rate_limited")
+        body = text.encode()[:wire.MAX_ERROR_TEXT]
+        return [(wire.pack(wire.MSG_ERROR, job=h.job, rank=h.rank, payload=body), src)]
+
+    # ------------------------------------------------------------------ join barrier
+    def _join(self, h, data, src):
+        job = self.jobs.get(h.job)
+        if job is None:
+            self.dataplane.count_drop("unknown_job")
+            return self._error(h, src, f"unknown job {h.job}")
+        nonce, world, window, mac = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
+        if job.key is not None and not auth.mac_ok(job.key, mac, h.job, h.rank, nonce, world, window):
+            self.dataplane.count_drop("bad_mac")
+            return self._error(h, src, f"join of job {h.job} rank {h.rank} refused: bad MAC (wrong job key?)")
+        if world != job.world_size or h.rank >= job.world_size or window < 1:
+            self.dataplane.count_drop("unknown_worker")
+            return self._error(h, src, f"job {h.job} has {job.world_size} workers: rank {h.rank} of {world} "
+                                       f"(window {window}) refused")
+        now = self.clock()
+        m = job.members.get(h.rank)
+        if m is not None and m.nonce == nonce and m.address == src and not m.left:
+            return [(self._join_ack(job, h.rank), src)]  # its ack was lost: send it again
+        if job.key is None and m is not None and m.address != src and self._live(job, h.rank, m, now):
+            return [self._join_wait(job, h, src)]  # the rank is in use: no takeover by another address
+        job.pending = {r: p for r, p in job.pending.items() if now - p.at <= self.join_expiry}
+        job.pending[h.rank] = Pending(src, nonce, min(window, self.slots), now)
+        if len(job.pending) < job.world_size:
+            return [self._join_wait(job, h, src)]
+        return self._start_generation(job, now)
+
+    def _live(self, job, rank, m: Member, now) -> bool:
+        if m.left:
+            return False
+        count = self.dataplane.member_packets(job.job_id)[rank]
+        if count != m.seen_count:
+            m.seen_count, m.seen_at = count, now
+        return now - m.seen_at < self.member_idle
+
+    def _start_generation(self, job, now):
+        """Every rank joined: a new generation with clean slots, admitted in the data plane."""
+        ranks = range(job.world_size)
+        job.generation += 1
+        job.window = min(job.pending[r].window for r in ranks)
+        job.session = derive_session(self.secret, job.job_id, job.generation, [job.pending[r].nonce for r in ranks])
+        job.members = {r: Member(job.pending[r].address, job.pending[r].nonce, now) for r in ranks}
+        job.pending = {}
+        self.dataplane.admit(job.job_id, job.generation, job.session, [job.members[r].address for r in ranks])
+        counts = self.dataplane.member_packets(job.job_id)
+        for r in ranks:
+            job.members[r].seen_count = counts[r]
+        return [(self._join_ack(job, r), job.members[r].address) for r in ranks]
+
+    def _join_ack(self, job, rank):
+        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, self.max_elements, job.window)
+        return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session)
+
+    def _join_wait(self, job, h, src):
+        bitmap = sum(1 << r for r in job.pending)
+        return wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=wire.JOIN_WAIT_PAYLOAD.pack(bitmap)), src
+
+    # ------------------------------------------------------------------ leave, stats
+    def _leave(self, h, src):
+        job = self.jobs.get(h.job)
+        m = job.members.get(h.rank) if job is not None else None
+        if m is None:
+            return self._drop("unknown_job" if job is None else "unknown_worker")
+        if m.address != src:
+            return self._drop("spoofed")
+        if h.session != job.session:
+            return self._drop("wrong_session")
+        m.left = True
+        return []
+
+    def _stats(self, src):
+        host = src[0] if isinstance(src, tuple) else None
+        if host is None or not (net.is_loopback(host) or host in self.control_hosts):
+            return self._drop("not_control")
+        if not self.stats_replies.take():
+            return self._drop("rate_limited")
+        return [(wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode()), src)]
+
+    def describe(self) -> dict:
+        """Per job: generation and members, for stats."""
+        return {str(j.job_id): {"generation": j.generation, "members": len(j.members),
+                                "pending": len(j.pending), "keyed": j.key is not None} for j in self.jobs.values()}
