@@ -30,10 +30,9 @@ typedef struct {
     int64_t *acc_mem;
     uint8_t *result_mem;
     uint64_t *counters; /* [INA_SLOT_COUNTERS][slots] */
-    uint64_t addresses[INA_MAX_WORKERS];
-    uint64_t join_addresses[INA_MAX_WORKERS];
-    uint64_t members_nonce[INA_MAX_WORKERS], pending_nonce[INA_MAX_WORKERS];
-    uint64_t members, pending; /* bitmaps of ranks */
+    uint32_t session;   /* of the admitted generation (generation 0: none admitted) */
+    uint64_t addresses[INA_MAX_WORKERS]; /* rank -> the address it joined from */
+    uint64_t heard[INA_MAX_WORKERS];     /* rank -> admitted packets */
 } job_t;
 
 struct ina_switch {
@@ -45,7 +44,6 @@ struct ina_switch {
     uint32_t n_jobs;
     job_t *jobs;
     int32_t job_index[65536];
-    uint8_t ctrl[INA_CTRL_PAYLOAD]; /* payload of control replies */
 };
 
 static inline int serial_gt(uint32_t a, uint32_t b)
@@ -158,96 +156,33 @@ static int drop(ina_switch *sw, int reason, job_t *j, int slot)
     return 0;
 }
 
-/* ------------------------------------------------------------------ control: join barrier */
-static int ctrl(ina_switch *sw, ina_out *o, uint64_t dst, uint8_t type, uint16_t job, uint8_t rank, uint32_t len)
+/* ------------------------------------------------------------------ what the control plane calls */
+int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, const uint64_t *addrs)
 {
-    o->dst = dst;
-    put_header(o->hdr, type, job, rank, 0, 0, 0, 0, INA_CODEC_NONE, 0, INA_EXP_NONE, 0);
-    o->payload = sw->ctrl;
-    o->len = len;
-    o->stable = 0;
-    return 1;
-}
-
-static int error(ina_switch *sw, ina_out *o, uint64_t src, const header *h, const char *text)
-{
-    size_t n = strlen(text);
-    memcpy(sw->ctrl, text, n);
-    return ctrl(sw, o, src, INA_MSG_ERROR, h->job, h->rank, (uint32_t)n);
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int join_ack(ina_switch *sw, job_t *j, ina_out *o, uint8_t rank, uint64_t dst)
-{
-    /* every ack carries the same payload, so they share the control buffer */
-    wr32(sw->ctrl, (uint32_t)j->generation);
-    wr16(sw->ctrl + 4, (uint16_t)sw->slots);
-    wr16(sw->ctrl + 6, (uint16_t)sw->max_elements);
-    return ctrl(sw, o, dst, INA_MSG_JOIN_ACK, (uint16_t)j->job_id, rank, INA_JOIN_ACK_PAYLOAD_SIZE);
-}
-
-static int on_join(ina_switch *sw, const header *h, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)
-{
-    char text[INA_CTRL_PAYLOAD];
-    int32_t ji = sw->job_index[h->job];
-    if (ji < 0) {
-        sw->c.drops[INA_DROP_UNKNOWN_JOB]++;
-        uint32_t *sorted = malloc(sw->n_jobs * sizeof *sorted + 1);
-        int n = snprintf(text, sizeof text, "unknown job %u; this switch serves jobs [", h->job);
-        if (sorted) {
-            for (uint32_t i = 0; i < sw->n_jobs; i++)
-                sorted[i] = sw->jobs[i].job_id;
-            qsort(sorted, sw->n_jobs, sizeof *sorted, cmp_u32);
-            for (uint32_t i = 0; i < sw->n_jobs && n < (int)sizeof text - 16; i++)
-                n += snprintf(text + n, sizeof text - n, i ? ", %u" : "%u", sorted[i]);
-            free(sorted);
-        }
-        snprintf(text + n, sizeof text - n, "]");
-        return error(sw, out, src, h, text);
-    }
+    int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
+    if (ji < 0)
+        return -1;
     job_t *j = &sw->jobs[ji];
-    if (len != INA_HEADER_SIZE + INA_JOIN_PAYLOAD_SIZE)
-        return drop(sw, INA_DROP_MALFORMED, NULL, -1);
-    uint64_t nonce = (uint64_t)rd32(pkt + INA_HEADER_SIZE) << 32 | rd32(pkt + INA_HEADER_SIZE + 4);
-    uint16_t world = rd16(pkt + INA_HEADER_SIZE + 8);
-    if (world != j->world_size) {
-        sw->c.drops[INA_DROP_UNKNOWN_WORKER]++;
-        snprintf(text, sizeof text, "job %u has %u workers, not %u", h->job, j->world_size, world);
-        return error(sw, out, src, h, text);
-    }
-    if (h->rank >= j->world_size) {
-        sw->c.drops[INA_DROP_UNKNOWN_WORKER]++;
-        snprintf(text, sizeof text, "rank %u out of range for job %u of %u workers", h->rank, h->job,
-                 j->world_size);
-        return error(sw, out, src, h, text);
-    }
-    uint64_t bit = 1ULL << h->rank;
-    j->join_addresses[h->rank] = src;
-    j->addresses[h->rank] = src;
-    if ((j->members & bit) && j->members_nonce[h->rank] == nonce && !j->pending)
-        return join_ack(sw, j, out, h->rank, src); /* the ack was lost: send it again */
-    j->pending |= bit;
-    j->pending_nonce[h->rank] = nonce;
-    if ((uint32_t)__builtin_popcountll(j->pending) < j->world_size) {
-        uint64_t b = j->pending;
-        for (int i = 7; i >= 0; i--, b >>= 8)
-            sw->ctrl[i] = (uint8_t)b;
-        return ctrl(sw, out, src, INA_MSG_JOIN_WAIT, h->job, h->rank, 8);
-    }
-    /* every rank joined: a new generation starts with clean slots */
-    j->members = j->pending;
-    memcpy(j->members_nonce, j->pending_nonce, sizeof j->members_nonce);
-    j->pending = 0;
-    j->generation++;
+    j->generation = generation;
+    j->session = session;
+    memcpy(j->addresses, addrs, j->world_size * sizeof *addrs);
     job_reset_slots(sw, j);
-    for (uint32_t r = 0; r < j->world_size; r++)
-        join_ack(sw, j, &out[r], (uint8_t)r, j->join_addresses[r]);
-    return (int)j->world_size;
+    return 0;
+}
+
+int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *out)
+{
+    int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
+    if (ji < 0)
+        return -1;
+    memcpy(out, sw->jobs[ji].heard, sw->jobs[ji].world_size * sizeof *out);
+    return 0;
+}
+
+void ina_switch_count_drop(ina_switch *sw, int reason)
+{
+    if (reason >= 0 && reason < INA_DROP_COUNT)
+        sw->c.drops[reason]++;
 }
 
 /* ------------------------------------------------------------------ data plane */
@@ -348,7 +283,8 @@ static void result(const job_t *j, const header *h, const slot_set *st, uint8_t 
 {
     o->dst = dst;
     put_header(o->hdr, st->sparse ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT, (uint16_t)j->job_id, rank,
-               st->round_id, h->slot, h->set, st->n_elems, st->codec, st->exp_cur, st->exp_max, st->flags);
+               st->round_id, h->slot, h->set, st->n_elems, st->codec, st->exp_cur, st->exp_max, st->flags,
+               j->session);
     o->payload = st->result;
     o->len = st->result_len;
     o->stable = 1;
@@ -381,14 +317,45 @@ static void sparse_add(slot_set *st, const header *h)
     }
 }
 
-static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
+/* model: _next_round. The one packet id a new round of (slot, set x) may have; *none: no round may start */
+static uint32_t next_round(const slot_set *st, const slot_set *other, uint32_t x, int *none)
+{
+    *none = 0;
+    if (!other->has_round) {
+        *none = x != 0 || st->has_round;
+        return 0;
+    }
+    *none = !other->complete;
+    return other->round_id + 1;
+}
+
+/* model: _behind_or_ahead */
+static int behind_or_ahead(uint32_t pid, uint32_t expected, int none)
+{
+    return none || serial_gt(pid, expected) ? INA_DROP_AHEAD : INA_DROP_STALE;
+}
+
+/* model: _admitted. The job, or NULL with the drop reason in *reason */
+static job_t *admitted(ina_switch *sw, const header *h, uint64_t src, int *reason)
 {
     int32_t ji = sw->job_index[h->job];
-    if (ji < 0)
-        return drop(sw, INA_DROP_UNKNOWN_JOB, NULL, -1);
-    job_t *j = &sw->jobs[ji];
-    if (h->rank >= j->world_size)
-        return drop(sw, INA_DROP_UNKNOWN_WORKER, NULL, -1);
+    job_t *j = ji < 0 ? NULL : &sw->jobs[ji];
+    *reason = !j ? INA_DROP_UNKNOWN_JOB
+              : h->rank >= j->world_size || !j->generation ? INA_DROP_UNKNOWN_WORKER
+              : src != j->addresses[h->rank] ? INA_DROP_SPOOFED
+              : h->session != j->session ? INA_DROP_WRONG_SESSION : -1;
+    if (*reason >= 0)
+        return NULL;
+    j->heard[h->rank]++;
+    return j;
+}
+
+static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
+{
+    int reason;
+    job_t *j = admitted(sw, h, src, &reason);
+    if (!j)
+        return drop(sw, reason, NULL, -1);
     if (h->slot >= sw->slots || h->count > sw->max_elements)
         return drop(sw, INA_DROP_BAD_SLOT, NULL, -1);
     uint32_t s = h->slot, x = h->set;
@@ -398,8 +365,8 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
     const uint8_t *payload = pkt + INA_HEADER_SIZE;
 
     if (before & bit) {
-        if (h->packet_id != st->round_id)
-            return drop(sw, INA_DROP_STALE, j, (int)s); /* same set, other round: a protocol violation */
+        if (h->packet_id != st->round_id) /* same set, other round: a protocol violation */
+            return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, (int)s);
         other->bitmap &= ~bit;
         if (st->complete) {
             (*slot_counter(sw, j, INA_SLOT_RESENT, s))++;
@@ -412,8 +379,10 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
     if (sparse)
         payload += INA_BLOCK_EXT_SIZE;
     if (before == 0) {
-        if (st->has_round && !serial_gt(h->packet_id, st->round_id))
-            return drop(sw, INA_DROP_STALE, j, (int)s); /* a late packet of a round that is over */
+        int none;
+        uint32_t expected = next_round(st, other, x, &none);
+        if (none || h->packet_id != expected)
+            return drop(sw, behind_or_ahead(h->packet_id, expected, none), j, (int)s);
         if (!values(h, payload, st->acc, 0))
             return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
         st->round_id = h->packet_id;
@@ -429,8 +398,8 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         st->block = h->block;
         st->next_block = h->next_block;
     } else {
-        if (h->packet_id != st->round_id || st->complete)
-            return drop(sw, INA_DROP_STALE, j, (int)s); /* late retransmission from a worker that moved on */
+        if (h->packet_id != st->round_id || st->complete) /* late retransmission from a worker that moved on */
+            return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, (int)s);
         if (sparse ? !sparse_fits(st, h)
                    : (st->sparse || h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur))
             return drop(sw, INA_DROP_MISMATCH, j, (int)s);
@@ -446,7 +415,6 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
     }
     st->bitmap = before | bit;
     other->bitmap &= ~bit;
-    j->addresses[h->rank] = src;
     if (++st->count < j->world_size)
         return 0;
     st->complete = 1;
@@ -466,10 +434,8 @@ int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t 
         return drop(sw, INA_DROP_MALFORMED, NULL, -1);
     if (h.msg_type == INA_MSG_UPDATE || h.msg_type == INA_MSG_SPARSE_UPDATE)
         n = on_update(sw, &h, pkt, src, out);
-    else if (h.msg_type == INA_MSG_JOIN)
-        n = on_join(sw, &h, pkt, len, src, out);
-    else if (h.msg_type == INA_MSG_STATS_REQ)
-        return INA_PUNT; /* the control plane answers, and counts its reply */
+    else if (h.msg_type == INA_MSG_JOIN || h.msg_type == INA_MSG_LEAVE || h.msg_type == INA_MSG_STATS_REQ)
+        return INA_PUNT; /* the control plane answers, and counts its replies */
     else
         return drop(sw, INA_DROP_MALFORMED, NULL, -1); /* results, acks... are never sent to a switch */
     sw->c.packets_out += (uint64_t)n;

@@ -8,21 +8,13 @@
 
 #include "ina_wire.h"
 
-#define INA_MAX_OUT INA_MAX_WORKERS /* a multicast, or the join acks of a full job */
-#define INA_PUNT (-1)               /* a packet for the control plane (stats request) */
-#define INA_CTRL_PAYLOAD 1024       /* longest control payload (error text) */
-
-/* drop reasons, in the order of model.DROP_REASONS */
-enum {
-    INA_DROP_MALFORMED, INA_DROP_UNKNOWN_JOB, INA_DROP_UNKNOWN_WORKER, INA_DROP_BAD_SLOT, INA_DROP_STALE,
-    INA_DROP_MISMATCH, INA_DROP_DUPLICATE, INA_DROP_BAD_CODES, INA_DROP_COUNT
-};
-/* per-slot counters, in the order of model.SLOT_COUNTERS */
-enum { INA_SLOT_RECEIVED, INA_SLOT_MULTICAST, INA_SLOT_RESENT, INA_SLOT_DROPPED, INA_SLOT_COUNTERS };
+#define INA_MAX_OUT INA_MAX_WORKERS /* a multicast */
+#define INA_PUNT (-1)               /* a packet for the control plane (join, leave, stats request) */
 
 /* One packet to send: a header of its own plus a payload. `stable` payloads live in slot memory and stay
  * valid until that (slot, set) completes again (after every worker got this result), so a transport may
- * send them without copying; others are valid until the next call. */
+ * send them without copying; others are valid until the next call (the core emits only stable ones now
+ * that control replies come from the control plane, but transports keep honouring the flag). */
 typedef struct {
     uint64_t dst;
     uint8_t hdr[INA_HEADER_SIZE];
@@ -42,6 +34,12 @@ ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_determi
 void ina_switch_free(ina_switch *sw);
 /* 0 on success, -1 for a bad id / world size or a job served twice */
 int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
+/* The control plane admits a generation (switchsim/control.py): the ranks' source addresses (world_size of
+ * them) and the session value; the job's slots start clean. 0, or -1 for an unknown job. */
+int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, const uint64_t *addrs);
+/* per rank of the job: packets admitted (right address and session), for the control plane's liveness */
+int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *out);
+void ina_switch_count_drop(ina_switch *sw, int reason); /* a drop decided outside the core */
 /* number of packets written to out (<= INA_MAX_OUT), or INA_PUNT */
 int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out);
 void ina_switch_count_out(ina_switch *sw, uint64_t n); /* replies the control plane sent itself */

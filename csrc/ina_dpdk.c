@@ -1,6 +1,7 @@
 /* DPDK poll loop around the core, in the shape of DPDK's examples/skeleton: burst in, work, burst out,
  * no allocation per packet but the reply mbufs. */
 #include "ina_dpdk.h"
+#include "ina_bucket.h"
 #include "ina_impair.h"
 
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <rte_arp.h>
+#include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_ether.h>
@@ -21,16 +23,18 @@
 #define BURST 32
 #define RING 1024
 #define POOL_SIZE 8191
-#define MAX_PEERS 1024
+#define PEER_BUCKETS 4096 /* MAC cache: direct-mapped by a keyed hash of the peer's address id */
 #define RUN_POLLS 2000  /* empty polls before returning to the caller */
 #define RUN_BURSTS 4096 /* bursts before returning to the caller, so it sees signals and its stop flag */
 #define SPIN_POLLS 256  /* empty polls before sleeping between polls: workers may share our cores */
 #define L2_L4 (sizeof(struct rte_ether_hdr) + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
 
+/* A peer is named by its address id, IPv4 << 16 | UDP port (host order), as in the UDP loop, so the
+ * control plane admits the same ids on both. Its MAC is cached for replies; a colliding address evicts
+ * an entry, and the evicted peer's next packet restores it (its lost result is resent on request). */
 typedef struct {
+    uint64_t id; /* 0: empty */
     struct rte_ether_addr mac;
-    uint32_t ip;    /* network order */
-    uint16_t port;  /* network order */
 } peer_t;
 
 struct ina_dpdk {
@@ -43,13 +47,14 @@ struct ina_dpdk {
     volatile int stop;
     ina_impair side[2]; /* [0] received packets, [1] sent packets */
     ina_dpdk_counters c;
-    peer_t peers[MAX_PEERS];
-    uint32_t n_peers, last_peer;
+    peer_t peers[PEER_BUCKETS];
+    uint64_t peer_key;
+    ina_bucket control;
     ina_out out[INA_MAX_OUT];
     struct rte_mbuf *tx[BURST];
     uint16_t n_tx;
     uint16_t ip_id;
-    uint8_t punt[INA_DPDK_MAX_PUNT][2048];
+    uint8_t punt[INA_DPDK_MAX_PUNT][INA_PUNT_MAX_LEN];
     uint32_t punt_len[INA_DPDK_MAX_PUNT];
     uint64_t punt_src[INA_DPDK_MAX_PUNT];
     int n_punt;
@@ -98,6 +103,8 @@ ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_
         }
     d->sw = sw;
     d->port = port;
+    d->peer_key = ina_rng_key(seed ^ (uint64_t)rte_rdtsc());
+    ina_bucket_init(&d->control, INA_CONTROL_RATE, INA_CONTROL_BURST);
     d->ip = rte_cpu_to_be_32(ip);
     d->udp_port = rte_cpu_to_be_16(udp_port);
     char name[32];
@@ -130,21 +137,18 @@ ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_
 }
 
 /* ------------------------------------------------------------------ peers */
-static uint64_t peer_id(ina_dpdk *d, const struct rte_ether_addr *mac, uint32_t ip, uint16_t port)
+static inline peer_t *peer_slot(ina_dpdk *d, uint64_t id)
 {
-    peer_t *p = &d->peers[d->last_peer];
-    if (d->n_peers && p->ip == ip && p->port == port && rte_is_same_ether_addr(&p->mac, mac))
-        return d->last_peer;
-    for (uint32_t i = 0; i < d->n_peers; i++) {
-        p = &d->peers[i];
-        if (p->ip == ip && p->port == port) {
-            rte_ether_addr_copy(mac, &p->mac); /* a worker that moved keeps its id */
-            return d->last_peer = i;
-        }
-    }
-    uint32_t i = d->n_peers < MAX_PEERS ? d->n_peers++ : (d->last_peer + 1) % MAX_PEERS; /* full: reuse */
-    d->peers[i] = (peer_t){*mac, ip, port};
-    return d->last_peer = i;
+    return &d->peers[ina_rng_word(d->peer_key, id) % PEER_BUCKETS];
+}
+
+static uint64_t learn_peer(ina_dpdk *d, const struct rte_ether_addr *mac, uint32_t ip_be, uint16_t port_be)
+{
+    uint64_t id = (uint64_t)rte_be_to_cpu_32(ip_be) << 16 | rte_be_to_cpu_16(port_be);
+    peer_t *p = peer_slot(d, id);
+    p->id = id;
+    rte_ether_addr_copy(mac, &p->mac);
+    return id;
 }
 
 /* ------------------------------------------------------------------ sending */
@@ -172,9 +176,11 @@ static void enqueue(ina_dpdk *d, struct rte_mbuf *m)
 static int send_to(ina_dpdk *d, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
                    uint32_t plen)
 {
-    if (dst >= d->n_peers)
+    const peer_t *p = peer_slot(d, dst);
+    if (p->id != dst) {
+        d->c.tx_no_peer++;
         return -1;
-    const peer_t *p = &d->peers[dst];
+    }
     struct rte_mbuf *m = rte_pktmbuf_alloc(d->pool);
     if (!m) {
         d->c.tx_full++;
@@ -201,10 +207,10 @@ static int send_to(ina_dpdk *d, uint64_t dst, const uint8_t *hdr, uint32_t hlen,
     ip->time_to_live = 64;
     ip->next_proto_id = IPPROTO_UDP;
     ip->src_addr = d->ip;
-    ip->dst_addr = p->ip;
+    ip->dst_addr = rte_cpu_to_be_32((uint32_t)(dst >> 16));
     ip->hdr_checksum = rte_ipv4_cksum(ip);
     udp->src_port = d->udp_port;
-    udp->dst_port = p->port;
+    udp->dst_port = rte_cpu_to_be_16((uint16_t)dst);
     udp->dgram_len = rte_cpu_to_be_16((uint16_t)(sizeof *udp + hlen + plen));
     udp->dgram_cksum = 0; /* optional in IPv4 */
     memcpy(udp + 1, hdr, hlen);
@@ -228,12 +234,32 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
 }
 
 /* ------------------------------------------------------------------ receiving */
+/* a control request for the caller (rate-limited; the core counts what is not taken) */
+static void punt(ina_dpdk *d, const uint8_t *pkt, uint32_t len, uint64_t src)
+{
+    if (!ina_bucket_take(&d->control)) {
+        ina_switch_count_drop(d->sw, INA_DROP_RATE_LIMITED);
+        return;
+    }
+    if (d->n_punt == INA_DPDK_MAX_PUNT || len > INA_PUNT_MAX_LEN) {
+        d->c.punts_dropped++;
+        return;
+    }
+    memcpy(d->punt[d->n_punt], pkt, len);
+    d->punt_len[d->n_punt] = len;
+    d->punt_src[d->n_punt++] = src;
+}
+
 static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
                     uint32_t unused_len, int transient)
 {
     ina_dpdk *d = ctx;
     (void)unused, (void)unused_len, (void)transient;
     int k = ina_switch_process(d->sw, pkt, len, src, d->out);
+    if (k == INA_PUNT) {
+        punt(d, pkt, len, src);
+        return;
+    }
     for (int i = 0; i < k; i++) {
         const ina_out *o = &d->out[i];
         if (ina_impair_active(&d->side[1]))
@@ -277,9 +303,14 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
     }
     struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
     if (n < L2_L4 || m->nb_segs != 1 || eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
-        ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP || ip->dst_addr != d->ip ||
-        (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))) {
+        ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP || ip->dst_addr != d->ip) {
         d->c.not_ina++;
+        rte_pktmbuf_free(m);
+        return;
+    }
+    if (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) {
+        /* a datagram to the switch in pieces: no INA packet is, so it is dropped, as a drop */
+        ina_switch_count_drop(d->sw, INA_DROP_FRAGMENT);
         rte_pktmbuf_free(m);
         return;
     }
@@ -292,18 +323,7 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
     }
     const uint8_t *pkt = (const uint8_t *)(udp + 1);
     uint32_t len = ulen - (uint32_t)sizeof *udp;
-    uint64_t src = peer_id(d, &eth->src_addr, ip->src_addr, udp->src_port);
-    if (len >= INA_HEADER_SIZE && pkt[INA_OFF_TYPE] == INA_MSG_STATS_REQ) {
-        if (d->n_punt < INA_DPDK_MAX_PUNT && len <= sizeof d->punt[0]) {
-            memcpy(d->punt[d->n_punt], pkt, len);
-            d->punt_len[d->n_punt] = len;
-            d->punt_src[d->n_punt++] = src;
-        } else {
-            d->c.punts_dropped++;
-        }
-        rte_pktmbuf_free(m);
-        return;
-    }
+    uint64_t src = learn_peer(d, &eth->src_addr, ip->src_addr, udp->src_port);
     if (ina_impair_active(&d->side[0]))
         ina_impair_apply(&d->side[0], src, pkt, len, pkt + len, 0, 1, deliver, d);
     else

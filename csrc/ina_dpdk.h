@@ -9,10 +9,10 @@
 
 #include "ina_core.h"
 
-#define INA_DPDK_MAX_PUNT 16
+#define INA_DPDK_MAX_PUNT 64
 
 typedef struct {
-    uint64_t rx_packets, tx_packets, rx_bytes, tx_bytes, tx_full, not_ina, arp_replies, punts_dropped;
+    uint64_t rx_packets, tx_packets, rx_bytes, tx_bytes, tx_full, tx_no_peer, not_ina, arp_replies, punts_dropped;
     uint64_t dropped[2], duplicated[2], reordered[2]; /* impairments: [0] received side, [1] sent side */
 } ina_dpdk_counters;
 
@@ -24,12 +24,12 @@ uint16_t ina_dpdk_port_count(void);
 /* port: DPDK port id; ip (host order) and udp_port: the switch's address. NULL with err filled on failure */
 ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, double loss, double dup,
                        double reorder, uint64_t seed, char *err, size_t errlen);
-/* like ina_udp_run: returns the number of stats requests waiting, or 0 after a while / when stopped */
+/* like ina_udp_run: returns the number of control requests waiting, or 0 after a while / when stopped */
 int ina_dpdk_run(ina_dpdk *d);
 void ina_dpdk_stop(ina_dpdk *d);
 const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src);
 void ina_dpdk_punt_clear(ina_dpdk *d);
-/* send an INA packet (header + payload) to a learned peer; 0 on success */
+/* send an INA packet (header + payload) to a peer (address id IPv4 << 16 | port) seen before; 0 on success */
 int ina_dpdk_send(ina_dpdk *d, uint64_t dst, const uint8_t *pkt, uint32_t len);
 const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d);
 void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac);

@@ -22,16 +22,16 @@ typedef struct {
     uint8_t msg_type, codec, flags, rank, set;
     int8_t exp_cur, exp_next;
     uint16_t job, slot, count;
-    uint32_t packet_id;
+    uint32_t packet_id, session;
     uint32_t block, next_block; /* block-sparse messages only */
 } header;
 
 static inline void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_t rank, uint32_t packet_id,
                               uint16_t slot, uint8_t set, uint16_t count, uint8_t codec, int8_t exp_cur,
-                              int8_t exp_next, uint8_t flags)
+                              int8_t exp_next, uint8_t flags, uint32_t session)
 {
     h[INA_OFF_VERSION] = INA_VERSION;
-    h[INA_OFF_TYPE] = msg_type;
+    h[INA_OFF_MSG_TYPE] = msg_type;
     h[INA_OFF_CODEC] = codec;
     h[INA_OFF_FLAGS] = flags;
     wr16(h + INA_OFF_JOB, job);
@@ -41,18 +41,19 @@ static inline void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_
     wr16(h + INA_OFF_POOL, (uint16_t)(set << 15 | slot));
     wr16(h + INA_OFF_COUNT, count);
     h[INA_OFF_EXP_NEXT] = (uint8_t)exp_next;
-    h[17] = h[18] = h[19] = 0;
+    h[INA_OFF_RESERVED] = h[INA_OFF_RESERVED + 1] = h[INA_OFF_RESERVED + 2] = 0;
+    wr32(h + INA_OFF_SESSION, session);
 }
 
 /* wire.unpack: 0 if the header is well formed (and an update/result's length matches its count) */
 static inline int parse(const uint8_t *p, size_t len, header *h)
 {
-    if (len < INA_HEADER_SIZE || p[INA_OFF_VERSION] != INA_VERSION || p[INA_OFF_TYPE] >= INA_MSG_COUNT)
+    if (len < INA_HEADER_SIZE || p[INA_OFF_VERSION] != INA_VERSION || p[INA_OFF_MSG_TYPE] >= INA_MSG_COUNT)
         return -1;
     uint16_t pool = rd16(p + INA_OFF_POOL);
     if (pool & INA_POOL_RESERVED_BIT)
         return -1;
-    h->msg_type = p[INA_OFF_TYPE];
+    h->msg_type = p[INA_OFF_MSG_TYPE];
     h->codec = p[INA_OFF_CODEC];
     h->flags = p[INA_OFF_FLAGS];
     h->job = rd16(p + INA_OFF_JOB);
@@ -63,6 +64,7 @@ static inline int parse(const uint8_t *p, size_t len, header *h)
     h->set = (uint8_t)(pool >> 15);
     h->count = rd16(p + INA_OFF_COUNT);
     h->exp_next = (int8_t)p[INA_OFF_EXP_NEXT];
+    h->session = rd32(p + INA_OFF_SESSION);
     h->block = h->next_block = INA_BLOCK_NONE;
     int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE || h->msg_type == INA_MSG_SPARSE_RESULT;
     if (sparse || h->msg_type == INA_MSG_UPDATE || h->msg_type == INA_MSG_RESULT) {
@@ -71,6 +73,8 @@ static inline int parse(const uint8_t *p, size_t len, header *h)
         if (!size || len != INA_HEADER_SIZE + ext + (size_t)h->count * size)
             return -1;
     }
+    if (h->msg_type == INA_MSG_JOIN && len != INA_JOIN_SIZE)
+        return -1;
     if (sparse) {
         h->block = rd32(p + INA_HEADER_SIZE);
         h->next_block = rd32(p + INA_HEADER_SIZE + 4);

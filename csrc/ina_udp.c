@@ -9,9 +9,11 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "ina_bucket.h"
 #include "ina_impair.h"
 
 #define RX_BUF 65536
+#define CTRL_COPY 1024 /* transient payloads copied into the send batch up to this size */
 #define IDLE_MS 10
 #define RUN_BATCHES 256 /* then return, so the caller sees signals and its stop flag */
 
@@ -31,13 +33,14 @@ struct ina_udp {
     struct iovec siov[INA_UDP_BATCH][2];
     struct sockaddr_in saddr[INA_UDP_BATCH];
     uint8_t shdr[INA_UDP_BATCH][INA_HEADER_SIZE];
-    uint8_t sctrl[INA_UDP_BATCH][INA_CTRL_PAYLOAD];
+    uint8_t sctrl[INA_UDP_BATCH][CTRL_COPY];
     int n_send;
     ina_out out[INA_MAX_OUT];
+    ina_bucket control; /* control requests punted per second: a flood of them costs what any flood does */
     /* control-plane packets for the caller */
-    uint8_t punt[INA_UDP_MAX_PUNT][2048];
+    uint8_t punt[INA_UDP_MAX_PUNT][INA_PUNT_MAX_LEN];
     uint32_t punt_len[INA_UDP_MAX_PUNT];
-    struct sockaddr_in punt_src[INA_UDP_MAX_PUNT];
+    uint64_t punt_src[INA_UDP_MAX_PUNT]; /* address ids: IPv4 << 16 | port */
     int n_punt;
 };
 
@@ -58,6 +61,7 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
     }
     u->sw = sw;
     u->fd = fd;
+    ina_bucket_init(&u->control, INA_CONTROL_RATE, INA_CONTROL_BURST);
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -91,8 +95,8 @@ void ina_udp_punt_clear(ina_udp *u) { u->n_punt = 0; }
 const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port)
 {
     *len = u->punt_len[i];
-    *ip = ntohl(u->punt_src[i].sin_addr.s_addr);
-    *port = ntohs(u->punt_src[i].sin_port);
+    *ip = (uint32_t)(u->punt_src[i] >> 16);
+    *port = (uint16_t)u->punt_src[i];
     return u->punt[i];
 }
 
@@ -125,7 +129,7 @@ static void queue(ina_udp *u, uint64_t dst, const uint8_t *hdr, const uint8_t *p
 {
     int i = u->n_send;
     memcpy(u->shdr[i], hdr, INA_HEADER_SIZE);
-    if (copy && len <= INA_CTRL_PAYLOAD) {
+    if (copy && len <= CTRL_COPY) {
         memcpy(u->sctrl[i], payload, len);
         payload = u->sctrl[i];
         copy = 0;
@@ -155,12 +159,32 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
     queue(ctx, dst, hdr, payload, len, transient);
 }
 
+/* a control request for the caller (rate-limited; the core counts what is not taken) */
+static void punt(ina_udp *u, const uint8_t *pkt, uint32_t len, uint64_t src)
+{
+    if (!ina_bucket_take(&u->control)) {
+        ina_switch_count_drop(u->sw, INA_DROP_RATE_LIMITED);
+        return;
+    }
+    if (u->n_punt == INA_UDP_MAX_PUNT || len > INA_PUNT_MAX_LEN) {
+        u->c.punts_dropped++;
+        return;
+    }
+    memcpy(u->punt[u->n_punt], pkt, len);
+    u->punt_len[u->n_punt] = len;
+    u->punt_src[u->n_punt++] = src;
+}
+
 static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
                     uint32_t unused_len, int transient)
 {
     ina_udp *u = ctx;
     (void)unused, (void)unused_len, (void)transient; /* processed before the packet's buffer is reused */
     int n = ina_switch_process(u->sw, pkt, len, src, u->out);
+    if (n == INA_PUNT) {
+        punt(u, pkt, len, src);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         const ina_out *o = &u->out[i];
         if (ina_impair_active(&u->side[1]))
@@ -216,16 +240,6 @@ int ina_udp_run(ina_udp *u)
             const uint8_t *pkt = u->riov[i].iov_base;
             uint32_t len = u->rmsg[i].msg_len;
             u->c.bytes_in += len;
-            if (len >= INA_HEADER_SIZE && pkt[INA_OFF_TYPE] == INA_MSG_STATS_REQ) {
-                if (u->n_punt == INA_UDP_MAX_PUNT || len > sizeof u->punt[0]) {
-                    u->c.punts_dropped++;
-                    continue;
-                }
-                memcpy(u->punt[u->n_punt], pkt, len);
-                u->punt_len[u->n_punt] = len;
-                u->punt_src[u->n_punt++] = u->raddr[i];
-                continue;
-            }
             if (u->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
                 len = 0; /* larger than any valid packet: the core counts it as malformed */
             receive(u, pkt, len, addr_id(&u->raddr[i]));

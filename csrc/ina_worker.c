@@ -1,5 +1,6 @@
 /* hostlib/worker.py's _allreduce_flat in C, branch for branch (tests/test_fastpath.py checks that both
- * give the same bytes). Packet q of the stream carries block q - D and this worker's exponent of block q;
+ * give the same bytes). Packet q of the call goes on lane q mod W (slot (first_slot + lane) mod W, packet id
+ * slot_uses[slot] + q div W: worker.CallSlots); it carries block q - D and this worker's exponent of block q;
  * q is sent once q - W and q - D are done; results are matched by packet id; a packet with no result by
  * its deadline is resent from the copy kept in its window entry (the Python loop rebuilds the same bytes
  * from the counter-based RNG). New packets go out in sendmmsg batches, results come in recvmmsg batches. */
@@ -88,6 +89,11 @@ int ina_wk_start(ina_wk *w)
         ina_wk_finish(w);
         return INA_WK_BAD_PARAMETERS;
     }
+    if (w->first_slot >= w->window || !w->slot_uses || !w->stream_rounds) {
+        w->priv = p;
+        ina_wk_finish(w);
+        return INA_WK_BAD_PARAMETERS;
+    }
     w->nb = (uint32_t)nb;
     w->D = w->kind == INA_WK_INT32 || w->sparse ? 0 : (w->window < w->nb ? w->window : w->nb);
     w->total = w->nb + w->D;
@@ -95,7 +101,7 @@ int ina_wk_start(ina_wk *w)
     w->priv = p;
     if (w->sparse) {
         uint32_t S = w->streams = w->window < w->nb ? w->window : w->nb;
-        w->streams_done = w->rounds_max = 0;
+        w->streams_done = 0;
         p->pos = malloc(S * sizeof *p->pos);
         p->target = malloc(S * sizeof *p->target);
         p->round = calloc(S, sizeof *p->round);
@@ -170,10 +176,26 @@ static uint32_t block_count(const ina_wk *w, uint64_t block)
 
 static uint8_t wire_codec(const ina_wk *w) { return w->kind == INA_WK_NC ? INA_CODEC_NC8 : INA_CODEC_INT32; }
 
+/* CallSlots.slot / pid: lane j's slot, and its packet id at index i */
+static inline uint32_t lane_slot(const ina_wk *w, uint32_t j) { return (w->first_slot + j) % w->window; }
+static inline uint32_t lane_pid(const ina_wk *w, uint32_t j, uint32_t i) { return w->slot_uses[lane_slot(w, j)] + i; }
+
+/* CallSlots.locate: a result's lane (window for a slot not ours) and index */
+static inline void locate(const ina_wk *w, const header *h, uint32_t *j, uint32_t *i)
+{
+    if (h->slot >= w->window) {
+        *j = w->window;
+        *i = 0;
+        return;
+    }
+    *j = (h->slot + w->window - w->first_slot) % w->window;
+    *i = h->packet_id - w->slot_uses[h->slot];
+}
+
 /* the update packet for q into buf (worker.py build()); its length, or -1 if a kernel failed */
 static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
 {
-    uint64_t pid = w->base_pid + q;
+    uint32_t pid = lane_pid(w, q % w->window, q / w->window);
     int8_t exp_next = w->exps && q < w->nb ? w->exps[q] : INA_EXP_NONE;
     int8_t exp_cur = 0;
     uint32_t count = 0;
@@ -184,15 +206,15 @@ static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
         if (encode_elements(w, p, (uint64_t)(q - w->D) * w->k, count, exp_cur, buf + INA_HEADER_SIZE))
             return -1;
     }
-    put_header(buf, INA_MSG_UPDATE, w->job, w->rank, (uint32_t)pid, (uint16_t)(pid % w->window),
-               (uint8_t)((pid / w->window) & 1), (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0);
+    put_header(buf, INA_MSG_UPDATE, w->job, w->rank, pid, (uint16_t)lane_slot(w, q % w->window), (uint8_t)(pid & 1),
+               (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0, w->session);
     return INA_HEADER_SIZE + (long)count * (long)p->esize;
 }
 
 /* the sparse_update of stream s's current round into buf (worker.py _allreduce_sparse build()) */
 static long build_sparse(ina_wk *w, priv_t *p, uint32_t s, uint8_t *buf)
 {
-    uint64_t pid = w->base_pid + (uint64_t)p->round[s] * w->window + s;
+    uint32_t pid = lane_pid(w, s, p->round[s]);
     uint32_t t = p->target[s], block = INA_BLOCK_NONE, count = 0, next;
     int8_t exp_cur = w->exps ? p->exp_target[s] : 0;
     if (t == INA_BLOCK_NONE) {
@@ -207,8 +229,8 @@ static long build_sparse(ina_wk *w, priv_t *p, uint32_t s, uint8_t *buf)
         next = p->pos[s];
     }
     int8_t exp_next = w->exps && next != INA_BLOCK_NONE ? w->exps[next] : INA_EXP_NONE;
-    put_header(buf, INA_MSG_SPARSE_UPDATE, w->job, w->rank, (uint32_t)pid, (uint16_t)(pid % w->window),
-               (uint8_t)((pid / w->window) & 1), (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0);
+    put_header(buf, INA_MSG_SPARSE_UPDATE, w->job, w->rank, pid, (uint16_t)lane_slot(w, s), (uint8_t)(pid & 1),
+               (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0, w->session);
     wr32(buf + INA_HEADER_SIZE, block);
     wr32(buf + INA_HEADER_SIZE + 4, next);
     return INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE + (long)count * (long)p->esize;
@@ -293,8 +315,9 @@ static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
 /* a parsed sparse_result (worker.py _allreduce_sparse's receive branch) */
 static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t *d)
 {
-    uint32_t q = (uint32_t)(h->packet_id - w->base_pid), s = q % w->window, r = q / w->window;
-    if (h->msg_type != INA_MSG_SPARSE_RESULT || h->job != w->job || s >= w->streams || r > p->round[s]) {
+    uint32_t s, r;
+    locate(w, h, &s, &r);
+    if (h->msg_type != INA_MSG_SPARSE_RESULT || s >= w->streams || r > p->round[s]) {
         w->stale_results++;
         return INA_WK_AGAIN;
     }
@@ -330,8 +353,7 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     if (nx != INA_BLOCK_NONE || p->round[s] % 2)
         return start_round(w, p, s, now_);
     w->streams_done++;
-    if (p->round[s] > w->rounds_max)
-        w->rounds_max = p->round[s];
+    w->stream_rounds[s] = p->round[s];
     return INA_WK_AGAIN;
 }
 
@@ -349,10 +371,17 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->error[t] = 0;
         return INA_WK_SWITCH_ERROR;
     }
+    if (h.job != w->job || h.session != w->session) {
+        w->stale_results++; /* not of this job's generation */
+        return INA_WK_AGAIN;
+    }
     if (w->sparse)
         return on_sparse_result(w, p, &h, d);
-    uint32_t q = (uint32_t)(h.packet_id - w->base_pid);
-    if (h.msg_type != INA_MSG_RESULT || h.job != w->job || q >= w->total) {
+    uint32_t j, i;
+    locate(w, &h, &j, &i);
+    uint64_t q64 = (uint64_t)i * w->window + j;
+    uint32_t q = (uint32_t)q64;
+    if (h.msg_type != INA_MSG_RESULT || j >= w->window || q64 >= w->total) {
         w->stale_results++;
         return INA_WK_AGAIN;
     }
@@ -424,7 +453,9 @@ static int scan(ina_wk *w, priv_t *p, double t)
         if (!e->busy || t < e->deadline)
             continue;
         if (t - e->first_sent > w->timeout) {
-            w->timeout_q = e->q;
+            uint32_t lane = e->q % w->window, index = e->q / w->window; /* sparse: q = round * W + stream */
+            w->timeout_pid = lane_pid(w, lane, index);
+            w->timeout_slot = lane_slot(w, lane);
             w->timeout_tries = e->tries;
             return INA_WK_TIMEOUT;
         }

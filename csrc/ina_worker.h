@@ -13,7 +13,7 @@
 /* ina_wk_run results */
 #define INA_WK_DONE 0
 #define INA_WK_AGAIN 1         /* the time budget ran out (or a signal came); call again */
-#define INA_WK_TIMEOUT 2       /* a packet had no result within timeout; timeout_q, timeout_tries tell which */
+#define INA_WK_TIMEOUT 2       /* a packet had no result within timeout; timeout_pid/slot/tries tell which */
 #define INA_WK_SWITCH_ERROR 3  /* the switch sent MSG_ERROR; its text is in error */
 #define INA_WK_ENCODE_ERROR 4  /* a codec kernel failed (status in sys_errno) */
 #define INA_WK_SYSTEM_ERROR 5  /* a socket call failed (errno in sys_errno) */
@@ -27,7 +27,10 @@ typedef struct {
     uint16_t job;
     uint8_t rank, world;
     uint32_t window, k;
-    uint64_t base_pid; /* the stream's packet counter: slot and set come from it, the wire carries it mod 2^32 */
+    uint32_t session;          /* of the joined generation, in every packet */
+    uint32_t first_slot;       /* lane j (packet q's is q mod window; a sparse stream's, its index) uses slot */
+    const uint32_t *slot_uses; /* (first_slot + j) mod window, whose i-th packet has id slot_uses[slot] + i */
+    uint32_t *stream_rounds;   /* sparse: filled with the rounds each stream used (window entries) */
     int kind, deterministic;
     uint64_t seed;
     const void *src;
@@ -44,11 +47,11 @@ typedef struct {
     const uint8_t *held; /* per block: this worker's block is non-zero */
     /* filled by ina_wk_start / ina_wk_run */
     uint32_t nb, D, total, ndone; /* sparse: ndone counts the blocks received */
-    uint32_t streams, streams_done, rounds_max; /* sparse: the packet ids used are base .. base + rounds_max * window */
+    uint32_t streams, streams_done;
     uint64_t packets_sent, bytes_sent, packets_received, bytes_received;
     uint64_t retransmissions, duplicate_results, stale_results;
     int overflow;
-    uint32_t timeout_q, timeout_tries;
+    uint32_t timeout_pid, timeout_slot, timeout_tries;
     int sys_errno;
     char error[INA_WK_ERROR_TEXT];
     void *priv;

@@ -28,8 +28,9 @@ def kind(codec, flat: np.ndarray):
     return None
 
 
-def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, progress, held=None):
-    """Run one allreduce's packet stream; returns (result, agreed exponents, overflow flag, packet ids used).
+def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progress, held=None):
+    """Run one allreduce's packet stream on `slots` (worker.CallSlots); returns (result, agreed exponents,
+    overflow flag) and moves the communicator's slot counters on.
 
     result holds native int32 sums (int32, fixed) or NC codes per element; raises TimeoutError when a
     packet gets no result within comm.timeout and INAError when the switch rejects the job. held (a bool
@@ -44,8 +45,12 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
     done = np.zeros(total_max, dtype=np.uint8)
     exps_c = np.ascontiguousarray(exps, dtype=np.int8) if exps is not None else None
     w = ffi.new("ina_wk *")
-    w.fd, w.job, w.rank, w.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
-    w.window, w.k, w.base_pid, w.kind = comm.window, k, base, kind_
+    w.fd, w.job, w.rank, w.world, w.session = comm.sock.fileno(), comm.job, comm.rank, comm.world_size, comm.session
+    w.window, w.k, w.kind = comm.window, k, kind_
+    uses = np.ascontiguousarray(slots.uses, dtype=np.uint32)
+    rounds = np.zeros(comm.window, dtype=np.uint32)
+    w.first_slot, w.slot_uses, w.stream_rounds = slots.first, ffi.from_buffer("uint32_t[]", uses), ffi.from_buffer(
+        "uint32_t[]", rounds)
     w.deterministic = int(getattr(comm.codec, "deterministic", False))
     w.seed = seed & kernels.MASK64
     w.src, w.n = ffi.from_buffer(src), n
@@ -87,12 +92,7 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
         if w.have_srtt:
             comm._srtt, comm._rttvar, comm.rto = w.srtt, w.rttvar, w.rto
     if rc == lib.INA_WK_TIMEOUT:
-        q = w.timeout_q
-        raise TimeoutError(
-            f"rank {comm.rank}: job {comm.job}: no result for packet {(base + q) & 0xFFFFFFFF} "
-            f"(slot {(base + q) % comm.window}) "
-            f"after {w.timeout_tries} retransmissions in {comm.timeout:g} s; a peer is dead, the switch is gone, "
-            f"or the ranks' calls differ (size, codec, sparse=)")
+        raise TimeoutError(comm.timeout_message(w.timeout_pid, w.timeout_slot, w.timeout_tries))
     if rc == lib.INA_WK_SWITCH_ERROR:
         comm._broken = "switch error"
         raise INAError(ffi.string(w.error).decode(errors="replace"))
@@ -100,7 +100,11 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, base: int, pr
         raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")
     if rc == lib.INA_WK_SYSTEM_ERROR:
         raise OSError(w.sys_errno, f"worker socket: {os.strerror(w.sys_errno)}")
-    return result, agreed, bool(w.overflow), int(w.rounds_max * comm.window if held is not None else w.total)
+    if held is not None:
+        slots.commit(comm, rounds=rounds[:w.streams].tolist())
+    else:
+        slots.commit(comm, total=w.total)
+    return result, agreed, bool(w.overflow)
 
 
 def decode(kind_: int, result: np.ndarray, agreed: np.ndarray, world_size: int, k: int, dtype) -> np.ndarray:

@@ -1,7 +1,9 @@
 """The SwitchML worker protocol over UDP.
 
-Packet q of the session's stream uses slot (q mod W) and set (q div W) mod 2, so a slot alternates sets
-and is never reused before its previous result is back (self-clocking: the result of q releases q + W).
+Packet q of an allreduce uses slot (first + q) mod W, so a slot is never reused before its previous
+result is back (self-clocking: the result of q releases q + W). Packet ids count per slot (protocol v2):
+the u-th use of a slot since the join has packet id u (mod 2^32) and set u mod 2, so the switch can accept
+a new round only with the one id it must have, and a slot alternates sets whatever the calls in between.
 For codecs with a shared scale the stream is shifted by D = min(W, blocks): packet q carries the data of
 block q - D and this worker's exponent of block q; the result of packet q returns the max exponent of
 block q, which is exactly what packet q + D needs to quantize its data.
@@ -17,6 +19,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from inaproto import auth
+from inaproto.net import SOCKET_BUFFER, parse_address, size_buffers  # noqa: F401 - public names
 
 from . import fastpath, rng, wire
 from .codecs import get_codec
@@ -46,36 +51,13 @@ class CommStats:
         return d
 
 
-SOCKET_BUFFER = 8 << 20  # a window of bursts from every worker without drops on loopback
-
-
-def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER):
-    """Ask for nbytes of send and receive buffer; as root past net.core.[rw]mem_max (the *BUFFORCE options),
-    since a drop there costs a retransmission timeout."""
-    for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
-                         (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
-        except OSError:  # not root: capped at the sysctl limit
-            sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
-
-
-def parse_address(address) -> tuple[str, int]:
-    if isinstance(address, tuple):
-        return address[0], int(address[1])
-    host, sep, port = str(address).rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"switch address must look like HOST:PORT, got {address!r}")
-    return host or "127.0.0.1", int(port)
-
-
 class Communicator:
     """One worker's connection to an INA switch for one job. Use `hostlib.connect(...)`."""
 
     def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
                  window: int = 64, elements_per_packet: int | None = None, timeout: float = 30.0,
                  join_timeout: float | None = None, rto: float = 0.03, max_rto: float = 0.1, seed: int = 0,
-                 fast: bool | None = None, **codec_params):
+                 fast: bool | None = None, key: bytes | str | None = None, **codec_params):
         if not 1 <= world_size <= wire.MAX_WORKERS:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
         if not 0 <= rank < world_size:
@@ -93,11 +75,9 @@ class Communicator:
         self.rto, self._srtt, self._rttvar = float(rto), None, 0.0
         self.seed = seed
         self.fast = fast  # None: the C loop where it applies; False: always the Python loop
+        self.key = auth.check_key(key) if key is not None else auth.key_from_env()
         self.stats = CommStats()
         self._calls = 0
-        # the stream's packet counter, unbounded here: slot = counter mod W and set = (counter div W) mod 2
-        # stay in sequence when the 32-bit packet id on the wire wraps, whatever W is
-        self._next_pid = 0
         self._broken: str | None = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         size_buffers(self.sock)
@@ -106,12 +86,14 @@ class Communicator:
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
         try:
-            self._join(self.timeout if join_timeout is None else join_timeout)
+            self._join(window, self.timeout if join_timeout is None else join_timeout)
         except BaseException:
             self.sock.close()
             raise
-        self.window = min(window, self.slots)
         self.k = min(elements_per_packet or self.codec.default_elements, self.max_elements)
+        # per slot: its uses since the join (the next packet id on it, mod 2^32); the slot the next call starts on
+        self._uses = np.zeros(self.window, dtype=np.uint32)
+        self._next_slot = 0
 
     # ------------------------------------------------------------------ helpers
     def _send(self, data: bytes):
@@ -138,10 +120,12 @@ class Communicator:
         select.select([self.sock], [], [], max(0.0, seconds))
 
     # ------------------------------------------------------------------ join barrier
-    def _join(self, timeout: float):
+    def _join(self, window: int, timeout: float):
         nonce = secrets.randbits(64)
-        join = wire.pack(wire.MSG_JOIN, job=self.job, rank=self.rank,
-                         payload=wire.JOIN_PAYLOAD.pack(nonce, self.world_size))
+        window = min(window, 0xFFFF)
+        mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window) if self.key
+               else bytes(wire.JOIN_MAC_SIZE))
+        join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac)
         deadline = time.monotonic() + timeout
         joined, heard, refused = 0, False, False
         while True:
@@ -164,8 +148,9 @@ class Communicator:
                     if h.msg_type == wire.MSG_JOIN_WAIT and h.job == self.job:
                         joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
                     if h.msg_type == wire.MSG_JOIN_ACK and h.job == self.job:
-                        self.generation, self.slots, self.max_elements = wire.JOIN_ACK_PAYLOAD.unpack_from(
-                            data, wire.HEADER_SIZE)
+                        self.generation, self.slots, self.max_elements, self.window = (
+                            wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE))
+                        self.session = h.session
                         return
             if time.monotonic() >= deadline:
                 where = f"{self.address[0]}:{self.address[1]}"
@@ -214,16 +199,16 @@ class Communicator:
         else:
             exps, D = None, 0
         total = nb + D
-        base, seed, kind = self._begin_call(flat)
+        slots, seed, kind = self._begin_call(flat)
         if kind is not None:
-            return self._run_c_loop(kind, flat, exps, seed, base, progress)
+            return self._run_c_loop(kind, flat, exps, seed, slots, progress)
         agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
         result = np.zeros(nb * k, dtype=codec.result_dtype())
         done = np.zeros(total, dtype=bool)
         overflow = False
 
         def build(q: int) -> bytes:
-            pid = base + q
+            pid, slot = slots.pid(q % W, q // W), slots.slot(q % W)
             exp_next = int(exps[q]) if exps is not None and q < nb else wire.EXP_NONE
             if q < D:
                 payload, count, exp_cur = b"", 0, 0
@@ -235,8 +220,8 @@ class Communicator:
                 if exp_cur == wire.EXP_NONFINITE:
                     block = np.zeros(hi - lo, dtype=flat.dtype)  # everyone raises at the end
                 payload, count = codec.encode(block, exp_cur, n, seed, lo), hi - lo
-            return wire.pack(wire.MSG_UPDATE, self.job, self.rank, pid, pid % W, (pid // W) & 1, count,
-                             codec.wire_codec, exp_cur, exp_next, 0, payload)
+            return wire.pack(wire.MSG_UPDATE, self.job, self.rank, pid, slot, pid & 1, count,
+                             codec.wire_codec, exp_cur, exp_next, 0, payload, self.session)
 
         outstanding: dict[int, list] = {}  # q -> [first_sent, deadline, rto, tries]
         next_q = ndone = 0
@@ -250,8 +235,9 @@ class Communicator:
                 next_q += 1
             self._wait(0.002 if outstanding else 0.0)
             for h, data in self._results():
-                q = (h.packet_id - base) & 0xFFFFFFFF
-                if h.msg_type != wire.MSG_RESULT or h.job != self.job or q >= total:
+                j, i = slots.locate(h)
+                q = i * W + j
+                if h.msg_type != wire.MSG_RESULT or q >= total:
                     self.stats.stale_results += 1
                     continue
                 if done[q]:
@@ -278,12 +264,13 @@ class Communicator:
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + 0.002
-                self._resend_overdue(outstanding, build, lambda q: base + q, now)
-        return self._end_python_loop(base + total, flat, result, exps, agreed, overflow, progress)
+                self._resend_overdue(outstanding, build, lambda q: (slots.pid(q % W, q // W), slots.slot(q % W)), now)
+        slots.commit(self, total=total)
+        return self._end_python_loop(flat, result, exps, agreed, overflow, progress)
 
     def _allreduce_sparse(self, flat: np.ndarray, progress):
         """Block-sparse allreduce: the tensor is cut into blocks of k elements and block j travels on stream
-        j mod S (S = min(W, blocks)), one slot per stream. Round r of stream s is packet base + r*W + s.
+        j mod S (S = min(W, blocks)), one slot per stream: round r of stream s is that slot's r-th use.
 
         Round 0 announces: each worker sends no elements, only its first non-zero block of the stream (and,
         for codecs with a shared scale, that block's exponent). Every later round is about the block the
@@ -310,9 +297,9 @@ class Communicator:
             held[:whole] = flat[:whole * k].reshape(whole, k).any(axis=1)
             if whole < nb:
                 held[whole] = flat[whole * k:].any()
-        base, seed, kind = self._begin_call(flat)
+        slots, seed, kind = self._begin_call(flat)
         if kind is not None:
-            return self._run_c_loop(kind, flat, exps, seed, base, progress, held)
+            return self._run_c_loop(kind, flat, exps, seed, slots, progress, held)
         nonzero = np.flatnonzero(held)
         mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
         ptr, rounds = [0] * S, [0] * S
@@ -331,7 +318,7 @@ class Communicator:
             return ptr[s] < len(mine[s]) and mine[s][ptr[s]] == target[s]
 
         def build(s: int) -> bytes:
-            pid = base + rounds[s] * W + s
+            pid = slots.pid(s, rounds[s])
             exp_cur = exp_target[s] if exps is not None else 0
             block, count, payload = NONE, 0, b""
             if target[s] == NONE:
@@ -346,8 +333,9 @@ class Communicator:
                 nxt, exp_next = upcoming(s, 1)
             else:
                 nxt, exp_next = upcoming(s, 0)
-            return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, self.job, self.rank, pid, pid % W, (pid // W) & 1,
-                                    count, codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload)
+            return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, self.job, self.rank, pid, slots.slot(s), pid & 1,
+                                    count, codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload,
+                                    self.session)
 
         outstanding: dict[int, list] = {}  # stream -> [first_sent, deadline, rto, tries]
 
@@ -363,9 +351,8 @@ class Communicator:
         while outstanding:
             self._wait(0.002)
             for h, data in self._results():
-                q = (h.packet_id - base) & 0xFFFFFFFF
-                s, r = q % W, q // W
-                if h.msg_type != wire.MSG_SPARSE_RESULT or h.job != self.job or s >= S or r > rounds[s]:
+                s, r = slots.locate(h)
+                if h.msg_type != wire.MSG_SPARSE_RESULT or s >= S or r > rounds[s]:
                     self.stats.stale_results += 1
                     continue
                 if r < rounds[s] or s not in outstanding:
@@ -399,24 +386,23 @@ class Communicator:
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + 0.002
-                self._resend_overdue(outstanding, build, lambda s: base + rounds[s] * W + s, now)
-        return self._end_python_loop(base + max(rounds) * W, flat, result, exps, agreed, overflow, progress)
+                self._resend_overdue(outstanding, build, lambda s: (slots.pid(s, rounds[s]), slots.slot(s)), now)
+        slots.commit(self, rounds=rounds)
+        return self._end_python_loop(flat, result, exps, agreed, overflow, progress)
 
     def _begin_call(self, flat: np.ndarray):
-        """This call's first packet number, RNG seed, and the C loop's kind for it (None: the Python loop)."""
+        """This call's slots (CallSlots), RNG seed, and the C loop's kind for it (None: the Python loop)."""
         seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
         self._calls += 1
         kind = fastpath.kind(self.codec, flat) if self.fast is not False else None
-        return self._next_pid, seed, kind
+        return CallSlots(self._next_slot, self._uses), seed, kind
 
-    def _run_c_loop(self, kind, flat, exps, seed: int, base: int, progress, held=None) -> np.ndarray:
-        result, agreed, overflow, used = fastpath.allreduce(self, kind, flat, exps, seed, base, progress, held)
-        self._next_pid = base + used
+    def _run_c_loop(self, kind, flat, exps, seed: int, slots, progress, held=None) -> np.ndarray:
+        result, agreed, overflow = fastpath.allreduce(self, kind, flat, exps, seed, slots, progress, held)
         self._check_result(exps, agreed, overflow)
         return fastpath.decode(kind, result, agreed, self.world_size, self.k, flat.dtype)
 
-    def _end_python_loop(self, next_pid: int, flat, result, exps, agreed, overflow: bool, progress) -> np.ndarray:
-        self._next_pid = next_pid
+    def _end_python_loop(self, flat, result, exps, agreed, overflow: bool, progress) -> np.ndarray:
         if progress is not None:
             progress(flat.size)
         self._check_result(exps, agreed, overflow)
@@ -435,25 +421,28 @@ class Communicator:
             if h.msg_type == wire.MSG_ERROR:
                 self._broken = "switch error"
                 raise INAError(data[wire.HEADER_SIZE:].decode(errors="replace"))
+            if h.job != self.job or h.session != self.session:
+                self.stats.stale_results += 1  # not of this job's generation
+                continue
             yield h, data
 
-    def _resend_overdue(self, outstanding: dict, build, pid_of, now: float):
+    def _resend_overdue(self, outstanding: dict, build, where, now: float):
         """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout.
-        outstanding: key -> [first_sent, deadline, rto, tries]; pid_of(key) names the packet in errors."""
+        outstanding: key -> [first_sent, deadline, rto, tries]; where(key) = (packet id, slot) for errors."""
         for key, o in outstanding.items():
             if now < o[1]:
                 continue
             if now - o[0] > self.timeout:
-                pid = pid_of(key)
-                raise TimeoutError(
-                    f"rank {self.rank}: job {self.job}: no result for packet {pid & 0xFFFFFFFF} "
-                    f"(slot {pid % self.window}) "
-                    f"after {o[3]} retransmissions in {self.timeout:g} s; a peer is dead, the switch is gone, "
-                    f"or the ranks' calls differ (size, codec, sparse=)")
+                raise TimeoutError(self.timeout_message(*where(key), o[3]))
             self._send(build(key))
             self.stats.retransmissions += 1
             o[2] = min(o[2] * 2, self.max_rto)
             o[1], o[3] = now + o[2], o[3] + 1
+
+    def timeout_message(self, pid: int, slot: int, tries: int) -> str:
+        return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
+                f"retransmissions in {self.timeout:g} s; a peer is dead, the switch is gone, the job was "
+                f"re-joined elsewhere, or the ranks' calls differ (size, codec, sparse=)")
 
     def _check_result(self, exps, agreed, overflow):
         if exps is not None and np.any(agreed == wire.EXP_NONFINITE):
@@ -471,6 +460,11 @@ class Communicator:
 
     # ------------------------------------------------------------------ lifetime
     def close(self):
+        """Leave the job (its ranks are free for a new generation at once) and close the socket."""
+        try:
+            self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank, session=self.session))
+        except OSError:
+            pass  # the switch learns it by the rank's silence
         self.sock.close()
 
     def __enter__(self):
@@ -478,6 +472,38 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class CallSlots:
+    """Where one allreduce's packets go: its j-th lane (packet q's lane is q mod W, a sparse stream's is
+    its index) uses slot (first + j) mod W, and that lane's i-th packet has the slot's packet id
+    uses[slot] + i (mod 2^32), so every slot's ids run on without gaps whatever the calls in between."""
+
+    def __init__(self, first: int, uses: np.ndarray):
+        self.first, self.W, self.uses = first, uses.size, uses.copy()
+
+    def slot(self, j: int) -> int:
+        return (self.first + j) % self.W
+
+    def pid(self, j: int, i: int) -> int:
+        return (int(self.uses[self.slot(j)]) + i) & wire.PACKET_ID_MASK
+
+    def locate(self, h) -> tuple[int, int]:
+        """(lane, index) of a result; a lane >= W for a slot this worker does not use."""
+        if h.slot >= self.W:
+            return self.W, wire.PACKET_ID_MASK + 1
+        return (h.slot - self.first) % self.W, (h.packet_id - int(self.uses[h.slot])) & wire.PACKET_ID_MASK
+
+    def commit(self, comm, total: int | None = None, rounds=None):
+        """After the call, move comm's slot counters on: a dense call sent packets 0..total-1 (lane j
+        carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream s. The next call starts
+        on the slot after the last lane used."""
+        W = self.W
+        used = rounds if rounds is not None else [total // W + (j < total % W) for j in range(W)]
+        for j, n in enumerate(used):
+            s = self.slot(j)
+            comm._uses[s] = (int(self.uses[s]) + int(n)) & wire.PACKET_ID_MASK
+        comm._next_slot = (self.first + (len(rounds) if rounds is not None else total)) % W
 
 
 def _to_numpy(t):

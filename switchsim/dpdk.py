@@ -7,15 +7,13 @@ Defaults suit a machine without hugepages or NICs bound to DPDK (--no-huge --no-
 from __future__ import annotations
 
 import ipaddress
-import json
 import shlex
 import threading
 import time
-from types import SimpleNamespace
 
-from hostlib import wire
+from inaproto import net, wire
 
-from .native import core_stats, impairment_stats, new_core
+from .native import CoreSwitch, impairment_stats
 from .server import check_probabilities
 
 try:
@@ -65,7 +63,7 @@ class DPDKServer:
 
     def __init__(self, jobs, host, port=wire.DEFAULT_PORT, *, slots=512, max_elements=1024,
                  nc_rounding="stochastic", seed=0, loss=0.0, dup=0.0, reorder=0.0, eal=None, vdev=None,
-                 iface=None, dpdk_port=0):
+                 iface=None, dpdk_port=0, **control):
         check_probabilities(loss, dup, reorder)
         try:
             ip = int(ipaddress.IPv4Address(host))
@@ -74,8 +72,9 @@ class DPDKServer:
         if not 1 <= port <= 65535:
             raise ValueError("the DPDK backend needs a fixed --port (it has no kernel to pick one)")
         init_eal(eal_args(eal, vdev, iface))
-        self.core = new_core(jobs, slots, max_elements, nc_rounding, seed, ffi=ffi, lib=lib)
-        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in jobs.items()}
+        self.switch = CoreSwitch(jobs, slots, max_elements, nc_rounding, seed, ffi=ffi, lib=lib, **control)
+        self.switch.control.stats = self.stats
+        self.core, self.jobs = self.switch.core, self.switch.jobs
         err = ffi.new("char[]", 256)
         self.loop = lib.ina_dpdk_new(self.core, dpdk_port, ip, port, loss, dup, reorder, (seed or 0) & MASK64,
                                      err, 256)
@@ -91,11 +90,11 @@ class DPDKServer:
     def serve_forever(self):
         length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
         while not self._stopped.is_set():
-            n = lib.ina_dpdk_run(self.loop)  # releases the GIL; returns now and then and for stats requests
+            n = lib.ina_dpdk_run(self.loop)  # releases the GIL; returns now and then and for control requests
             for i in range(n):
-                lib.ina_dpdk_punt(self.loop, i, length, src)
-                reply = wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode())
-                lib.ina_dpdk_send(self.loop, src[0], reply, len(reply))
+                data = bytes(ffi.buffer(lib.ina_dpdk_punt(self.loop, i, length, src), length[0]))
+                for reply, dst in self.switch.control_request(data, self.switch.address(src[0])):
+                    lib.ina_dpdk_send(self.loop, net.address_id(*dst), reply, len(reply))
             lib.ina_dpdk_punt_clear(self.loop)
 
     def stop(self):
@@ -106,11 +105,12 @@ class DPDKServer:
         pass  # the EAL and its port live as long as the process
 
     def stats(self, per_slot: bool = False) -> dict:
-        s = core_stats(self.core, per_slot, ffi=ffi, lib=lib)
+        s = self.switch.stats(per_slot)
         c = lib.ina_dpdk_counters_of(self.loop)
         s.update({"bytes_in": c.rx_bytes, "bytes_out": c.tx_bytes, "send_errors": c.tx_full,
                   "impairment": impairment_stats(c),
                   "dpdk": {"rx_packets": c.rx_packets, "tx_packets": c.tx_packets, "not_ina": c.not_ina,
+                           "tx_no_peer": c.tx_no_peer,
                            "arp_replies": c.arp_replies, "punts_dropped": c.punts_dropped, "mac": self.mac},
                   "uptime_s": round(time.monotonic() - self.started, 3)})
         return s

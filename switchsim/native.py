@@ -2,14 +2,13 @@
 model (`Switch`) and the Python server (`UDPServer`). Built by cffi at install time."""
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 from types import SimpleNamespace
 
-from hostlib import wire
+from inaproto import net, wire
 
+from .control import ControlPlane
 from .model import DROP_REASONS, SLOT_COUNTERS, check_config
 from .server import bind_udp, check_probabilities
 
@@ -69,39 +68,70 @@ def new_core(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: s
     return core
 
 
+LOCAL_IDS = 1 << 48  # address ids above the 48-bit IPv4:port range name in-process test addresses
+
+
 class CoreSwitch:
-    """model.Switch's interface on the C core: process(data, src) -> [(bytes, dst)], stats()."""
+    """model.Switch's interface on the C core: process(data, src) -> [(bytes, dst)], stats(), and the data
+    plane calls of the control plane (admit, member_packets, count_drop). (ffi, lib) name the cffi module
+    the core is compiled into (the DPDK module has its own copy)."""
 
     def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
-                 nc_rounding: str = "stochastic", seed: int = 0):
-        self.core = new_core(jobs, slots, max_elements, nc_rounding, seed)
+                 nc_rounding: str = "stochastic", seed: int = 0, ffi=ffi, lib=lib, **control):
+        self.ffi, self.lib = ffi, lib
+        self.core = new_core(jobs, slots, max_elements, nc_rounding, seed, ffi=ffi, lib=lib)
         self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in jobs.items()}
         self.slots, self.max_elements = slots, max_elements
         self._out = ffi.new("ina_out[]", lib.INA_MAX_OUT)
-        self._ids: dict[object, int] = {}  # source address -> 64-bit id the core keeps
+        self._ids: dict[object, int] = {}  # in-process source addresses (not (ip, port)) -> ids
         self._addrs: list[object] = []
+        self.control = ControlPlane(self, jobs, slots, max_elements, **control)
 
-    def _id(self, src) -> int:
+    def address_id(self, src) -> int:
+        """The id the core keeps for a source: IPv4 << 16 | port for (ip, port), else a local number."""
+        if isinstance(src, tuple):
+            return net.address_id(*src)
         i = self._ids.get(src)
         if i is None:
-            i = self._ids[src] = len(self._addrs)
+            i = self._ids[src] = LOCAL_IDS + len(self._addrs)
             self._addrs.append(src)
         return i
 
+    def address(self, i: int):
+        if i >= LOCAL_IDS:
+            return self._addrs[i - LOCAL_IDS]
+        return net.int_to_ip(i >> 16), i & 0xFFFF
+
     def process(self, data, src) -> list[tuple[bytes, object]]:
         data = bytes(data)
-        n = lib.ina_switch_process(self.core, data, len(data), self._id(src), self._out)
-        if n == lib.INA_PUNT:  # stats request: the control plane answers
-            reply = wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode())
-            lib.ina_switch_count_out(self.core, 1)
-            return [(reply, src)]
-        out = []
-        for o in self._out[0:n]:
-            out.append((bytes(ffi.buffer(o.hdr)) + bytes(ffi.buffer(o.payload, o.len)), self._addrs[o.dst]))
+        n = self.lib.ina_switch_process(self.core, data, len(data), self.address_id(src), self._out)
+        if n == self.lib.INA_PUNT:
+            return self.control_request(data, src)
+        buf = self.ffi.buffer
+        return [(bytes(buf(o.hdr)) + bytes(buf(o.payload, o.len)), self.address(o.dst)) for o in self._out[0:n]]
+
+    def control_request(self, data: bytes, src) -> list[tuple[bytes, object]]:
+        """A request the core punted (it parsed it): the control plane's answer, counted as sent."""
+        out = self.control.handle(wire.unpack(data), data, src)
+        self.lib.ina_switch_count_out(self.core, len(out))
         return out
 
+    # ------------------------------------------------------------------ the control plane's calls
+    def admit(self, job_id: int, generation: int, session: int, addresses: list):
+        ids = self.ffi.new("uint64_t[]", [self.address_id(a) for a in addresses])
+        if self.lib.ina_switch_admit(self.core, job_id, generation, session, ids) != 0:
+            raise KeyError(f"job {job_id} is not served")
+
+    def member_packets(self, job_id: int) -> list[int]:
+        out = self.ffi.new("uint64_t[]", wire.MAX_WORKERS)
+        self.lib.ina_switch_member_packets(self.core, job_id, out)
+        return list(out[0:self.jobs[job_id].world_size])
+
+    def count_drop(self, reason: str):
+        self.lib.ina_switch_count_drop(self.core, DROP_REASONS.index(reason))
+
     def stats(self, per_slot: bool = False) -> dict:
-        return core_stats(self.core, per_slot)
+        return core_stats(self.core, per_slot, ffi=self.ffi, lib=self.lib)
 
 
 def impairment_stats(c) -> dict:
@@ -111,8 +141,8 @@ def impairment_stats(c) -> dict:
 
 
 class CUDPServer:
-    """UDPServer's interface with the per-packet loop in C (csrc/ina_udp.c). Stats requests come up to
-    this Python control plane; everything else stays in C."""
+    """UDPServer's interface with the per-packet loop in C (csrc/ina_udp.c). Control requests (join, leave,
+    stats) come up to the Python control plane, rate-limited in C; everything else stays in C."""
 
     def __init__(self, backend: CoreSwitch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
                  reorder=0.0, seed=None):
@@ -126,21 +156,21 @@ class CUDPServer:
             raise MemoryError("cannot allocate the UDP loop")
         self._stopped = threading.Event()
         self.started = time.monotonic()
+        backend.control.stats = self.stats  # stats replies carry the loop's counters too
 
     def serve_forever(self):
         length, ip, port = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("uint16_t *")
         while not self._stopped.is_set():
-            n = lib.ina_udp_run(self.loop)  # releases the GIL until stopped or a stats request waits
+            n = lib.ina_udp_run(self.loop)  # releases the GIL until stopped or a control request waits
             if n < 0:
                 raise OSError(ffi.errno, "switch UDP loop failed")
             for i in range(n):
-                lib.ina_udp_punt(self.loop, i, length, ip, port)
-                dst = (socket.inet_ntoa(ip[0].to_bytes(4, "big")), port[0])
-                reply = wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode())
-                try:
-                    self.sock.sendto(reply, dst)
-                except OSError:
-                    pass
+                data = bytes(ffi.buffer(lib.ina_udp_punt(self.loop, i, length, ip, port), length[0]))
+                for reply, dst in self.backend.control_request(data, (net.int_to_ip(ip[0]), port[0])):
+                    try:
+                        self.sock.sendto(reply, dst)
+                    except OSError:
+                        pass
             lib.ina_udp_punt_clear(self.loop)
 
     def start_thread(self) -> threading.Thread:

@@ -9,8 +9,8 @@ import sys
 import threading
 import time
 
-from hostlib import wire
-from hostlib.worker import SOCKET_BUFFER, size_buffers
+from inaproto import wire
+from inaproto.net import SOCKET_BUFFER, size_buffers
 
 from .model import Switch
 
@@ -83,6 +83,7 @@ class UDPServer:
         self.stop_event = threading.Event()
         self.bytes_in = self.bytes_out = self.send_errors = 0
         self.started = time.monotonic()
+        backend.control.stats = self.stats  # stats replies carry the transport's counters too
 
     def _send(self, items):
         for data, dst in items:
@@ -119,10 +120,6 @@ class UDPServer:
                 except OSError:
                     continue
                 self.bytes_in += n
-                if n >= wire.HEADER_SIZE and buf[1] == wire.MSG_STATS_REQ:  # answered here: adds transport counters
-                    reply = json.dumps(self.stats()).encode()
-                    self._send([(wire.pack(wire.MSG_STATS, payload=reply), src)])
-                    continue
                 self._handle(bytes(view[:n]), src)
 
     def start_thread(self) -> threading.Thread:
@@ -145,11 +142,16 @@ class UDPServer:
 
 
 def query_stats(address: tuple[str, int], timeout=2.0) -> dict:
-    """Ask a running switch for its counters (MSG_STATS_REQ)."""
+    """Ask a running switch for its counters (MSG_STATS_REQ); it answers control hosts only (loopback, or
+    those given to `serve --control`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
         s.sendto(wire.pack(wire.MSG_STATS_REQ), address)
-        data, _ = s.recvfrom(1 << 20)
+        try:
+            data, _ = s.recvfrom(1 << 20)
+        except socket.timeout:
+            raise TimeoutError(f"no stats from {address[0]}:{address[1]} within {timeout:g} s (not a control "
+                               "host of the switch? see serve --control)") from None
     h = wire.unpack(data)
     if h.msg_type != wire.MSG_STATS:
         raise RuntimeError(f"switch answered {wire.MSG_NAMES.get(h.msg_type)} to a stats request")

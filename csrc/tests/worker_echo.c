@@ -64,8 +64,10 @@ static int run(int fd, int kind, size_t n, uint32_t k, int sparse)
     uint8_t *done = calloc(2 * nb, 1);
     if (kind != INA_WK_INT32 && ina_block_exponents(xf, n, k, exps))
         return 1;
-    ina_wk w = {.fd = fd, .job = 1, .rank = 0, .world = 1, .window = 8, .k = k, .base_pid = 0xFFFFFFF0u,
-                .kind = kind, .seed = 42, .src = kind == INA_WK_INT32 ? (void *)xi : (void *)xf, .n = n,
+    /* slot ids near the 32-bit wrap, and a call that starts mid-window */
+    uint32_t uses[8] = {0xFFFFFFF0u, 0xFFFFFFFEu, 3, 0, 0xFFFFFFFFu, 7, 1, 2}, rounds[8] = {0};
+    ina_wk w = {.fd = fd, .job = 1, .rank = 0, .world = 1, .window = 8, .k = k, .session = 0x5E55100Du,
+                .first_slot = 5, .slot_uses = uses, .stream_rounds = rounds, .kind = kind, .seed = 42, .src = kind == INA_WK_INT32 ? (void *)xi : (void *)xf, .n = n,
                 .exps = kind == INA_WK_INT32 ? NULL : exps, .agreed = agreed, .result = result, .done = done,
                 .rto = 0.002, .min_rto = 0.002, .max_rto = 0.01, .timeout = 20, .sparse = sparse, .held = held};
     memset(agreed, INA_EXP_NONE, nb);
@@ -93,7 +95,7 @@ static int run(int fd, int kind, size_t n, uint32_t k, int sparse)
     }
     bad |= memcmp(agreed, exps, kind == INA_WK_INT32 ? 0 : nb) != 0;
     if (sparse)
-        bad |= w.streams_done != w.streams || w.rounds_max % 2 || w.ndone != nb - nb / 3 - (nb % 3 == 2);
+        bad |= w.streams_done != w.streams || rounds[0] % 2 || w.ndone != nb - nb / 3 - (nb % 3 == 2);
     fprintf(stderr, "kind %d sparse %d: rc %d sent %lu retransmissions %lu duplicates %lu stale %lu -> %s\n", kind, sparse, rc,
             (unsigned long)w.packets_sent, (unsigned long)w.retransmissions, (unsigned long)w.duplicate_results,
             (unsigned long)w.stale_results, bad ? "BAD" : "ok");
