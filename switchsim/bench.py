@@ -60,18 +60,23 @@ def bench_codecs(mib: int = 64, repeat: int = 3) -> list[dict]:
 
 
 # ---------------------------------------------------------------- aggregator
+BENCH_SESSION = 0x5E55  # the generation the benchmark's switches admit (worker r sends from address r)
+
+
 def _rounds(codec: int, workers: int, k: int, rounds: int, slots: int) -> list[tuple[bytes, int]]:
-    """A lossless stream of update packets: every worker's packet for each round, round after round."""
+    """A lossless stream of update packets: every worker's packet for each round, round after round
+    (round q on slot q mod slots, whose use number q div slots is the packet id)."""
     rs = np.random.default_rng(0)
     pkts = []
-    for pid in range(rounds):
+    for q in range(rounds):
+        use = q // slots
         for r in range(workers):
             if codec == wire.CODEC_INT32:
                 payload, exp = rs.integers(-1000, 1000, k).astype(">i4").tobytes(), 0
             else:
                 payload, exp = (rs.integers(60, 64, k).astype(np.uint8)).tobytes(), 0
-            pkts.append((wire.pack(wire.MSG_UPDATE, 1, r, pid, pid % slots, (pid // slots) & 1, k, codec, exp,
-                                   exp, 0, payload), r))
+            pkts.append((wire.pack(wire.MSG_UPDATE, 1, r, use, q % slots, use & 1, k, codec, exp,
+                                   exp, 0, payload, BENCH_SESSION), r))
     return pkts
 
 
@@ -83,6 +88,7 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
     for name, codec, k in (("int32 x 256", wire.CODEC_INT32, 256), ("NC x 1024", wire.CODEC_NC8, 1024)):
         stream = _rounds(codec, workers, k, packets // workers, 512)
         model = Switch({1: workers}, slots=512, max_elements=1024)
+        model.admit(1, 1, BENCH_SESSION, list(range(workers)))
         sub = stream[: max(workers, len(stream) // 10)]  # the model is slow: a tenth of the stream
         t = best(lambda: [model.process(d, s) for d, s in sub], 1)
         base = len(sub) / t
@@ -90,6 +96,7 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
         if not native.available():
             continue
         core = native.CoreSwitch({1: workers}, slots=512, max_elements=1024)
+        core.admit(1, 1, BENCH_SESSION, list(range(workers)))
         t = best(lambda: [core.process(d, s) for d, s in sub], 1)
         rows.append({"what": f"C core via cffi per packet, {name}", "packets/s": len(sub) / t,
                      "x python": len(sub) / t / base})
@@ -97,6 +104,7 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
         lens = native.ffi.new("uint32_t[]", [len(d) for d, _ in stream])
         srcs = native.ffi.new("uint64_t[]", [s for _, s in stream])
         replay_core = native.new_core({1: workers}, 512, 1024, "stochastic", 0)
+        native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, native.ffi.new("uint64_t[]", list(range(workers))))
         t = best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1)
         rows.append({"what": f"C core, one core, {name}", "packets/s": len(stream) / t,
                      "x python": len(stream) / t / base})

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from hostlib import wire
+from inaproto import auth, wire
 
 
 def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
@@ -25,12 +25,27 @@ def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
 BACKENDS = ("python", "c", "dpdk")
 
 
+def parse_keys(specs: list[str] | None, jobs: dict[int, int]) -> dict[int, bytes]:
+    """--key-file [JOB:]FILE: the key of one job, or of every job served."""
+    keys = {}
+    for spec in specs or []:
+        job, sep, path = spec.partition(":")
+        if sep and job.isdigit():
+            keys[int(job)] = auth.load_key(path)
+        else:
+            keys.update(dict.fromkeys(jobs, auth.load_key(spec)))
+    unknown = sorted(set(keys) - set(jobs))
+    if unknown:
+        raise ValueError(f"--key-file for jobs {unknown} that are not served")
+    return keys
+
+
 def make_server(args):
     """(switch, server) for --backend: the reference model under the Python UDP loop, or the C core under
     the C UDP loop."""
     jobs = parse_jobs(args.workers, args.job)
     kw = dict(slots=args.slots, max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding,
-              seed=args.seed)
+              seed=args.seed, keys=parse_keys(args.key_file, jobs), control_hosts=args.control or ())
     net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
     if args.backend == "dpdk":
         from .dpdk import DPDKServer
@@ -55,7 +70,7 @@ def cmd_serve(args) -> int:
 
     try:
         switch, server = make_server(args)
-    except (ValueError, OSError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError) as e:  # OSError: a missing key file too
         print(f"switchsim: {e}", file=sys.stderr)
         return 2
     host, port = server.address
@@ -81,7 +96,7 @@ def cmd_serve(args) -> int:
 
 def cmd_stats(args) -> int:
     from .server import print_json, query_stats
-    from hostlib.worker import parse_address
+    from inaproto.net import parse_address
 
     try:
         print_json(query_stats(parse_address(args.switch), timeout=args.timeout))
@@ -181,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eal", help=f"dpdk: EAL arguments replacing the defaults ({'--no-huge ...'}), e.g. for a NIC")
     s.add_argument("--dpdk-port", type=int, default=0, help="dpdk: port id to serve on")
     s.add_argument("--json-stats", action="store_true", help="print the counters (with per-slot arrays) as JSON on exit")
+    s.add_argument("--key-file", action="append", metavar="[JOB:]FILE",
+                   help="a job key (>= 16 bytes): joins must carry its MAC (hostlib.connect(key=...) or "
+                        "$INA_JOB_KEY); JOB: for one job, else for every job served (repeatable)")
+    s.add_argument("--control", action="append", metavar="HOST",
+                   help="a host besides loopback that may read the counters (switchsim stats) (repeatable)")
     network(s)
     s.set_defaults(func=cmd_serve)
 

@@ -46,7 +46,7 @@ class VethNamespace:
     def serve_command(self, port: int) -> list[str]:
         """`switchsim serve` on the switch's end; add job and switch options."""
         return ["ip", "netns", "exec", self.ns, sys.executable, "-m", "switchsim", "serve", "--backend", "dpdk",
-                "--iface", self.switch_if, "--host", self.switch_ip, "--port", str(port)]
+                "--iface", self.switch_if, "--host", self.switch_ip, "--port", str(port), "--control", self.worker_ip]
 
     def close(self):
         subprocess.run(["ip", "link", "del", self.worker_if], capture_output=True)

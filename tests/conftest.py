@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from inaproto import wire
 from switchsim import native
 from switchsim.server import query_stats
 from switchsim.model import Switch
@@ -20,18 +21,56 @@ from switchsim.netns import VethNamespace
 from switchsim.server import UDPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAMPED = (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE, wire.MSG_LEAVE)
 
 
-class ModelHarness:
+class Harness:
+    """What every harness shares: rank r of the first job sends from port r (rank r of another job j from
+    port 1000 j + r), and every job is joined at the start, as workers would (join=False: not).
+    send(port, data) stamps a data packet built with session 0 with its job's session, as the worker
+    library does; any other packet goes out as it is (attack tests send wrong sessions explicitly)."""
+
+    def port_of(self, job: int, rank: int) -> int:
+        return rank if job == min(self.jobs) else 1000 * job + rank
+
+    def join_all(self, window: int = 64):
+        """Join every rank of every job; returns {job: session}."""
+        for job, n in self.jobs.items():
+            for r in range(n):
+                out = self.send(self.port_of(job, r), wire.pack_join(job, r, 1 + r, n, window))
+            acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
+            assert len(acks) == n, f"job {job}: {len(acks)} join acks for {n} ranks"
+            self.sessions[job] = acks[0].session
+        return self.sessions
+
+    @property
+    def session(self) -> int:
+        return self.sessions[min(self.jobs)]
+
+    def stamp(self, data: bytes) -> bytes:
+        if len(data) >= wire.HEADER_SIZE and data[1] in STAMPED and data[wire.OFFSETS["session"]:][:4] == bytes(4):
+            job = int.from_bytes(data[wire.OFFSETS["job"]:][:2], "big")
+            s = self.sessions.get(job, 0).to_bytes(4, "big")
+            return data[:wire.OFFSETS["session"]] + s + data[wire.OFFSETS["session"] + 4:]
+        return data
+
+    def start(self, jobs, join):
+        self.jobs, self.sessions = dict(jobs), {}
+        if join:
+            self.join_all()
+
+
+class ModelHarness(Harness):
     """Drives the reference model in-process; a 'port' is just an int address."""
 
     switch_class = Switch
 
-    def __init__(self, jobs, **kw):
+    def __init__(self, jobs, join=True, **kw):
         self.switch = self.switch_class(jobs, **kw)
+        self.start(jobs, join)
 
     def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
-        return [(dst, pkt) for pkt, dst in self.switch.process(data, port)]
+        return [(dst, pkt) for pkt, dst in self.switch.process(self.stamp(data), port)]
 
     def stats(self):
         return self.switch.stats()
@@ -40,17 +79,18 @@ class ModelHarness:
         pass
 
 
-class UDPHarness:
+class UDPHarness(Harness):
     """Drives a switch served over UDP on loopback; port k is a UDP socket of its own."""
 
     switch_class, server_class = Switch, UDPServer
     bind_ip = "127.0.0.1"
     quiet = 0.05  # a reply never takes longer than this on loopback; also how long "nothing" is awaited
 
-    def __init__(self, jobs, **kw):
+    def __init__(self, jobs, join=True, **kw):
         self.server = self.server_class(self.switch_class(jobs, **kw), "127.0.0.1", 0)
         self.thread = self.server.start_thread()
         self.socks: dict[int, socket.socket] = {}
+        self.start(jobs, join)
 
     def _sock(self, port):
         if port not in self.socks:
@@ -61,7 +101,7 @@ class UDPHarness:
         return self.socks[port]
 
     def send(self, port, data):
-        self._sock(port).sendto(data, self.server.address)
+        self._sock(port).sendto(self.stamp(data), self.server.address)
         out, deadline = [], time.monotonic() + self.quiet
         by_fd = {s.fileno(): p for p, s in self.socks.items()}
         while (left := deadline - time.monotonic()) > 0:
@@ -128,7 +168,7 @@ class DPDKHarness(UDPHarness):
 
     quiet = 0.1
 
-    def __init__(self, jobs, slots=512, max_elements=1024, nc_rounding="stochastic", seed=0):
+    def __init__(self, jobs, join=True, slots=512, max_elements=1024, nc_rounding="stochastic", seed=0):
         net = dpdk_net()
         args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")]
         args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed]
@@ -137,6 +177,7 @@ class DPDKHarness(UDPHarness):
         self.server = SimpleNamespace(address=(host, int(port)))
         self.bind_ip = net.worker_ip
         self.socks = {}
+        self.start(jobs, join)
 
     def stats(self):
         return query_stats(self.server.address)
