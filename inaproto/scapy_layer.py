@@ -34,6 +34,7 @@ class INA(Packet):
         ShortField("count", None),
         SignedByteField("exp_next", wire.EXP_NONE),
         XBitField("reserved", 0, 24),
+        XIntField("session", 0),
     ]
 
     def post_build(self, p, pay):

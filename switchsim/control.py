@@ -126,10 +126,12 @@ class ControlPlane:
         if job.key is not None and not auth.mac_ok(job.key, mac, h.job, h.rank, nonce, world, window):
             self.dataplane.count_drop("bad_mac")
             return self._error(h, src, f"join of job {h.job} rank {h.rank} refused: bad MAC (wrong job key?)")
-        if world != job.world_size or h.rank >= job.world_size or window < 1:
+        refusal = (f"job {h.job} has {job.world_size} workers, not {world}" if world != job.world_size else
+                   f"rank {h.rank} out of range for job {h.job} of {job.world_size} workers"
+                   if h.rank >= job.world_size else "window 0: a worker needs at least one slot" if window < 1 else "")
+        if refusal:
             self.dataplane.count_drop("unknown_worker")
-            return self._error(h, src, f"job {h.job} has {job.world_size} workers: rank {h.rank} of {world} "
-                                       f"(window {window}) refused")
+            return self._error(h, src, refusal)
         now = self.clock()
         m = job.members.get(h.rank)
         if m is not None and m.nonce == nonce and m.address == src and not m.left:

@@ -92,14 +92,14 @@ def test_announce_round_names_the_smallest_first_block_and_its_exponent(switch_b
 def test_round_sums_the_holders_and_moves_to_the_next_block(switch_backend, n):
     sw = switch_backend({1: n}, slots=2, max_elements=K)
     # round about block 2: W0 holds it (next 8), W1 holds it (next 6), W2 (if any) only has block 4
-    assert sw.send(0, sup(0, 1, block=2, nxt=8, k=1, exp_next=11)) == []
-    last = sup(1, 1, block=2, nxt=6, k=3, exp_next=7)
+    assert sw.send(0, sup(0, 0, block=2, nxt=8, k=1, exp_next=11)) == []
+    last = sup(1, 0, block=2, nxt=6, k=3, exp_next=7)
     if n == 3:
         assert sw.send(1, last) == []
-        last = sup(2, 1, nxt=4, exp_next=1)
-    got = check_multicast(sw.send(n - 1, last), n, 2, 4 if n == 3 else 6, k=4, exp_next=1 if n == 3 else 7, pid=1)
+        last = sup(2, 0, nxt=4, exp_next=1)
+    got = check_multicast(sw.send(n - 1, last), n, 2, 4 if n == 3 else 6, k=4, exp_next=1 if n == 3 else 7, pid=0)
     # a retransmission after completion gets the same bytes back, unicast
-    again = sw.send(0, sup(0, 1, block=2, nxt=8, k=1, exp_next=11))
+    again = sw.send(0, sup(0, 0, block=2, nxt=8, k=1, exp_next=11))
     assert again == [(0, got[0][2])]
     s = sw.stats()["jobs"]["1"]
     assert (s["multicast"], s["resent"]) == (1, 1)
@@ -245,7 +245,8 @@ def test_block_sparse_nc_is_unbiased_with_the_predicted_error(switch_process):
     assert all(np.array_equal(o, outs[0]) for o in outs)
     assert np.all(outs[0][exact == 0] == 0)
     nonzero = sum(int(np.any(x.reshape(-1, 1024) != 0, axis=1).sum()) for x in xs[:1])
-    assert stats[0].bytes_sent <= stats[0].packets_sent * 30 + nonzero * 1024  # headers (joins: 30 B), codes
+    header = wire.HEADER_SIZE + wire.BLOCK_EXT_SIZE  # the join is padded to JOIN_SIZE
+    assert stats[0].bytes_sent <= wire.JOIN_SIZE + (stats[0].packets_sent - 1) * header + nonzero * 1024
 
 
 @pytest.mark.parametrize("pattern", ["all-zero", "one-rank-only", "one-short-block", "fewer-blocks-than-window",

@@ -122,7 +122,8 @@ def test_two_jobs_share_one_switch(switch_process):
 def test_control_replies_keep_their_payload_in_one_batch_with_impairment_on(switch_process):
     """Regression: with an impairment active, the C loop queued a control reply's payload by pointer into the
     core's scratch buffer, so a JOIN_WAIT for job 7 in the same receive batch overwrote job 1's JOIN_ACK.
-    The switch is paused (SIGSTOP) while the joins arrive, so they land in one batch."""
+    (Since protocol v2 the control plane answers joins, punted out of the batch.) The switch is paused
+    (SIGSTOP) while the joins arrive, so they land in one batch."""
     import os
     import signal
     import socket
@@ -138,8 +139,7 @@ def test_control_replies_keep_their_payload_in_one_batch_with_impairment_on(swit
         os.kill(sw.proc.pid, signal.SIGSTOP)
         try:
             for s, (job, rank) in zip(socks, [(1, 0), (1, 1), (7, 0)]):
-                s.sendto(wire.pack(wire.MSG_JOIN, job=job, rank=rank, payload=wire.JOIN_PAYLOAD.pack(rank + 1, 2)),
-                         (host, int(port)))
+                s.sendto(wire.pack_join(job, rank, rank + 1, 2, 64), (host, int(port)))
             time.sleep(0.2)
         finally:
             os.kill(sw.proc.pid, signal.SIGCONT)
@@ -149,8 +149,8 @@ def test_control_replies_keep_their_payload_in_one_batch_with_impairment_on(swit
                 data = s.recv(2048)
             h = wire.unpack(data)
             assert (h.msg_type, h.job) == (wire.MSG_JOIN_ACK, 1)
-            _, slots, max_elements = wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
-            assert (slots, max_elements) == (300, 1024)
+            _, slots, max_elements, window = wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
+            assert (slots, max_elements, window) == (300, 1024, 64)
         h = wire.unpack(socks[2].recv(2048))
         assert (h.msg_type, h.job) == (wire.MSG_JOIN_WAIT, 7)
     finally:
@@ -224,8 +224,9 @@ def test_shapes_dtypes_and_torch_tensors(switch_process):
 
 @pytest.mark.parametrize("fast", [True, False], ids=["c-loop", "python-loop"])
 def test_packet_ids_wrap_past_2_32_with_any_window(switch_process, fast):
-    """The 32-bit packet id wraps during these calls; with a window of 12 (2^32 is not a multiple of 2W)
-    slots and sets must still follow the unbounded packet counter, dense and block-sparse alike."""
+    """Every slot's 32-bit packet id (its use number) wraps during these calls, dense and block-sparse
+    alike, with a window of 12 and a call starting mid-window: the ids run on mod 2^32 and the sets with
+    their parity."""
     n, size = 3, 5000
     sw = switch_process("--workers", n)
     rs = np.random.default_rng(12)
@@ -237,10 +238,11 @@ def test_packet_ids_wrap_past_2_32_with_any_window(switch_process, fast):
     def work(r):
         try:
             with hostlib.connect(sw.address, r, n, window=12, elements_per_packet=64, timeout=10, fast=fast) as c:
-                c._next_pid = 2**32 - 100  # as after ~4 billion packets
+                c._uses[:] = 2**32 - 12 + np.arange(12)  # as after ~4 billion uses of each slot
+                c._next_slot = 5
                 for flag in (False, True, False, True):
                     outs[r] = c.allreduce(xs[r], sparse=flag)
-                assert c._next_pid > 2**32
+                assert np.all(c._uses < 1000)  # every slot went past the wrap
         except Exception as e:  # noqa: BLE001 - reported to the test
             errors[r] = e
 

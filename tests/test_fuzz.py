@@ -11,13 +11,24 @@ from switchsim.model import DROP_REASONS, Switch
 from .test_e2e import run_workers
 
 
+SESSION = 0x5E55
+
+
+def admitted_switch(world, **kw):
+    """A model switch whose job 1 is admitted: rank r sends from address r + 1 with SESSION."""
+    sw = Switch({1: world}, **kw)
+    sw.admit(1, 1, SESSION, [r + 1 for r in range(world)])
+    return sw
+
+
 def valid_update(rank=0, count=8, codec=wire.CODEC_INT32, exp_cur=0, sparse=False):
     size = wire.ELEMENT_SIZE[codec]
     if sparse:  # a block-sparse round's packet: elements of block 3, next block 7
         return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, 1, rank, count=count, codec=codec, exp_cur=exp_cur,
-                                block=3 if count else wire.BLOCK_NONE, next_block=7, payload=bytes(count * size))
+                                block=3 if count else wire.BLOCK_NONE, next_block=7, payload=bytes(count * size),
+                                session=SESSION)
     return wire.pack(wire.MSG_UPDATE, job=1, rank=rank, count=count, codec=codec, exp_cur=exp_cur,
-                     payload=bytes(count * size))
+                     payload=bytes(count * size), session=SESSION)
 
 
 @settings(max_examples=400, deadline=None)
@@ -32,7 +43,7 @@ def test_random_bytes_never_crash_the_model(data):
 @settings(max_examples=400, deadline=None)
 @given(st.data())
 def test_mutated_valid_packets_are_processed_or_counted(data):
-    sw = Switch({1: 2}, slots=4, max_elements=64)
+    sw = admitted_switch(2, slots=4, max_elements=64)
     codec = data.draw(st.sampled_from([wire.CODEC_INT32, wire.CODEC_NC8]))
     pkt = bytearray(valid_update(count=8, codec=codec, exp_cur=10, sparse=data.draw(st.booleans())))
     for _ in range(data.draw(st.integers(1, 4))):
@@ -49,14 +60,16 @@ def test_mutated_valid_packets_are_processed_or_counted(data):
 
 
 def test_invalid_nc_codes_are_dropped():
-    sw = Switch({1: 1}, slots=1, max_elements=8)
+    sw = admitted_switch(1, slots=1, max_elements=8)
     exp = 0  # codes must lie in [2^-55, 2^0]
     for code in (0x80, 64 + 1, 1):  # negative zero, 2^1 > 2^exp, 2^-63 below the floor
-        p = wire.pack(wire.MSG_UPDATE, job=1, count=1, codec=wire.CODEC_NC8, exp_cur=exp, payload=bytes([code]))
-        assert sw.process(p, 0) == []
+        p = wire.pack(wire.MSG_UPDATE, job=1, count=1, codec=wire.CODEC_NC8, exp_cur=exp, payload=bytes([code]),
+                      session=SESSION)
+        assert sw.process(p, 1) == []
     assert sw.drops["bad_codes"] == 3
-    ok = wire.pack(wire.MSG_UPDATE, job=1, count=1, codec=wire.CODEC_NC8, exp_cur=exp, payload=bytes([64]))
-    assert len(sw.process(ok, 0)) == 1
+    ok = wire.pack(wire.MSG_UPDATE, job=1, count=1, codec=wire.CODEC_NC8, exp_cur=exp, payload=bytes([64]),
+                   session=SESSION)
+    assert len(sw.process(ok, 1)) == 1
 
 
 def test_udp_server_survives_garbage_and_still_aggregates(switch_process):

@@ -13,13 +13,14 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 @given(msg=st.sampled_from([wire.MSG_UPDATE, wire.MSG_RESULT]), job=st.integers(0, 0xFFFF),
        rank=st.integers(0, 63), pid=st.integers(0, 2**32 - 1), slot=st.integers(0, wire.MAX_SLOTS - 1),
        set_=st.integers(0, 1), codec=st.sampled_from([wire.CODEC_INT32, wire.CODEC_NC8]),
-       count=st.integers(0, 300), e1=st.integers(-128, 127), e2=st.integers(-128, 127), flags=st.integers(0, 255))
-def test_pack_unpack_roundtrip(msg, job, rank, pid, slot, set_, codec, count, e1, e2, flags):
+       count=st.integers(0, 300), e1=st.integers(-128, 127), e2=st.integers(-128, 127), flags=st.integers(0, 255),
+       session=st.integers(0, 2**32 - 1))
+def test_pack_unpack_roundtrip(msg, job, rank, pid, slot, set_, codec, count, e1, e2, flags, session):
     payload = bytes(count * wire.ELEMENT_SIZE[codec])
-    data = wire.pack(msg, job, rank, pid, slot, set_, count, codec, e1, e2, flags, payload)
+    data = wire.pack(msg, job, rank, pid, slot, set_, count, codec, e1, e2, flags, payload, session)
     h = wire.unpack(data)
     assert (h.msg_type, h.job, h.rank, h.packet_id, h.slot, h.set, h.count, h.codec, h.exp_cur, h.exp_next,
-            h.flags) == (msg, job, rank, pid, slot, set_, count, codec, e1, e2, flags)
+            h.flags, h.session) == (msg, job, rank, pid, slot, set_, count, codec, e1, e2, flags, session)
     assert h.pack(payload) == data
     assert wire.payload_view(data, h).size == count
 
@@ -45,11 +46,13 @@ def test_byte_layout_matches_docs():
     assert rows, "no header table in docs/protocol.md"
     fields = {name: (int(off), int(size)) for off, size, name in rows}
     data = wire.pack(wire.MSG_RESULT, job=0x1234, rank=0x56, packet_id=0x789ABCDE, slot=0x0123, set=1, count=0,
-                     codec=wire.CODEC_NC8, exp_cur=-3, exp_next=9, flags=wire.FLAG_OVERFLOW)
+                     codec=wire.CODEC_NC8, exp_cur=-3, exp_next=9, flags=wire.FLAG_OVERFLOW, session=0xC0FFEE42)
     expect = {"version": wire.VERSION, "msg_type": wire.MSG_RESULT, "codec": wire.CODEC_NC8,
               "flags": wire.FLAG_OVERFLOW, "job": 0x1234, "rank": 0x56, "exp_cur": (-3) & 0xFF,
-              "packet_id": 0x789ABCDE, "pool_index": 0x8123, "count": 0, "exp_next": 9, "reserved": 0}
+              "packet_id": 0x789ABCDE, "pool_index": 0x8123, "count": 0, "exp_next": 9, "reserved": 0,
+              "session": 0xC0FFEE42}
     assert set(fields) == set(expect)
+    assert {("pool" if n == "pool_index" else n): o for n, (o, _) in fields.items()} == wire.OFFSETS
     for name, value in expect.items():
         off, size = fields[name]
         assert int.from_bytes(data[off:off + size], "big") == value, name
@@ -95,10 +98,32 @@ def test_scapy_layer_dissects_and_builds_block_sparse_messages():
 
 def test_block_extension_layout_matches_docs():
     rows = re.findall(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*`ext\.(\w+)`", DOC.read_text(), re.M)
-    assert {name: (int(off), int(size)) for off, size, name in rows} == {"block": (20, 4), "next_block": (24, 4)}
+    h = wire.HEADER_SIZE
+    assert {name: (int(off), int(size)) for off, size, name in rows} == {"block": (h, 4), "next_block": (h + 4, 4)}
     data = wire.pack_sparse(wire.MSG_SPARSE_RESULT, count=1, block=0x01020304, next_block=0x05060708,
                             payload=bytes(4))
-    assert data[20:24] == b"\x01\x02\x03\x04" and data[24:28] == b"\x05\x06\x07\x08"
-    assert wire.HEADER_SIZE + wire.BLOCK_EXT_SIZE == 28
+    assert data[h:h + 4] == b"\x01\x02\x03\x04" and data[h + 4:h + 8] == b"\x05\x06\x07\x08"
+    assert wire.HEADER_SIZE + wire.BLOCK_EXT_SIZE == 32
     for code in wire.SPARSE_MESSAGES:
         assert re.search(rf"^\| {code} \| {wire.MSG_NAMES[code]} \|", DOC.read_text(), re.M)
+
+
+def test_generated_c_header_is_up_to_date():
+    """csrc/ina_wire.h is generated from inaproto/wire.py (python -m inaproto.gen_c); a stale copy fails."""
+    from inaproto import gen_c
+
+    with open(gen_c.PATH) as f:
+        assert f.read() == gen_c.render(), "run: python -m inaproto.gen_c"
+    assert gen_c.main(["--check"]) == 0
+
+
+def test_join_answers_are_never_larger_than_the_join():
+    """Anti-amplification by construction: every reply to a join (ack, wait, the longest error) fits in it."""
+    join = wire.pack_join(1, 0, 7, 4, 64)
+    assert len(join) == wire.JOIN_SIZE and wire.unpack(join).msg_type == wire.MSG_JOIN
+    ack = wire.pack(wire.MSG_JOIN_ACK, payload=wire.JOIN_ACK_PAYLOAD.pack(1, 2, 3, 4))
+    wait = wire.pack(wire.MSG_JOIN_WAIT, payload=wire.JOIN_WAIT_PAYLOAD.pack(5))
+    error = wire.pack(wire.MSG_ERROR, payload=bytes(wire.MAX_ERROR_TEXT))
+    assert max(len(ack), len(wait), len(error)) <= len(join)
+    with pytest.raises(wire.WireError, match="join is"):
+        wire.unpack(join[:-1])  # an unpadded join is malformed: it could be answered with more than it sent
