@@ -109,6 +109,7 @@ def test_nc_through_the_switch_model_bidirectional():
     n, k = xs.shape
     exp = int(block_exponents(xs.reshape(1, -1))[0])
     sw = Switch({1: n}, slots=1, max_elements=k, seed=5)
+    sw.admit(1, 1, 77, list(range(n)))  # rank r sends from address r with session 77
     outs = []
     for d in range(DRAWS // 2):
         pid = d
@@ -116,7 +117,8 @@ def test_nc_through_the_switch_model_bidirectional():
         for r in range(n):
             payload = natural.encode(xs[r], seed=1000 * d + r, floor=wire.nc_floor(exp))
             res = sw.process(wire.pack(wire.MSG_UPDATE, job=1, rank=r, packet_id=pid, slot=0, set=pid & 1,
-                                       count=k, codec=wire.CODEC_NC8, exp_cur=exp, payload=payload.tobytes()), r)
+                                       count=k, codec=wire.CODEC_NC8, exp_cur=exp, payload=payload.tobytes(),
+                                       session=77), r)
         assert len(res) == n
         h = wire.unpack(res[0][0])
         outs.append(natural.decode(wire.payload_view(res[0][0], h), np.float64))

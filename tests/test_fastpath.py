@@ -22,7 +22,8 @@ CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 
 class RecordingSwitch(Switch):
-    """The reference model, keeping every update it is sent ((rank, packet id) -> copies)."""
+    """The reference model, keeping every update it is sent ((rank, slot, packet id) -> copies), with the
+    session field zeroed (each run joins a generation of its own)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -33,7 +34,8 @@ class RecordingSwitch(Switch):
         try:
             h = wire.unpack(data)
             if h.msg_type in (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE):
-                self.updates.setdefault((h.rank, h.packet_id), []).append(data)
+                off = wire.OFFSETS["session"]
+                self.updates.setdefault((h.rank, h.slot, h.packet_id), []).append(data[:off] + bytes(4) + data[off + 4:])
         except wire.WireError:
             pass
         return super().process(data, src)

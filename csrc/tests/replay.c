@@ -1,7 +1,8 @@
 /* Replays a packet trace through the core and writes what it emits, for tests/test_native.py, which
  * builds this with AddressSanitizer and compares the output with the reference model's.
  * in:  u32 slots, u32 max_elements, u32 deterministic, u64 seed, u32 jobs, jobs x (u32 id, u32 world),
- *      then packets: u32 len, u64 src, bytes (little-endian framing)
+ *      then records (little-endian framing): u8 0, u32 len, u64 src, bytes (a packet), or
+ *      u8 1, u32 job, u64 generation, u32 session, u32 n, n x u64 address (what the control plane admitted)
  * out: per emitted packet: u32 index of the packet that caused it, u64 dst, u32 len, bytes
  * It also runs the codec kernels over odd-sized buffers so the sanitizer sees their loops. */
 #include <stdio.h>
@@ -50,7 +51,18 @@ int main(int argc, char **argv)
     static ina_out o[INA_MAX_OUT];
     uint32_t len;
     uint64_t src;
-    for (uint32_t index = 0; rd(in, &len, 4) && rd(in, &src, 8); index++) {
+    uint8_t kind;
+    for (uint32_t index = 0; rd(in, &kind, 1); ) {
+        if (kind == 1) {
+            uint32_t job, session, n;
+            uint64_t gen, addrs[INA_MAX_WORKERS];
+            if (!rd(in, &job, 4) || !rd(in, &gen, 8) || !rd(in, &session, 4) || !rd(in, &n, 4) ||
+                n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) || ina_switch_admit(sw, job, gen, session, addrs))
+                return 2;
+            continue;
+        }
+        if (!rd(in, &len, 4) || !rd(in, &src, 8))
+            return 2;
         uint8_t *pkt = malloc(len ? len : 1); /* exact size: a read past the end is a sanitizer report */
         if (!rd(in, pkt, len))
             return 2;
@@ -64,6 +76,7 @@ int main(int argc, char **argv)
             fwrite(o[i].payload, 1, o[i].len, out);
         }
         free(pkt);
+        index++;
     }
     ina_switch_free(sw);
     fclose(in);
