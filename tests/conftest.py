@@ -8,12 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from inaproto import wire
+from inaproto import auth, wire
 from switchsim import native
 from switchsim.server import query_stats
 from switchsim.model import Switch
@@ -33,11 +34,17 @@ class Harness:
     def port_of(self, job: int, rank: int) -> int:
         return rank if job == min(self.jobs) else 1000 * job + rank
 
-    def join_all(self, window: int = 64):
-        """Join every rank of every job; returns {job: session}."""
+    def join_packet(self, job: int, rank: int, nonce: int, window: int = 64) -> bytes:
+        """A join as the worker library sends it (with the job key's MAC where the job has one)."""
+        n, key = self.jobs[job], self.keys.get(job)
+        mac = auth.join_mac(key, job, rank, nonce, n, window) if key else bytes(wire.JOIN_MAC_SIZE)
+        return wire.pack_join(job, rank, nonce, n, window, mac)
+
+    def join_all(self, nonce: int = 1, window: int = 64):
+        """Join every rank of every job (rank r with nonce + r); returns {job: session}."""
         for job, n in self.jobs.items():
             for r in range(n):
-                out = self.send(self.port_of(job, r), wire.pack_join(job, r, 1 + r, n, window))
+                out = self.send(self.port_of(job, r), self.join_packet(job, r, nonce + r, window))
             acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
             assert len(acks) == n, f"job {job}: {len(acks)} join acks for {n} ranks"
             self.sessions[job] = acks[0].session
@@ -54,8 +61,12 @@ class Harness:
             return data[:wire.OFFSETS["session"]] + s + data[wire.OFFSETS["session"] + 4:]
         return data
 
-    def start(self, jobs, join):
-        self.jobs, self.sessions = dict(jobs), {}
+    def blast(self, port: int, packets: list[bytes]) -> list[tuple[int, bytes]]:
+        """Send many packets from one port; everything that came back."""
+        return [o for p in packets for o in self.send(port, p)]
+
+    def start(self, jobs, join, keys=None):
+        self.jobs, self.sessions, self.keys = dict(jobs), {}, dict(keys or {})
         if join:
             self.join_all()
 
@@ -67,7 +78,7 @@ class ModelHarness(Harness):
 
     def __init__(self, jobs, join=True, **kw):
         self.switch = self.switch_class(jobs, **kw)
-        self.start(jobs, join)
+        self.start(jobs, join, kw.get("keys"))
 
     def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         return [(dst, pkt) for pkt, dst in self.switch.process(self.stamp(data), port)]
@@ -90,7 +101,7 @@ class UDPHarness(Harness):
         self.server = self.server_class(self.switch_class(jobs, **kw), "127.0.0.1", 0)
         self.thread = self.server.start_thread()
         self.socks: dict[int, socket.socket] = {}
-        self.start(jobs, join)
+        self.start(jobs, join, kw.get("keys"))
 
     def _sock(self, port):
         if port not in self.socks:
@@ -101,7 +112,11 @@ class UDPHarness(Harness):
         return self.socks[port]
 
     def send(self, port, data):
-        self._sock(port).sendto(self.stamp(data), self.server.address)
+        return self.blast(port, [data])
+
+    def blast(self, port, packets):
+        for data in packets:
+            self._sock(port).sendto(self.stamp(data), self.server.address)
         out, deadline = [], time.monotonic() + self.quiet
         by_fd = {s.fileno(): p for p, s in self.socks.items()}
         while (left := deadline - time.monotonic()) > 0:
@@ -168,22 +183,29 @@ class DPDKHarness(UDPHarness):
 
     quiet = 0.1
 
-    def __init__(self, jobs, join=True, slots=512, max_elements=1024, nc_rounding="stochastic", seed=0):
+    def __init__(self, jobs, join=True, slots=512, max_elements=1024, nc_rounding="stochastic", seed=0, keys=None):
         net = dpdk_net()
         args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")]
+        self.keydir = tempfile.TemporaryDirectory()
+        for j, key in (keys or {}).items():
+            path = os.path.join(self.keydir.name, f"job{j}.key")
+            with open(path, "wb") as f:
+                f.write(key)
+            args += ["--key-file", f"{j}:{path}"]
         args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed]
         self.proc = SwitchProcess(*args, cmd=net.serve_args(net.port()))
         host, port = self.proc.address.split(":")
         self.server = SimpleNamespace(address=(host, int(port)))
         self.bind_ip = net.worker_ip
         self.socks = {}
-        self.start(jobs, join)
+        self.start(jobs, join, keys)
 
     def stats(self):
         return query_stats(self.server.address)
 
     def close(self):
         self.proc.stop()
+        self.keydir.cleanup()
         for s in self.socks.values():
             s.close()
 

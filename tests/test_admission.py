@@ -1,0 +1,139 @@
+"""Protocol v2 on every backend (conftest.BACKENDS): a job only its own workers can touch. One test per
+attack that worked on protocol v1 (spoofed rank, stranger joins, a stray join, the previous generation,
+far-ahead ids, amplification, stats to anyone), each with the check that the real job is untouched."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hostlib import wire
+from switchsim import control
+
+from .test_conformance import V, update
+
+STRANGER = 50  # a port no rank joined from
+
+
+def results(out):
+    return sorted((port, wire.unpack(d).msg_type, wire.unpack(d).packet_id) for port, d in out)
+
+
+def summed(out, k):
+    """Every packet is a result carrying V(k)."""
+    return all(np.array_equal(wire.payload_view(d, wire.unpack(d)), V(k)) for _, d in out)
+
+
+def test_spoofed_rank_changes_no_sum_and_gets_nothing(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    assert sw.send(0, update(0, 0, 0, 1, 0, 0)) == []
+    # the attacker knows job, rank, slot, packet id, even the session: it is not rank 1's address
+    forged = wire.pack(wire.MSG_UPDATE, 1, 1, 0, 0, 0, 64, wire.CODEC_INT32, 0, 0, 0,
+                       (V(1) * 1000).astype(">i4").tobytes(), sw.session)
+    empty = wire.pack(wire.MSG_UPDATE, 1, 0, 0, 0, 0, 0, wire.CODEC_INT32, session=sw.session)
+    assert sw.blast(STRANGER, [forged] * 4 + [empty] * 4) == []
+    out = sw.send(1, update(1, 0, 0, 1, 0, 0))
+    assert sorted(p for p, _ in out) == [0, 1]
+    assert summed(out, 2)  # 1 + 1, not 1 + 1000
+    assert sw.send(STRANGER, empty) == []  # a completed round is resent to members only
+    assert sw.stats()["dropped"]["spoofed"] == 9
+
+
+def test_stranger_joins_cannot_take_over_a_live_job(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    replies = sw.blast(STRANGER, [wire.pack_join(1, r, 77 + r, 2, 64) for r in (0, 1)] * 3)
+    assert all(wire.unpack(d).msg_type == wire.MSG_JOIN_WAIT and len(d) <= wire.JOIN_SIZE for _, d in replies)
+    assert {p for p, _ in replies} <= {STRANGER}
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    out = sw.send(1, update(1, 0, 0, 1, 0, 0))
+    assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)
+    assert sw.stats()["jobs"]["1"]["generation"] == 1
+
+
+def test_a_stray_join_cannot_wedge_the_barrier(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    sw.send(STRANGER, wire.pack_join(1, 0, 99, 2, 64))  # left pending
+    # a member whose ack was lost re-sends its join: answered at once, whatever is pending
+    again = sw.send(1, sw.join_packet(1, 1, 2))
+    assert [(p, wire.unpack(d).msg_type) for p, d in again] == [(1, wire.MSG_JOIN_ACK)]
+    # the job ends (leave) and restarts from the same ports: the stray is replaced, not obeyed
+    for r in (0, 1):
+        assert sw.send(r, wire.pack(wire.MSG_LEAVE, job=1, rank=r)) == []
+    sessions = sw.join_all(nonce=10)
+    assert sw.stats()["jobs"]["1"]["generation"] == 2 and sessions[1]
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    out = sw.send(1, update(1, 0, 0, 1, 0, 0))
+    assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)
+
+
+def test_previous_generation_cannot_touch_the_next(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    old = sw.session
+    assert sw.send(0, update(0, 0, 0, 1, 0, 0)) == []  # a round of generation 1, never completed
+    for r in (0, 1):
+        sw.send(r, wire.pack(wire.MSG_LEAVE, job=1, rank=r))
+    assert sw.join_all(nonce=20)[1] != old
+    zombie = wire.pack(wire.MSG_UPDATE, 1, 1, 0, 0, 0, 64, wire.CODEC_INT32, 0, 0, 0,
+                       (V(1) * 500).astype(">i4").tobytes(), old)
+    assert sw.blast(1, [zombie] * 3) == []  # rank 1's zombie, still retransmitting from its old port
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    out = sw.send(1, update(1, 0, 0, 1, 0, 0))
+    assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)  # not 502
+    assert sw.stats()["dropped"]["wrong_session"] == 3
+
+
+def test_far_ahead_ids_cannot_claim_a_set(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    wedge = [update(r, s, x, 1, pid, 0) for r in (0, 1) for s in (0, 1) for x in (0, 1) for pid in (x + 2, x + 1000)]
+    assert sw.blast(0, [p for p in wedge if p[6] == 0]) == []  # from rank 0 itself
+    assert sw.blast(1, [p for p in wedge if p[6] == 1]) == []
+    assert sw.stats()["dropped"]["ahead"] == len(wedge)
+    for slot in (0, 1):  # every slot still runs its rounds 0 and 1
+        for pid in (0, 1):
+            sw.send(0, update(0, slot, pid, 1, pid, 0))
+            out = sw.send(1, update(1, slot, pid, 1, pid, 0))
+            assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)
+
+
+def test_answers_to_strangers_are_small_and_rate_limited(switch_backend):
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    join = wire.pack_join(9, 0, 5, 2, 64)
+    out = sw.send(STRANGER, join)
+    assert len(out) == 1 and len(out[0][1]) <= len(join)
+    assert out[0][1][wire.HEADER_SIZE:] == b"unknown job 9"  # and no list of the jobs served
+    flood = sw.blast(STRANGER, [join] * (control.ERROR_RATE[1] + 100))
+    assert len(flood) <= control.ERROR_RATE[1] + 10  # the burst, and what the rate refilled meanwhile
+    assert sw.stats()["dropped"]["rate_limited"] >= 80
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    assert summed(sw.send(1, update(1, 0, 0, 1, 0, 0)), 2)
+
+
+def test_keyed_job_admits_only_joins_with_the_mac(switch_backend):
+    key = b"0123456789abcdef-key"
+    sw = switch_backend({1: 2}, join=False, slots=2, max_elements=64, keys={1: key})
+    unsigned = [wire.pack_join(1, r, 5 + r, 2, 64) for r in (0, 1)]
+    out = sw.blast(STRANGER, unsigned)
+    assert all(wire.unpack(d).msg_type == wire.MSG_ERROR and b"MAC" in d for _, d in out) and len(out) == 2
+    assert sw.stats()["dropped"]["bad_mac"] == 2
+    assert sw.join_all()[1]  # with the key's MAC
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    assert summed(sw.send(1, update(1, 0, 0, 1, 0, 0)), 2)
+    # with a key, the holder may restart the job from new ports at once (no liveness wait)
+    sw.sessions.clear()
+    for r in (0, 1):
+        out = sw.send(10 + r, sw.join_packet(1, r, 40 + r))
+    assert sorted(p for p, d in out if wire.unpack(d).msg_type == wire.MSG_JOIN_ACK) == [10, 11]
+
+
+@pytest.mark.parametrize("host,answered", [("127.0.0.1", True), ("10.9.9.9", False)])
+def test_stats_go_to_control_hosts_only(host, answered):
+    """In-process (model and C core alike): the control plane answers loopback and --control hosts."""
+    from switchsim.model import Switch
+    from switchsim.native import CoreSwitch
+
+    req = wire.pack(wire.MSG_STATS_REQ)
+    for cls in (Switch, CoreSwitch):
+        sw = cls({1: 2})
+        out = sw.process(req, (host, 5000))
+        assert (len(out) == 1 and wire.unpack(out[0][0]).msg_type == wire.MSG_STATS) == answered
+        assert sw.stats()["dropped"]["not_control"] == (0 if answered else 1)
+        assert len(cls({1: 2}, control_hosts=["10.9.9.9"]).process(req, ("10.9.9.9", 1))) == 1
