@@ -127,7 +127,7 @@ class Communicator:
                else bytes(wire.JOIN_MAC_SIZE))
         join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac)
         deadline = time.monotonic() + timeout
-        joined, heard, refused = 0, False, False
+        joined, heard, refused, confirmed = 0, False, False, False
         while True:
             self._send(join)
             until = min(time.monotonic() + 0.1, deadline)
@@ -147,6 +147,9 @@ class Communicator:
                                        + data[wire.HEADER_SIZE:].decode(errors="replace"))
                     if h.msg_type == wire.MSG_JOIN_WAIT and h.job == self.job:
                         joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
+                        if not confirmed:  # the switch counts a join once it is repeated: do it at once
+                            confirmed = True
+                            self._send(join)
                     if h.msg_type == wire.MSG_JOIN_ACK and h.job == self.job:
                         self.generation, self.slots, self.max_elements, self.window = (
                             wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE))

@@ -8,8 +8,11 @@ What it guarantees (docs/protocol.md, threat model):
 - each rank's packets are accepted only from the address it joined from;
 - with a job key, a join must carry the MAC of it (inaproto.auth); without one, a rank held by a live
   member (heard within `member_idle` seconds, not left) is not handed to another address;
-- pending joins expire after `join_expiry` seconds, and a member re-sending its own join is always
-  answered, so a stray join cannot wedge a barrier;
+- a pending join counts for the barrier only once confirmed (sent again from the same address with the
+  same nonce: workers answer their first join_wait at once, then repeat every 100 ms), a confirmed claim
+  holds its rank against other addresses, and pending joins not repeated for `join_expiry` seconds
+  expire; a member re-sending its own join is always answered. So a stray join, which nobody confirms,
+  can neither wedge a barrier nor take a rank in it;
 - no answer is larger than the request it answers (joins are padded to JOIN_SIZE), errors and stats are
   rate-limited, and stats go only to control hosts (loopback by default).
 """
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 
 from inaproto import auth, net, rng, wire
 
-JOIN_EXPIRY = 10.0  # seconds a pending join waits for the rest of the barrier
+JOIN_EXPIRY = 3.0  # seconds a pending join lives without being repeated (workers repeat it every 100 ms)
 MEMBER_IDLE = 3.0  # seconds without a packet after which a member's rank may be taken over (no key)
 CONTROL_RATE = (2000.0, 200)  # control requests handled per second, burst
 ERROR_RATE = (50.0, 50)  # error replies per second, burst
@@ -60,7 +63,8 @@ class Pending:
     address: object
     nonce: int
     window: int
-    at: float
+    at: float  # when last (re)sent
+    confirmed: bool = False  # sent again from its address: it reads our answers, a worker waits there
 
 
 @dataclass
@@ -139,8 +143,14 @@ class ControlPlane:
         if job.key is None and m is not None and m.address != src and self._live(job, h.rank, m, now):
             return [self._join_wait(job, h, src)]  # the rank is in use: no takeover by another address
         job.pending = {r: p for r, p in job.pending.items() if now - p.at <= self.join_expiry}
-        job.pending[h.rank] = Pending(src, nonce, min(window, self.slots), now)
-        if len(job.pending) < job.world_size:
+        p = job.pending.get(h.rank)
+        if p is not None and p.address == src and p.nonce == nonce:
+            p.confirmed, p.at = True, now
+        elif p is not None and p.confirmed and p.address != src:
+            return [self._join_wait(job, h, src)]  # a confirmed claim holds the rank until it expires
+        else:
+            job.pending[h.rank] = Pending(src, nonce, min(window, self.slots), now)
+        if len(job.pending) < job.world_size or not all(q.confirmed for q in job.pending.values()):
             return [self._join_wait(job, h, src)]
         return self._start_generation(job, now)
 

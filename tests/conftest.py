@@ -41,10 +41,11 @@ class Harness:
         return wire.pack_join(job, rank, nonce, n, window, mac)
 
     def join_all(self, nonce: int = 1, window: int = 64):
-        """Join every rank of every job (rank r with nonce + r); returns {job: session}."""
+        """Join every rank of every job (rank r with nonce + r, each join sent twice: the switch counts a
+        join once confirmed); returns {job: session}."""
         for job, n in self.jobs.items():
             for r in range(n):
-                out = self.send(self.port_of(job, r), self.join_packet(job, r, nonce + r, window))
+                out = self.blast(self.port_of(job, r), [self.join_packet(job, r, nonce + r, window)] * 2)
             acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
             assert len(acks) == n, f"job {job}: {len(acks)} join acks for {n} ranks"
             self.sessions[job] = acks[0].session

@@ -145,7 +145,9 @@ class Traffic:
 
     def join_all(self, job):
         for r in range(JOBS[job]):
-            self.send(join(job, r, int(self.rs.integers(1, 2**40))), addr(job, r))
+            data = join(job, r, int(self.rs.integers(1, 2**40)))
+            self.send(data, addr(job, r))
+            self.send(data, addr(job, r))  # confirmed
 
     def control(self, job, rank, src):
         rs, c = self.rs, self.rs.random()
@@ -267,7 +269,8 @@ def test_core_answers_control_requests_like_the_model():
     model = Switch({1: 2}, secret=5, clock=clocks[0])
     core = native.CoreSwitch({1: 2}, secret=5, clock=clocks[1])
     for data, src in ((wire.pack(wire.MSG_STATS_REQ), 7), (wire.pack(wire.MSG_STATS_REQ), ("10.1.2.3", 9)),
-                      (join(1, 0, 5, 2), 1), (join(1, 1, 6, 2), 2), (join(9, 0, 6, 2), 3),
+                      (join(1, 0, 5, 2), 1), (join(1, 1, 6, 2), 2), (join(1, 0, 5, 2), 1), (join(1, 1, 6, 2), 2),
+                      (join(9, 0, 6, 2), 3),
                       (wire.pack(wire.MSG_LEAVE, job=1, rank=1), 2)):
         assert core.process(data, src) == model.process(data, src)
     assert core.stats()["dropped"] == model.stats()["dropped"]
