@@ -31,6 +31,7 @@ typedef struct {
     uint8_t *result_mem;
     uint64_t *counters; /* [INA_SLOT_COUNTERS][slots] */
     uint32_t session;   /* of the admitted generation (generation 0: none admitted) */
+    uint32_t first_id;  /* every slot's first packet id in this generation */
     uint64_t addresses[INA_MAX_WORKERS]; /* rank -> the address it joined from */
     uint64_t heard[INA_MAX_WORKERS];     /* rank -> admitted packets */
 } job_t;
@@ -157,7 +158,8 @@ static int drop(ina_switch *sw, int reason, job_t *j, int slot)
 }
 
 /* ------------------------------------------------------------------ what the control plane calls */
-int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, const uint64_t *addrs)
+int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
+                     const uint64_t *addrs)
 {
     int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
     if (ji < 0)
@@ -165,6 +167,7 @@ int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint3
     job_t *j = &sw->jobs[ji];
     j->generation = generation;
     j->session = session;
+    j->first_id = first_id;
     memcpy(j->addresses, addrs, j->world_size * sizeof *addrs);
     job_reset_slots(sw, j);
     return 0;
@@ -318,12 +321,12 @@ static void sparse_add(slot_set *st, const header *h)
 }
 
 /* model: _next_round. The one packet id a new round of (slot, set x) may have; *none: no round may start */
-static uint32_t next_round(const slot_set *st, const slot_set *other, uint32_t x, int *none)
+static uint32_t next_round(const slot_set *st, const slot_set *other, uint32_t x, uint32_t first_id, int *none)
 {
     *none = 0;
     if (!other->has_round) {
         *none = x != 0 || st->has_round;
-        return 0;
+        return first_id;
     }
     *none = !other->complete;
     return other->round_id + 1;
@@ -380,7 +383,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         payload += INA_BLOCK_EXT_SIZE;
     if (before == 0) {
         int none;
-        uint32_t expected = next_round(st, other, x, &none);
+        uint32_t expected = next_round(st, other, x, j->first_id, &none);
         if (none || h->packet_id != expected)
             return drop(sw, behind_or_ahead(h->packet_id, expected, none), j, (int)s);
         if (!values(h, payload, st->acc, 0))

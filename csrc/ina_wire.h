@@ -46,7 +46,7 @@
 #define INA_MAX_ERROR_TEXT 232
 #define INA_BLOCK_EXT_SIZE 8
 #define INA_BLOCK_NONE 0xFFFFFFFF
-#define INA_JOIN_ACK_PAYLOAD_SIZE 12
+#define INA_JOIN_ACK_PAYLOAD_SIZE 16
 #define INA_JOIN_WAIT_PAYLOAD_SIZE 8
 
 /* header byte offsets (big-endian fields) */

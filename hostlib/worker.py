@@ -92,7 +92,7 @@ class Communicator:
             raise
         self.k = min(elements_per_packet or self.codec.default_elements, self.max_elements)
         # per slot: its uses since the join (the next packet id on it, mod 2^32); the slot the next call starts on
-        self._uses = np.zeros(self.window, dtype=np.uint32)
+        self._uses = np.full(self.window, self._first_id, dtype=np.uint32)
         self._next_slot = 0
 
     # ------------------------------------------------------------------ helpers
@@ -151,7 +151,7 @@ class Communicator:
                             confirmed = True
                             self._send(join)
                     if h.msg_type == wire.MSG_JOIN_ACK and h.job == self.job:
-                        self.generation, self.slots, self.max_elements, self.window = (
+                        self.generation, self.slots, self.max_elements, self.window, self._first_id = (
                             wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE))
                         self.session = h.session
                         return

@@ -90,7 +90,9 @@ JOIN_PAYLOAD = struct.Struct(">QHH16s")
 JOIN_SIZE = 256
 JOIN_PAYLOAD_SIZE = JOIN_SIZE - HEADER_SIZE
 JOIN_MAC_SIZE = 16
-JOIN_ACK_PAYLOAD = struct.Struct(">IHHH2x")  # generation, slots, max elements per packet, agreed window
+# join_ack: generation, slots, max elements per packet, agreed window, 2 bytes 0, and the packet id every
+# slot's first round has in this generation (even, so set 0 comes first; random unless the switch is told)
+JOIN_ACK_PAYLOAD = struct.Struct(">IHHH2xI")
 JOIN_WAIT_PAYLOAD = struct.Struct(">Q")  # bitmap of the ranks joined so far
 MAX_ERROR_TEXT = JOIN_SIZE - HEADER_SIZE  # an error is never larger than the join it answers
 # block-sparse messages: 8 bytes between header and elements. In an update: the block the elements belong

@@ -45,7 +45,8 @@ def make_server(args):
     the C UDP loop."""
     jobs = parse_jobs(args.workers, args.job)
     kw = dict(slots=args.slots, max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding,
-              seed=args.seed, keys=parse_keys(args.key_file, jobs), control_hosts=args.control or ())
+              seed=args.seed, keys=parse_keys(args.key_file, jobs), control_hosts=args.control or (),
+              first_packet_id=args.first_packet_id)
     net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
     if args.backend == "dpdk":
         from .dpdk import DPDKServer
@@ -199,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key-file", action="append", metavar="[JOB:]FILE",
                    help="a job key (>= 16 bytes): joins must carry its MAC (hostlib.connect(key=...) or "
                         "$INA_JOB_KEY); JOB: for one job, else for every job served (repeatable)")
+    s.add_argument("--first-packet-id", type=int, metavar="N",
+                   help="every slot's first packet id (even; default: random per generation). For tests that "
+                        "cross the 32-bit wrap")
     s.add_argument("--control", action="append", metavar="HOST",
                    help="a host besides loopback that may read the counters (switchsim stats) (repeatable)")
     network(s)

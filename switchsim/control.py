@@ -74,6 +74,7 @@ class JobControl:
     key: bytes | None = None
     generation: int = 0
     session: int = 0
+    first_id: int = 0  # every slot's first packet id in this generation
     window: int = 0
     members: dict = field(default_factory=dict)  # rank -> Member of the current generation
     pending: dict = field(default_factory=dict)  # rank -> Pending for the next one
@@ -88,7 +89,7 @@ def derive_session(secret: int, job: int, generation: int, nonces: list[int]) ->
 class ControlPlane:
     def __init__(self, dataplane, jobs: dict[int, int], slots: int, max_elements: int, keys=None,
                  secret: int | None = None, control_hosts=None, clock=None, join_expiry=JOIN_EXPIRY,
-                 member_idle=MEMBER_IDLE, stats=None):
+                 member_idle=MEMBER_IDLE, stats=None, first_packet_id: int | None = None):
         self.dataplane, self.slots, self.max_elements = dataplane, slots, max_elements
         self.jobs = {j: JobControl(j, n, (keys or {}).get(j)) for j, n in jobs.items()}
         self.secret = secrets.randbits(64) if secret is None else secret
@@ -96,6 +97,9 @@ class ControlPlane:
         self.clock = clock or time.monotonic
         self.join_expiry, self.member_idle = join_expiry, member_idle
         self.stats = stats or dataplane.stats
+        if first_packet_id is not None and (first_packet_id & 1 or not 0 <= first_packet_id <= wire.PACKET_ID_MASK):
+            raise ValueError(f"first packet id {first_packet_id}: must be even and fit 32 bits (set 0 comes first)")
+        self.first_packet_id = first_packet_id
         self.requests = TokenBucket(*CONTROL_RATE, self.clock)
         self.errors = TokenBucket(*ERROR_RATE, self.clock)
         self.stats_replies = TokenBucket(*STATS_RATE, self.clock)
@@ -167,17 +171,22 @@ class ControlPlane:
         ranks = range(job.world_size)
         job.generation += 1
         job.window = min(job.pending[r].window for r in ranks)
-        job.session = derive_session(self.secret, job.job_id, job.generation, [job.pending[r].nonce for r in ranks])
+        nonces = [job.pending[r].nonce for r in ranks]
+        job.session = derive_session(self.secret, job.job_id, job.generation, nonces)
+        job.first_id = (self.first_packet_id if self.first_packet_id is not None else
+                        rng.derive_seed(self.secret, job.session, *nonces) & (wire.PACKET_ID_MASK - 1))
         job.members = {r: Member(job.pending[r].address, job.pending[r].nonce, now) for r in ranks}
         job.pending = {}
-        self.dataplane.admit(job.job_id, job.generation, job.session, [job.members[r].address for r in ranks])
+        self.dataplane.admit(job.job_id, job.generation, job.session, job.first_id,
+                             [job.members[r].address for r in ranks])
         counts = self.dataplane.member_packets(job.job_id)
         for r in ranks:
             job.members[r].seen_count = counts[r]
         return [(self._join_ack(job, r), job.members[r].address) for r in ranks]
 
     def _join_ack(self, job, rank):
-        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, self.max_elements, job.window)
+        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, self.max_elements, job.window,
+                                             job.first_id)
         return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session)
 
     def _join_wait(self, job, h, src):

@@ -40,11 +40,12 @@ def serial_gt(a: int, b: int) -> bool:
     return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
 
 
-def _next_round(st, other, x: int):
+def _next_round(st, other, x: int, first_id: int):
     """The one packet id a new round of (slot, set x) may have: the slot's previous round (in the other
-    set) + 1 once that round is complete; 0 in set 0 for a fresh slot. None: no new round may start."""
+    set) + 1 once that round is complete; the generation's first id (even) in set 0 for a fresh slot.
+    None: no new round may start."""
     if other.round_id is None:
-        return 0 if x == 0 and st.round_id is None else None
+        return first_id if x == 0 and st.round_id is None else None
     return (other.round_id + 1) & wire.PACKET_ID_MASK if other.complete else None
 
 
@@ -83,6 +84,7 @@ class Job:
     counters: dict = field(default_factory=dict)
     generation: int = 0  # 0: never admitted, no data packet is accepted
     session: int = 0
+    first_id: int = 0  # every slot's first round has this packet id
     heard: list = field(default_factory=list)  # rank -> admitted packets (the control plane's liveness)
 
     def __post_init__(self):
@@ -149,10 +151,10 @@ class Switch:
         return []
 
     # ------------------------------------------------------------------ what the control plane calls
-    def admit(self, job_id: int, generation: int, session: int, addresses: list):
-        """A new generation: these ranks' addresses and session, clean slots."""
+    def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list):
+        """A new generation: these ranks' addresses, its session and first packet id, clean slots."""
         job = self.jobs[job_id]
-        job.generation, job.session, job.addresses = generation, session, list(addresses)
+        job.generation, job.session, job.first_id, job.addresses = generation, session, first_id, list(addresses)
         job.reset_slots()
 
     def member_packets(self, job_id: int) -> list[int]:
@@ -199,7 +201,7 @@ class Switch:
 
         sparse = h.msg_type == wire.MSG_SPARSE_UPDATE
         if before == 0:
-            expected = _next_round(st, other, x)
+            expected = _next_round(st, other, x, job.first_id)
             if h.packet_id != expected:
                 return self._drop(_behind_or_ahead(h.packet_id, expected), job, s)
             values = self._values(h, data)

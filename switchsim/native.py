@@ -117,9 +117,9 @@ class CoreSwitch:
         return out
 
     # ------------------------------------------------------------------ the control plane's calls
-    def admit(self, job_id: int, generation: int, session: int, addresses: list):
+    def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list):
         ids = self.ffi.new("uint64_t[]", [self.address_id(a) for a in addresses])
-        if self.lib.ina_switch_admit(self.core, job_id, generation, session, ids) != 0:
+        if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids) != 0:
             raise KeyError(f"job {job_id} is not served")
 
     def member_packets(self, job_id: int) -> list[int]:

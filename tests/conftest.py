@@ -78,6 +78,7 @@ class ModelHarness(Harness):
     switch_class = Switch
 
     def __init__(self, jobs, join=True, **kw):
+        kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
         self.switch = self.switch_class(jobs, **kw)
         self.start(jobs, join, kw.get("keys"))
 
@@ -99,6 +100,7 @@ class UDPHarness(Harness):
     quiet = 0.05  # a reply never takes longer than this on loopback; also how long "nothing" is awaited
 
     def __init__(self, jobs, join=True, **kw):
+        kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
         self.server = self.server_class(self.switch_class(jobs, **kw), "127.0.0.1", 0)
         self.thread = self.server.start_thread()
         self.socks: dict[int, socket.socket] = {}
@@ -193,7 +195,8 @@ class DPDKHarness(UDPHarness):
             with open(path, "wb") as f:
                 f.write(key)
             args += ["--key-file", f"{j}:{path}"]
-        args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed]
+        args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed,
+                 "--first-packet-id", 0]
         self.proc = SwitchProcess(*args, cmd=net.serve_args(net.port()))
         host, port = self.proc.address.split(":")
         self.server = SimpleNamespace(address=(host, int(port)))

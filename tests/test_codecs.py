@@ -109,7 +109,7 @@ def test_nc_through_the_switch_model_bidirectional():
     n, k = xs.shape
     exp = int(block_exponents(xs.reshape(1, -1))[0])
     sw = Switch({1: n}, slots=1, max_elements=k, seed=5)
-    sw.admit(1, 1, 77, list(range(n)))  # rank r sends from address r with session 77
+    sw.admit(1, 1, 77, 0, list(range(n)))  # rank r sends from address r with session 77
     outs = []
     for d in range(DRAWS // 2):
         pid = d

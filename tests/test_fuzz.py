@@ -17,7 +17,7 @@ SESSION = 0x5E55
 def admitted_switch(world, **kw):
     """A model switch whose job 1 is admitted: rank r sends from address r + 1 with SESSION."""
     sw = Switch({1: world}, **kw)
-    sw.admit(1, 1, SESSION, [r + 1 for r in range(world)])
+    sw.admit(1, 1, SESSION, 0, [r + 1 for r in range(world)])
     return sw
 
 

@@ -111,7 +111,7 @@ def elements(rs, codec, count, exp_cur, big):
         lv = rs.integers(max(floor, top - 3) if rs.random() < 0.5 else floor, top + 1, count)
         codes = (lv + wire.NC_BIAS).astype(np.uint8) | (rs.integers(0, 2, count) << 7).astype(np.uint8)
         codes[rs.random(count) < 0.3] = 0
-    if rs.random() < 0.05 and count:
+    if rs.random() < 0.15 and count:
         codes[int(rs.integers(0, count))] = int(rs.choice([0x80, 0x7F, 0x01, 0xC0]))  # mostly invalid
     return codes.tobytes()
 
@@ -125,6 +125,7 @@ class Traffic:
     def __init__(self, seed, model, clock):
         self.rs, self.model, self.clock = np.random.default_rng(seed), model, clock
         self.sessions = {j: 0 for j in JOBS}
+        self.first = {j: 0 for j in JOBS}  # every slot's first packet id in the job's generation
         self.round = {}  # (job, slot) -> the round the workers are on
         self.shapes = {}  # (job, slot, round) -> codec, count, exp_cur, big, sparse, block
         self.log = []  # (data, src, what the model answered, the clock then)
@@ -139,6 +140,7 @@ class Traffic:
                 if h.session != self.sessions[h.job]:
                     self.round = {k: v for k, v in self.round.items() if k[0] != h.job}
                 self.sessions[h.job] = h.session
+                self.first[h.job] = wire.JOIN_ACK_PAYLOAD.unpack_from(pkt, wire.HEADER_SIZE)[4]
             elif h.msg_type in (wire.MSG_RESULT, wire.MSG_SPARSE_RESULT) and self.round.get((h.job, h.slot)) == h.packet_id:
                 if self.rs.random() < 0.7:
                     self.round[(h.job, h.slot)] = h.packet_id + 1  # the workers move on
@@ -162,7 +164,7 @@ class Traffic:
     def update(self, job, rank):
         rs = self.rs
         slot = int(rs.integers(0, SLOTS))
-        cur = self.round.get((job, slot), 0)
+        cur = self.round.get((job, slot), self.first.get(job, 0))
         pid = int(rs.choice([cur] * 16 + [cur - 1, cur - 1, cur - 2, cur + 1, cur + 2, cur + 1000]))
         pid &= wire.PACKET_ID_MASK
         if rs.random() < 0.02:
@@ -278,7 +280,7 @@ def test_core_answers_control_requests_like_the_model():
 
 
 def write_replay(path, records, rounding, seed):
-    """records: ("packet", data, src) or ("admit", job, generation, session, addresses)"""
+    """records: ("packet", data, src) or ("admit", job, generation, session, first id, addresses)"""
     with open(path, "wb") as f:
         f.write(struct.pack("<IIIQI", SLOTS, K, rounding == "deterministic", seed, len(JOBS)))
         for job, n in JOBS.items():
@@ -287,8 +289,9 @@ def write_replay(path, records, rounding, seed):
             if r[0] == "packet":
                 f.write(struct.pack("<BIQ", 0, len(r[1]), r[2]) + r[1])
             else:
-                _, job, gen, session, addrs = r
-                f.write(struct.pack("<BIQII", 1, job, gen, session, len(addrs)) + struct.pack(f"<{len(addrs)}Q", *addrs))
+                _, job, gen, session, first, addrs = r
+                f.write(struct.pack("<BIQIII", 1, job, gen, session, first, len(addrs))
+                        + struct.pack(f"<{len(addrs)}Q", *addrs))
 
 
 def read_replay_output(path):
@@ -317,9 +320,9 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
         records = []  # the packets, and the generations the control plane admitted, in order
         admit = model.admit
 
-        def logged_admit(job, generation, session, addresses):
-            records.append(("admit", job, generation, session, addresses))
-            admit(job, generation, session, addresses)
+        def logged_admit(job, generation, session, first, addresses):
+            records.append(("admit", job, generation, session, first, addresses))
+            admit(job, generation, session, first, addresses)
 
         model.admit = logged_admit
         gen = Traffic(seed, model, clock)

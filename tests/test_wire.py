@@ -121,7 +121,7 @@ def test_join_answers_are_never_larger_than_the_join():
     """Anti-amplification by construction: every reply to a join (ack, wait, the longest error) fits in it."""
     join = wire.pack_join(1, 0, 7, 4, 64)
     assert len(join) == wire.JOIN_SIZE and wire.unpack(join).msg_type == wire.MSG_JOIN
-    ack = wire.pack(wire.MSG_JOIN_ACK, payload=wire.JOIN_ACK_PAYLOAD.pack(1, 2, 3, 4))
+    ack = wire.pack(wire.MSG_JOIN_ACK, payload=wire.JOIN_ACK_PAYLOAD.pack(1, 2, 3, 4, 5))
     wait = wire.pack(wire.MSG_JOIN_WAIT, payload=wire.JOIN_WAIT_PAYLOAD.pack(5))
     error = wire.pack(wire.MSG_ERROR, payload=bytes(wire.MAX_ERROR_TEXT))
     assert max(len(ack), len(wait), len(error)) <= len(join)

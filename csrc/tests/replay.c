@@ -2,7 +2,8 @@
  * builds this with AddressSanitizer and compares the output with the reference model's.
  * in:  u32 slots, u32 max_elements, u32 deterministic, u64 seed, u32 jobs, jobs x (u32 id, u32 world),
  *      then records (little-endian framing): u8 0, u32 len, u64 src, bytes (a packet), or
- *      u8 1, u32 job, u64 generation, u32 session, u32 n, n x u64 address (what the control plane admitted)
+ *      u8 1, u32 job, u64 generation, u32 session, u32 first id, u32 n, n x u64 address (what the control
+ *      plane admitted)
  * out: per emitted packet: u32 index of the packet that caused it, u64 dst, u32 len, bytes
  * It also runs the codec kernels over odd-sized buffers so the sanitizer sees their loops. */
 #include <stdio.h>
@@ -54,10 +55,11 @@ int main(int argc, char **argv)
     uint8_t kind;
     for (uint32_t index = 0; rd(in, &kind, 1); ) {
         if (kind == 1) {
-            uint32_t job, session, n;
+            uint32_t job, session, first, n;
             uint64_t gen, addrs[INA_MAX_WORKERS];
-            if (!rd(in, &job, 4) || !rd(in, &gen, 8) || !rd(in, &session, 4) || !rd(in, &n, 4) ||
-                n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) || ina_switch_admit(sw, job, gen, session, addrs))
+            if (!rd(in, &job, 4) || !rd(in, &gen, 8) || !rd(in, &session, 4) || !rd(in, &first, 4) ||
+                !rd(in, &n, 4) || n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) ||
+                ina_switch_admit(sw, job, gen, session, first, addrs))
                 return 2;
             continue;
         }
