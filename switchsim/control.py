@@ -214,7 +214,9 @@ class ControlPlane:
             return self._drop("rate_limited")
         return [(wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode()), src)]
 
-    def describe(self) -> dict:
-        """Per job: generation and members, for stats."""
-        return {str(j.job_id): {"generation": j.generation, "members": len(j.members),
-                                "pending": len(j.pending), "keyed": j.key is not None} for j in self.jobs.values()}
+    def annotate(self, stats: dict) -> dict:
+        """Add each job's control state (members, pending joins, whether keyed) to a data plane's stats."""
+        for j in self.jobs.values():
+            stats["jobs"][str(j.job_id)].update(members=sum(not m.left for m in j.members.values()),
+                                                 pending=len(j.pending), keyed=j.key is not None)
+        return stats

@@ -304,5 +304,5 @@ class Switch:
             if per_slot:
                 j["per_slot"] = {name: c.tolist() for name, c in job.counters.items()}
             jobs[str(job_id)] = j
-        return {"packets_in": self.packets_in, "packets_out": self.packets_out,
-                "dropped": dict(self.drops), "overflows": self.overflows, "jobs": jobs}
+        return self.control.annotate({"packets_in": self.packets_in, "packets_out": self.packets_out,
+                                      "dropped": dict(self.drops), "overflows": self.overflows, "jobs": jobs})

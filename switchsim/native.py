@@ -131,7 +131,7 @@ class CoreSwitch:
         self.lib.ina_switch_count_drop(self.core, DROP_REASONS.index(reason))
 
     def stats(self, per_slot: bool = False) -> dict:
-        return core_stats(self.core, per_slot, ffi=self.ffi, lib=self.lib)
+        return self.control.annotate(core_stats(self.core, per_slot, ffi=self.ffi, lib=self.lib))
 
 
 def impairment_stats(c) -> dict:

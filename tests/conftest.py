@@ -245,14 +245,19 @@ class SwitchProcess:
             cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", backend]
         cmd = [*cmd, "--json-stats", *map(str, args)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
+        line = self._line()
         while line.startswith(("TELEMETRY", "EAL")):  # DPDK's own start-up lines
-            line = self.proc.stdout.readline()
+            line = self._line()
         m = re.search(r"listening on ([\d.]+):(\d+)", line)
         if not m:
             self.proc.kill()
             raise RuntimeError(f"switch failed to start: {line!r} {self.proc.stderr.read()}")
         self.address = f"{m.group(1)}:{m.group(2)}"
+
+    def _line(self, timeout: float = 60.0) -> str:
+        """The child's next line of output; "" if it says nothing within timeout (a hung start fails the test)."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else ""
 
     def stop(self) -> str:
         """SIGTERM the child we started (by PID) and return what it printed."""

@@ -248,3 +248,25 @@ def test_real_job_stays_exact_under_attack(switch_process):
     dropped = stats["dropped"]
     assert dropped["spoofed"] > 0, dropped
     assert stats["jobs"]["1"]["generation"] == 2
+
+
+def test_the_switch_does_not_load_the_worker():
+    """Protocol v2 lives in inaproto: importing the switch's modules loads nothing of hostlib."""
+    import subprocess
+    import sys
+
+    code = ("import sys, switchsim.model, switchsim.control, switchsim.server, switchsim.native, switchsim.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'hostlib'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_stats_answer_is_the_same_message_on_every_server(switch_process):
+    from inaproto.net import parse_address
+    from switchsim.server import query_stats
+
+    sw = switch_process("--workers", 2)
+    stats = query_stats(parse_address(sw.address))  # parses the reply with wire.unpack: version 2, MSG_STATS
+    assert list(stats["dropped"]) == list(wire.DROP_REASONS)
+    assert stats["jobs"]["1"]["members"] == 0 and stats["jobs"]["1"]["generation"] == 0
+
