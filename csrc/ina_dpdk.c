@@ -1,7 +1,7 @@
 /* DPDK poll loop around the core, in the shape of DPDK's examples/skeleton: burst in, work, burst out,
  * no allocation per packet but the reply mbufs. */
 #include "ina_dpdk.h"
-#include "ina_bucket.h"
+#include "ina_punt.h"
 #include "ina_impair.h"
 
 #include <stdio.h>
@@ -49,24 +49,22 @@ struct ina_dpdk {
     ina_dpdk_counters c;
     peer_t peers[PEER_BUCKETS];
     uint64_t peer_key;
-    ina_bucket control;
+
     ina_out out[INA_MAX_OUT];
     struct rte_mbuf *tx[BURST];
     uint16_t n_tx;
     uint16_t ip_id;
-    uint8_t punt[INA_DPDK_MAX_PUNT][INA_PUNT_MAX_LEN];
-    uint32_t punt_len[INA_DPDK_MAX_PUNT];
-    uint64_t punt_src[INA_DPDK_MAX_PUNT];
-    int n_punt;
+    ina_punt_queue punt; /* control requests for the caller */
 };
 
 int ina_dpdk_eal_init(int argc, char **argv) { return rte_eal_init(argc, argv); }
 uint16_t ina_dpdk_port_count(void) { return rte_eth_dev_count_avail(); }
 void ina_dpdk_stop(ina_dpdk *d) { d->stop = 1; }
-void ina_dpdk_punt_clear(ina_dpdk *d) { d->n_punt = 0; }
+void ina_dpdk_punt_clear(ina_dpdk *d) { d->punt.n = 0; }
 const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d)
 {
     ina_dpdk_counters *c = (ina_dpdk_counters *)&d->c;
+    c->punts_dropped = d->punt.dropped;
     for (int i = 0; i < 2; i++) {
         c->dropped[i] = d->side[i].dropped;
         c->duplicated[i] = d->side[i].duplicated;
@@ -78,9 +76,9 @@ void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac) { memcpy(mac, d->mac.addr_bytes, RT
 
 const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src)
 {
-    *len = d->punt_len[i];
-    *src = d->punt_src[i];
-    return d->punt[i];
+    *len = d->punt.len[i];
+    *src = d->punt.src[i];
+    return d->punt.buf[i];
 }
 
 ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, double loss, double dup,
@@ -104,7 +102,7 @@ ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_
     d->sw = sw;
     d->port = port;
     d->peer_key = ina_rng_key(seed ^ (uint64_t)rte_rdtsc());
-    ina_bucket_init(&d->control, INA_CONTROL_RATE, INA_CONTROL_BURST);
+    ina_punt_init(&d->punt);
     d->ip = rte_cpu_to_be_32(ip);
     d->udp_port = rte_cpu_to_be_16(udp_port);
     char name[32];
@@ -234,22 +232,6 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
 }
 
 /* ------------------------------------------------------------------ receiving */
-/* a control request for the caller (rate-limited; the core counts what is not taken) */
-static void punt(ina_dpdk *d, const uint8_t *pkt, uint32_t len, uint64_t src)
-{
-    if (!ina_bucket_take(&d->control)) {
-        ina_switch_count_drop(d->sw, INA_DROP_RATE_LIMITED);
-        return;
-    }
-    if (d->n_punt == INA_DPDK_MAX_PUNT || len > INA_PUNT_MAX_LEN) {
-        d->c.punts_dropped++;
-        return;
-    }
-    memcpy(d->punt[d->n_punt], pkt, len);
-    d->punt_len[d->n_punt] = len;
-    d->punt_src[d->n_punt++] = src;
-}
-
 static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
                     uint32_t unused_len, int transient)
 {
@@ -257,7 +239,7 @@ static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, c
     (void)unused, (void)unused_len, (void)transient;
     int k = ina_switch_process(d->sw, pkt, len, src, d->out);
     if (k == INA_PUNT) {
-        punt(d, pkt, len, src);
+        ina_punt_push(&d->punt, d->sw, pkt, len, src);
         return;
     }
     for (int i = 0; i < k; i++) {
@@ -351,8 +333,8 @@ int ina_dpdk_run(ina_dpdk *d)
         for (uint16_t i = 0; i < n; i++)
             on_frame(d, rx[i]);
         flush(d);
-        if (d->n_punt)
-            return d->n_punt;
+        if (d->punt.n)
+            return d->punt.n;
     }
     flush(d);
     return 0;

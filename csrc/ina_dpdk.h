@@ -9,7 +9,6 @@
 
 #include "ina_core.h"
 
-#define INA_DPDK_MAX_PUNT 64
 
 typedef struct {
     uint64_t rx_packets, tx_packets, rx_bytes, tx_bytes, tx_full, tx_no_peer, not_ina, arp_replies, punts_dropped;

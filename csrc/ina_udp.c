@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "ina_bucket.h"
+#include "ina_punt.h"
 #include "ina_impair.h"
 
 #define RX_BUF 65536
@@ -36,12 +36,7 @@ struct ina_udp {
     uint8_t sctrl[INA_UDP_BATCH][CTRL_COPY];
     int n_send;
     ina_out out[INA_MAX_OUT];
-    ina_bucket control; /* control requests punted per second: a flood of them costs what any flood does */
-    /* control-plane packets for the caller */
-    uint8_t punt[INA_UDP_MAX_PUNT][INA_PUNT_MAX_LEN];
-    uint32_t punt_len[INA_UDP_MAX_PUNT];
-    uint64_t punt_src[INA_UDP_MAX_PUNT]; /* address ids: IPv4 << 16 | port */
-    int n_punt;
+    ina_punt_queue punt; /* control requests for the caller */
 };
 
 ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reorder, uint64_t seed)
@@ -61,7 +56,7 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
     }
     u->sw = sw;
     u->fd = fd;
-    ina_bucket_init(&u->control, INA_CONTROL_RATE, INA_CONTROL_BURST);
+    ina_punt_init(&u->punt);
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -83,6 +78,7 @@ void ina_udp_stop(ina_udp *u) { u->stop = 1; }
 const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
 {
     ina_udp_counters *c = (ina_udp_counters *)&u->c;
+    c->punts_dropped = u->punt.dropped;
     for (int i = 0; i < 2; i++) {
         c->dropped[i] = u->side[i].dropped;
         c->duplicated[i] = u->side[i].duplicated;
@@ -90,14 +86,14 @@ const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
     }
     return c;
 }
-void ina_udp_punt_clear(ina_udp *u) { u->n_punt = 0; }
+void ina_udp_punt_clear(ina_udp *u) { u->punt.n = 0; }
 
 const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port)
 {
-    *len = u->punt_len[i];
-    *ip = (uint32_t)(u->punt_src[i] >> 16);
-    *port = (uint16_t)u->punt_src[i];
-    return u->punt[i];
+    *len = u->punt.len[i];
+    *ip = (uint32_t)(u->punt.src[i] >> 16);
+    *port = (uint16_t)u->punt.src[i];
+    return u->punt.buf[i];
 }
 
 static inline uint64_t addr_id(const struct sockaddr_in *a)
@@ -159,22 +155,6 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
     queue(ctx, dst, hdr, payload, len, transient);
 }
 
-/* a control request for the caller (rate-limited; the core counts what is not taken) */
-static void punt(ina_udp *u, const uint8_t *pkt, uint32_t len, uint64_t src)
-{
-    if (!ina_bucket_take(&u->control)) {
-        ina_switch_count_drop(u->sw, INA_DROP_RATE_LIMITED);
-        return;
-    }
-    if (u->n_punt == INA_UDP_MAX_PUNT || len > INA_PUNT_MAX_LEN) {
-        u->c.punts_dropped++;
-        return;
-    }
-    memcpy(u->punt[u->n_punt], pkt, len);
-    u->punt_len[u->n_punt] = len;
-    u->punt_src[u->n_punt++] = src;
-}
-
 static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
                     uint32_t unused_len, int transient)
 {
@@ -182,7 +162,7 @@ static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, c
     (void)unused, (void)unused_len, (void)transient; /* processed before the packet's buffer is reused */
     int n = ina_switch_process(u->sw, pkt, len, src, u->out);
     if (n == INA_PUNT) {
-        punt(u, pkt, len, src);
+        ina_punt_push(&u->punt, u->sw, pkt, len, src);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -245,8 +225,8 @@ int ina_udp_run(ina_udp *u)
             receive(u, pkt, len, addr_id(&u->raddr[i]));
         }
         flush(u);
-        if (u->n_punt)
-            return u->n_punt;
+        if (u->punt.n)
+            return u->punt.n;
     }
     if (u->stop)
         release_held(u);

@@ -8,7 +8,6 @@
 #include "ina_core.h"
 
 #define INA_UDP_BATCH 64
-#define INA_UDP_MAX_PUNT 64
 
 typedef struct {
     uint64_t bytes_in, bytes_out, send_errors, recv_batches, punts_dropped;

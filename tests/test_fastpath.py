@@ -46,7 +46,7 @@ def recording_server():
     servers = []
 
     def start(world=1, **impairment):
-        sw = RecordingSwitch({1: world})
+        sw = RecordingSwitch({1: world}, first_packet_id=0)  # both runs: the same packet ids
         srv = UDPServer(sw, "127.0.0.1", 0, **impairment)
         th = srv.start_thread()
         servers.append((srv, th))

@@ -55,8 +55,8 @@ def test_c_wire_constants_match_wire_py():
     assert pkt[d["INA_OFF_VERSION"]] == wire.VERSION and pkt[d["INA_OFF_MSG_TYPE"]] == wire.MSG_JOIN_WAIT
     assert pkt[d["INA_OFF_SESSION"]:][:4] == b"\x10\x11\x12\x13"
     # the C loops' control-request bucket is the control plane's
-    b = c_defines("ina_bucket.h") | {m[1]: float(m[2]) for m in re.finditer(
-        r"#define (INA_CONTROL_RATE) ([\d.]+)", open(os.path.join(CSRC, "ina_bucket.h")).read())}
+    b = c_defines("ina_punt.h") | {m[1]: float(m[2]) for m in re.finditer(
+        r"#define (INA_CONTROL_RATE) ([\d.]+)", open(os.path.join(CSRC, "ina_punt.h")).read())}
     assert (b["INA_CONTROL_RATE"], b["INA_CONTROL_BURST"]) == control.CONTROL_RATE
     assert pkt[d["INA_OFF_CODEC"]] == 12 and pkt[d["INA_OFF_FLAGS"]] == 15 and pkt[d["INA_OFF_RANK"]] == 3
     assert pkt[d["INA_OFF_JOB"]:][:2] == b"\x01\x02" and pkt[d["INA_OFF_PACKET_ID"]:][:4] == b"\x04\x05\x06\x07"
@@ -155,7 +155,7 @@ class Traffic:
         rs, c = self.rs, self.rs.random()
         if c < 0.4:
             world = None if rs.random() < 0.9 else JOBS.get(job, 2) + 1
-            mac = bytes(16) if rs.random() < 0.2 else None
+            mac = bytes(16) if rs.random() < 0.5 else None
             return join(job, rank, int(rs.integers(0, 3)), world, mac)
         if c < 0.7:
             return wire.pack(wire.MSG_LEAVE, job=job, rank=rank, session=self.sessions.get(job, 0))
@@ -174,7 +174,7 @@ class Traffic:
             self.shapes[key] = (int(rs.choice([wire.CODEC_INT32, wire.CODEC_NC8])),
                                 int(rs.choice([K, K, K, K, 5, 0, K + 1])),
                                 int(rs.choice([wire.EXP_NONE, 0, 3, 40, 63, 70, 127, -100])),
-                                rs.random() < 0.2, rs.random() < 0.3, int(rs.integers(0, 4)))
+                                rs.random() < 0.35, rs.random() < 0.3, int(rs.integers(0, 4)))
         codec, count, exp_cur, big, sparse, block = self.shapes[key]
         if sparse and rs.random() < 0.4:
             count = 0  # a worker that does not hold the round's block
@@ -216,7 +216,7 @@ class Traffic:
             rank = int(rs.integers(0, world + (rs.random() < 0.03)))
             who = rs.random()
             src = addr(job, rank) if who < 0.94 else addr(job, (rank + 1) % world) if who < 0.97 else 999
-            if rs.random() < 0.005 and job in JOBS:
+            if rs.random() < 0.003 and job in JOBS:
                 self.join_all(job)  # the job restarts: a new generation, packets of the old one still around
                 continue
             kind = rs.random()
@@ -236,7 +236,7 @@ class Traffic:
         return self.log
 
 
-def traffic(seed: int, model, clock, n: int = 3000):
+def traffic(seed: int, model, clock, n: int = 5000):
     return Traffic(seed, model, clock).run(n)
 
 
