@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from functools import lru_cache
 
 SOCKET_BUFFER = 8 << 20  # a window of bursts from every worker without drops on loopback
 
@@ -41,6 +42,7 @@ def address_id(host: str, port: int) -> int:
     return ip_to_int(host) << 16 | port
 
 
+@lru_cache(maxsize=4096)  # a switch asks it for every control request: a flood comes from few hosts
 def is_loopback(host) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
