@@ -91,3 +91,33 @@ def test_demo_block_sparse_reports_the_density(tmp_path):
     assert out["ok"] and out["sparse"] and out["density"] == 0.1 and out["bytes_ratio_vs_float32"] < 0.3
     bad = switchsim("demo", "--density", 2, timeout=60)
     assert bad.returncode == 2 and "density" in bad.stderr
+
+
+def test_keyed_job_through_the_cli(tmp_path, monkeypatch):
+    """serve --key-file JOB:FILE; workers with the key ($INA_JOB_KEY) join and sum exactly, a worker
+    with another key is refused with a clear error; a key file too short is a configuration error."""
+    import numpy as np
+
+    import hostlib
+
+    from .conftest import SwitchProcess
+    from .test_e2e import run_workers
+
+    short = tmp_path / "short.key"
+    short.write_bytes(b"tooshort")
+    r = switchsim("serve", "--key-file", f"1:{short}", "--port", 0, timeout=20)
+    assert r.returncode == 2 and "at least 16" in r.stderr
+    key = tmp_path / "job1.key"
+    key.write_bytes(b"correct horse battery staple\n")
+    sw = SwitchProcess("--workers", 2, "--key-file", f"1:{key}", backend="c")
+    try:
+        with pytest.raises(hostlib.INAError, match="bad MAC"):
+            hostlib.connect(sw.address, 0, 2, key=b"another key of 16+ bytes", timeout=3)
+        monkeypatch.setenv("INA_JOB_KEY", "correct horse battery staple")
+        xs = [np.arange(1000, dtype=np.int32) * (r + 1) for r in range(2)]
+        outs, errors, _ = run_workers(sw.address, xs, "int32")
+        assert errors == [None, None] and all(np.array_equal(o, np.arange(1000) * 3) for o in outs)
+    finally:
+        out = sw.stop()
+    stats = json.loads(out[out.index("{"):])
+    assert stats["dropped"]["bad_mac"] >= 1 and stats["jobs"]["1"]["keyed"]
