@@ -56,9 +56,10 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     w.src, w.n = ffi.from_buffer(src), n
     w.exps = ffi.from_buffer("int8_t[]", exps_c) if exps_c is not None else ffi.NULL
     w.agreed, w.result, w.done = ffi.from_buffer("int8_t[]", agreed), ffi.from_buffer(result), ffi.from_buffer(done)
-    w.rto, w.min_rto, w.max_rto, w.timeout = comm.rto, comm.min_rto, comm.max_rto, comm.timeout
-    w.have_srtt = comm._srtt is not None
-    w.srtt, w.rttvar = comm._srtt or 0.0, comm._rttvar
+    rtt = comm.rtt  # the estimate carries over between the C and the Python loop
+    w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
+    w.have_srtt = rtt.srtt is not None
+    w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
     if held is not None:
         held_c = np.ascontiguousarray(held, dtype=np.uint8)
         w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", held_c)
@@ -90,11 +91,11 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
         s.duplicate_results += w.duplicate_results
         s.stale_results += w.stale_results
         if w.have_srtt:
-            comm._srtt, comm._rttvar, comm.rto = w.srtt, w.rttvar, w.rto
+            rtt.srtt, rtt.rttvar, rtt.rto = w.srtt, w.rttvar, w.rto
     if rc == lib.INA_WK_TIMEOUT:
         raise TimeoutError(comm.timeout_message(w.timeout_pid, w.timeout_slot, w.timeout_tries))
     if rc == lib.INA_WK_SWITCH_ERROR:
-        comm._broken = "switch error"
+        comm.mark_broken("switch error")
         raise INAError(ffi.string(w.error).decode(errors="replace"))
     if rc == lib.INA_WK_ENCODE_ERROR:
         raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")

@@ -26,6 +26,7 @@ from inaproto.net import SOCKET_BUFFER, parse_address, size_buffers  # noqa: F40
 from . import fastpath, rng, wire
 from .codecs import get_codec
 from .errors import INAError
+from .streams import SCAN_EVERY, DenseStream, InFlight, RttEstimator, SparseStream
 
 
 @dataclass
@@ -69,10 +70,8 @@ class Communicator:
         self.address = parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
-        # rto is the floor of the retransmission timeout; above it the timeout follows the measured
-        # round trip (RFC 6298, Karn's rule: only packets sent once are sampled)
-        self.timeout, self.min_rto, self.max_rto = float(timeout), float(rto), float(max_rto)
-        self.rto, self._srtt, self._rttvar = float(rto), None, 0.0
+        # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
+        self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto)
         self.seed = seed
         self.fast = fast  # None: the C loop where it applies; False: always the Python loop
         self.key = auth.check_key(key) if key is not None else auth.key_from_env()
@@ -185,7 +184,7 @@ class Communicator:
             else:
                 out = self._allreduce_flat(flat, progress)
         except TimeoutError as e:
-            self._broken = str(e)
+            self.mark_broken(str(e))
             raise
         self.stats.seconds += time.perf_counter() - start
         self.stats.allreduces += 1
@@ -194,104 +193,21 @@ class Communicator:
         return _from_numpy(out, x) if torch_like else out
 
     def _allreduce_flat(self, flat: np.ndarray, progress):
-        codec, k, W, n = self.codec, self.k, self.window, self.world_size
-        N = flat.size
-        nb = -(-N // k)
-        if codec.negotiates_exponent:
-            exps, D = codec.flat_exponents(flat, k), min(W, nb)
-        else:
-            exps, D = None, 0
-        total = nb + D
+        exps = self.codec.flat_exponents(flat, self.k) if self.codec.negotiates_exponent else None
         slots, seed, kind = self._begin_call(flat)
         if kind is not None:
             return self._run_c_loop(kind, flat, exps, seed, slots, progress)
-        agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
-        result = np.zeros(nb * k, dtype=codec.result_dtype())
-        done = np.zeros(total, dtype=bool)
-        overflow = False
-
-        def build(q: int) -> bytes:
-            pid, slot = slots.pid(q % W, q // W), slots.slot(q % W)
-            exp_next = int(exps[q]) if exps is not None and q < nb else wire.EXP_NONE
-            if q < D:
-                payload, count, exp_cur = b"", 0, 0
-            else:
-                j = q - D
-                lo, hi = j * k, min(j * k + k, N)
-                exp_cur = int(agreed[j]) if exps is not None else 0
-                block = flat[lo:hi]
-                if exp_cur == wire.EXP_NONFINITE:
-                    block = np.zeros(hi - lo, dtype=flat.dtype)  # everyone raises at the end
-                payload, count = codec.encode(block, exp_cur, n, seed, lo), hi - lo
-            return wire.pack(wire.MSG_UPDATE, self.job, self.rank, pid, slot, pid & 1, count,
-                             codec.wire_codec, exp_cur, exp_next, 0, payload, self.session)
-
-        outstanding: dict[int, list] = {}  # q -> [first_sent, deadline, rto, tries]
-        next_q = ndone = 0
-        next_scan = 0.0
-        report_every = max(1, total // 100)
-        while ndone < total:
-            now = time.monotonic()
-            while next_q < total and (next_q < W or done[next_q - W]) and (next_q < D or done[next_q - D] or D == 0):
-                self._send(build(next_q))
-                outstanding[next_q] = [now, now + self.rto, self.rto, 0]
-                next_q += 1
-            self._wait(0.002 if outstanding else 0.0)
-            for h, data in self._results():
-                j, i = slots.locate(h)
-                q = i * W + j
-                if h.msg_type != wire.MSG_RESULT or q >= total:
-                    self.stats.stale_results += 1
-                    continue
-                if done[q]:
-                    self.stats.duplicate_results += 1
-                    continue
-                expect = 0 if q < D else min(k, N - (q - D) * k)
-                if h.count != expect or h.codec != codec.wire_codec:
-                    self.stats.stale_results += 1
-                    continue
-                if h.flags & wire.FLAG_OVERFLOW:
-                    overflow = True
-                if exps is not None and q < nb:
-                    agreed[q] = h.exp_next
-                if q >= D:
-                    lo = (q - D) * k
-                    result[lo:lo + h.count] = wire.payload_view(data, h)
-                done[q] = True
-                ndone += 1
-                o = outstanding.pop(q)
-                if o[3] == 0:
-                    self._rtt_sample(time.monotonic() - o[0])
-                if progress is not None and ndone % report_every == 0:
-                    progress(min(N, ndone * k))
-            now = time.monotonic()
-            if now >= next_scan:
-                next_scan = now + 0.002
-                self._resend_overdue(outstanding, build, lambda q: (slots.pid(q % W, q // W), slots.slot(q % W)), now)
-        slots.commit(self, total=total)
-        return self._end_python_loop(flat, result, exps, agreed, overflow, progress)
+        return self._window_loop(DenseStream(self, flat, exps, seed, slots), progress)
 
     def _allreduce_sparse(self, flat: np.ndarray, progress):
-        """Block-sparse allreduce: the tensor is cut into blocks of k elements and block j travels on stream
-        j mod S (S = min(W, blocks)), one slot per stream: round r of stream s is that slot's r-th use.
-
-        Round 0 announces: each worker sends no elements, only its first non-zero block of the stream (and,
-        for codecs with a shared scale, that block's exponent). Every later round is about the block the
-        previous result named (the smallest next block over workers, with the max exponent of the workers
-        holding it): its holders send it, the others send the header alone with their next block. The
-        switch emits the block once every worker has moved past it. Unlike OmniReduce, a worker without the
-        block still sends a header: it acknowledges the previous result, so two sets per slot are enough
-        to recover any loss. Streams end on an even round (one padding round if needed), so each slot's
-        sets keep alternating across calls."""
-        codec, k, W, n = self.codec, self.k, self.window, self.world_size
-        NONE = wire.BLOCK_NONE
-        N = flat.size
+        """Block-sparse allreduce (streams.SparseStream says how): blocks of k elements, only the non-zero
+        ones carry data."""
+        k, N = self.k, flat.size
         nb = -(-N // k)
-        S = min(W, nb)
-        if nb >= NONE - 1:
+        if nb >= wire.BLOCK_NONE - 1:
             raise ValueError(f"sparse allreduce: {nb} blocks of {k} elements; block ids are 32-bit")
-        if codec.negotiates_exponent:
-            exps = codec.flat_exponents(flat, k)
+        if self.codec.negotiates_exponent:
+            exps = self.codec.flat_exponents(flat, k)
             held = exps != wire.EXP_NONE
         else:
             exps = None
@@ -303,95 +219,49 @@ class Communicator:
         slots, seed, kind = self._begin_call(flat)
         if kind is not None:
             return self._run_c_loop(kind, flat, exps, seed, slots, progress, held)
-        nonzero = np.flatnonzero(held)
-        mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
-        ptr, rounds = [0] * S, [0] * S
-        target: list = [None] * S  # None: the announce round; NONE: the padding round
-        exp_target = [wire.EXP_NONE] * S  # agreed exponent of the target block
-        agreed = np.full(nb, wire.EXP_NONE, dtype=np.int16)
-        result = np.zeros(nb * k, dtype=codec.result_dtype())
-        overflow = False
+        return self._window_loop(SparseStream(self, flat, exps, seed, slots, held), progress)
 
-        def upcoming(s: int, skip: int):
-            i = ptr[s] + skip
-            b = mine[s][i] if i < len(mine[s]) else NONE
-            return b, int(exps[b]) if exps is not None and b != NONE else wire.EXP_NONE
-
-        def holds_target(s: int) -> bool:
-            return ptr[s] < len(mine[s]) and mine[s][ptr[s]] == target[s]
-
-        def build(s: int) -> bytes:
-            pid = slots.pid(s, rounds[s])
-            exp_cur = exp_target[s] if exps is not None else 0
-            block, count, payload = NONE, 0, b""
-            if target[s] == NONE:
-                nxt, exp_next = NONE, wire.EXP_NONE
-            elif target[s] is not None and holds_target(s):
-                block = target[s]
-                lo, hi = block * k, min(block * k + k, N)
-                data = flat[lo:hi]
-                if exp_cur == wire.EXP_NONFINITE:
-                    data = np.zeros(hi - lo, dtype=flat.dtype)  # everyone raises at the end
-                payload, count = codec.encode(data, exp_cur, n, seed, lo), hi - lo
-                nxt, exp_next = upcoming(s, 1)
-            else:
-                nxt, exp_next = upcoming(s, 0)
-            return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, self.job, self.rank, pid, slots.slot(s), pid & 1,
-                                    count, codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload,
-                                    self.session)
-
-        outstanding: dict[int, list] = {}  # stream -> [first_sent, deadline, rto, tries]
-
-        def send(s: int):
-            self._send(build(s))
-            now = time.monotonic()
-            outstanding[s] = [now, now + self.rto, self.rto, 0]
-
-        for s in range(S):
-            send(s)
-        emitted = 0
+    def _window_loop(self, stream, progress) -> np.ndarray:
+        """Drive a stream (streams.py) to the end: send what is ready, take results, resend what is overdue."""
+        inflight: dict[int, InFlight] = {}
         next_scan = 0.0
-        while outstanding:
-            self._wait(0.002)
+        while not stream.finished():
+            now = time.monotonic()
+            for key in stream.ready():
+                self._send(stream.build(key))
+                inflight[key] = InFlight(now, now + self.rtt.rto, self.rtt.rto)
+            self._wait(SCAN_EVERY if inflight else 0.0)
             for h, data in self._results():
-                s, r = slots.locate(h)
-                if h.msg_type != wire.MSG_SPARSE_RESULT or s >= S or r > rounds[s]:
-                    self.stats.stale_results += 1
+                key = stream.on_result(h, data, self.stats)
+                if key is None:
                     continue
-                if r < rounds[s] or s not in outstanding:
-                    self.stats.duplicate_results += 1
-                    continue
-                t = target[s]
-                real = t is not None and t != NONE
-                if h.codec != codec.wire_codec or h.block != (t if real else NONE) or (
-                        h.count != (min(k, N - t * k) if real else 0)) or not (
-                        h.next_block == NONE or (h.next_block % S == s and h.next_block < nb
-                                                 and (not real or h.next_block > t))):
-                    self.stats.stale_results += 1  # not what this round can be: never accepted
-                    continue
-                if h.flags & wire.FLAG_OVERFLOW:
-                    overflow = True
-                if real:
-                    result[t * k:t * k + h.count] = wire.payload_view(data, h)
-                    agreed[t] = h.exp_cur
-                    emitted += 1
-                    if holds_target(s):
-                        ptr[s] += 1
-                o = outstanding.pop(s)
-                if o[3] == 0:
-                    self._rtt_sample(time.monotonic() - o[0])
-                rounds[s] += 1
-                target[s], exp_target[s] = h.next_block, h.exp_next
-                if h.next_block != NONE or rounds[s] % 2:
-                    send(s)
-                if progress is not None and real:
-                    progress(min(N, emitted * k))
+                rec = inflight.pop(key)
+                if rec.tries == 0:
+                    self.rtt.sample(time.monotonic() - rec.first_sent)
+                if progress is not None and (done := stream.report(key)) is not None:
+                    progress(done)
             now = time.monotonic()
             if now >= next_scan:
-                next_scan = now + 0.002
-                self._resend_overdue(outstanding, build, lambda s: (slots.pid(s, rounds[s]), slots.slot(s)), now)
-        slots.commit(self, rounds=rounds)
-        return self._end_python_loop(flat, result, exps, agreed, overflow, progress)
+                next_scan = now + SCAN_EVERY
+                self._scan(stream, inflight, now)
+        stream.commit()
+        if progress is not None:
+            progress(stream.N)
+        self._check_result(stream.exps, stream.agreed, stream.overflow)
+        values = self.codec.decode(stream.result, stream.agreed, self.world_size, self.k)[:stream.N]
+        return values.astype(stream.flat.dtype, copy=False)
+
+    def _scan(self, stream, inflight: dict, now: float):
+        """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout."""
+        for key, rec in inflight.items():
+            if now < rec.deadline:
+                continue
+            if now - rec.first_sent > self.timeout:
+                raise TimeoutError(self.timeout_message(*stream.where(key), rec.tries))
+            self._send(stream.build(key))
+            self.stats.retransmissions += 1
+            rec.rto = min(rec.rto * 2, self.rtt.max_rto)
+            rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
 
     def _begin_call(self, flat: np.ndarray):
         """This call's slots (CallSlots), RNG seed, and the C loop's kind for it (None: the Python loop)."""
@@ -405,13 +275,6 @@ class Communicator:
         self._check_result(exps, agreed, overflow)
         return fastpath.decode(kind, result, agreed, self.world_size, self.k, flat.dtype)
 
-    def _end_python_loop(self, flat, result, exps, agreed, overflow: bool, progress) -> np.ndarray:
-        if progress is not None:
-            progress(flat.size)
-        self._check_result(exps, agreed, overflow)
-        values = self.codec.decode(result, agreed, self.world_size, self.k)[:flat.size]
-        return values.astype(flat.dtype, copy=False)
-
     def _results(self):
         """Parsed datagrams waiting on the socket; a switch's MSG_ERROR ends the allreduce."""
         while (data := self._recv()) is not None:
@@ -422,25 +285,16 @@ class Communicator:
             except wire.WireError:
                 continue
             if h.msg_type == wire.MSG_ERROR:
-                self._broken = "switch error"
+                self.mark_broken("switch error")
                 raise INAError(data[wire.HEADER_SIZE:].decode(errors="replace"))
             if h.job != self.job or h.session != self.session:
                 self.stats.stale_results += 1  # not of this job's generation
                 continue
             yield h, data
 
-    def _resend_overdue(self, outstanding: dict, build, where, now: float):
-        """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout.
-        outstanding: key -> [first_sent, deadline, rto, tries]; where(key) = (packet id, slot) for errors."""
-        for key, o in outstanding.items():
-            if now < o[1]:
-                continue
-            if now - o[0] > self.timeout:
-                raise TimeoutError(self.timeout_message(*where(key), o[3]))
-            self._send(build(key))
-            self.stats.retransmissions += 1
-            o[2] = min(o[2] * 2, self.max_rto)
-            o[1], o[3] = now + o[2], o[3] + 1
+    def mark_broken(self, reason: str):
+        """After a timeout or a switch error the job's state is unknown: later calls raise until reconnect."""
+        self._broken = reason
 
     def timeout_message(self, pid: int, slot: int, tries: int) -> str:
         return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
@@ -452,14 +306,6 @@ class Communicator:
             raise ValueError("allreduce input contains NaN or Inf (on at least one worker)")
         if overflow:
             raise OverflowError(f"allreduce result overflows codec {self.codec.name!r}")
-
-    def _rtt_sample(self, r: float):
-        if self._srtt is None:
-            self._srtt, self._rttvar = r, r / 2
-        else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
-            self._srtt = 0.875 * self._srtt + 0.125 * r
-        self.rto = min(max(self._srtt + 4 * self._rttvar, self.min_rto), self.max_rto)
 
     # ------------------------------------------------------------------ lifetime
     def close(self):

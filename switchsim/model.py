@@ -191,13 +191,7 @@ class Switch:
         before = st.bitmap
 
         if before & bit:
-            if h.packet_id != st.round_id:
-                return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, s)  # a protocol violation
-            other.bitmap &= ~bit
-            if st.complete:
-                job.counters["resent"][s] += 1
-                return [(self._result(job, h, st, h.rank), src)]  # unicast back where it came from
-            return self._drop("duplicate", job, s)
+            return self._duplicate(job, h, st, other, src)
 
         sparse = h.msg_type == wire.MSG_SPARSE_UPDATE
         if before == 0:
@@ -231,11 +225,23 @@ class Switch:
         st.bitmap = before | bit
         other.bitmap &= ~bit
         st.count += 1
-        if st.count < job.world_size:
-            return []
+        return self._complete(job, h, st) if st.count == job.world_size else []
+
+    def _duplicate(self, job, h, st, other, src):
+        """A packet from a worker already counted in (slot, set): resend a completed round, else drop."""
+        if h.packet_id != st.round_id:
+            return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, h.slot)  # a protocol violation
+        other.bitmap &= ~(1 << h.rank)
+        if st.complete:
+            job.counters["resent"][h.slot] += 1
+            return [(self._result(job, h, st, h.rank), src)]  # unicast back to the (admitted) sender
+        return self._drop("duplicate", job, h.slot)
+
+    def _complete(self, job, h, st):
+        """Every worker contributed: compute the result once and multicast it to the members."""
         st.complete = True
         self._finish(st)
-        job.counters["multicast"][s] += 1
+        job.counters["multicast"][h.slot] += 1
         return [(self._result(job, h, st, r), job.addresses[r]) for r in range(job.world_size)]
 
     @staticmethod

@@ -1,0 +1,256 @@
+"""One allreduce's packets as a stream object, driven by Communicator's window loop (worker.py).
+
+A stream says which packets are ready to go (`ready`), builds a packet from its key (`build`: a new
+packet or a resend rebuilt bit for bit from the source tensor), takes a result (`on_result`: the key it
+completes, or None), and says when it is done (`finished`). The loop owns what every stream shares: the
+in-flight records, the retransmission scan with backoff, the RTT estimator and the timeout message.
+The names follow the C port (csrc/ina_worker.c: entry, build, build_sparse, on_result, on_sparse_result,
+finished, rtt_sample), so the two can be read side by side.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inaproto import wire
+
+SCAN_EVERY = 0.002  # seconds between retransmission scans (the C loop's SCAN_EVERY)
+
+
+@dataclass
+class InFlight:
+    """A packet sent and not yet answered (the C loop's entry)."""
+
+    first_sent: float
+    deadline: float
+    rto: float
+    tries: int = 0
+
+
+class RttEstimator:
+    """The retransmission timeout (RFC 6298, Karn's rule: only packets sent once are sampled), clamped to
+    [min_rto, max_rto]; carried over calls and shared with the C loop."""
+
+    def __init__(self, rto: float, max_rto: float):
+        self.min_rto, self.max_rto, self.rto = float(rto), float(max_rto), float(rto)
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+
+    def sample(self, r: float):
+        if self.srtt is None:
+            self.srtt, self.rttvar = r, r / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
+            self.srtt = 0.875 * self.srtt + 0.125 * r
+        self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_rto), self.max_rto)
+
+
+class Stream:
+    """What both kinds of stream share: the call's context and its output (result, agreed exponents,
+    overflow), filled from accepted results."""
+
+    def __init__(self, comm, flat: np.ndarray, exps, seed: int, slots):
+        self.comm, self.flat, self.exps, self.seed, self.slots = comm, flat, exps, seed, slots
+        self.codec, self.k, self.W, self.n = comm.codec, comm.k, comm.window, comm.world_size
+        self.N = flat.size
+        self.nb = -(-self.N // self.k)
+        self.agreed = np.full(self.nb, wire.EXP_NONE, dtype=np.int16)
+        self.result = np.zeros(self.nb * self.k, dtype=self.codec.result_dtype())
+        self.overflow = False
+
+    def encode(self, block: int, exp_cur: int) -> tuple[bytes, int]:
+        """Block `block` encoded with the agreed exponent: (payload, element count)."""
+        lo, hi = block * self.k, min(block * self.k + self.k, self.N)
+        data = self.flat[lo:hi]
+        if exp_cur == wire.EXP_NONFINITE:
+            data = np.zeros(hi - lo, dtype=self.flat.dtype)  # everyone raises at the end
+        return self.codec.encode(data, exp_cur, self.n, self.seed, lo), hi - lo
+
+    def store(self, block: int, h, data, exp: int):
+        """An accepted result's elements for `block`, and the overflow flag."""
+        if h.flags & wire.FLAG_OVERFLOW:
+            self.overflow = True
+        self.result[block * self.k:block * self.k + h.count] = wire.payload_view(data, h)
+        self.agreed[block] = exp
+
+
+class DenseStream(Stream):
+    """Packet q goes on lane q mod W; for codecs with a shared scale the data is shifted by D = min(W,
+    blocks): packet q carries block q - D and this worker's exponent of block q. q is sent once q - W
+    (same slot) and q - D (its exponent) are done."""
+
+    def __init__(self, comm, flat, exps, seed, slots):
+        super().__init__(comm, flat, exps, seed, slots)
+        self.D = min(self.W, self.nb) if exps is not None else 0
+        self.total = self.nb + self.D
+        self.done = np.zeros(self.total, dtype=bool)
+        self.next_q = self.ndone = 0
+        self.report_every = max(1, self.total // 100)
+
+    def ready(self):
+        q, W, D, done = self.next_q, self.W, self.D, self.done
+        while q < self.total and (q < W or done[q - W]) and (D == 0 or q < D or done[q - D]):
+            yield q
+            q = self.next_q = q + 1
+
+    def build(self, q: int) -> bytes:
+        pid, slot = self.where(q)
+        exps, nb = self.exps, self.nb
+        exp_next = int(exps[q]) if exps is not None and q < nb else wire.EXP_NONE
+        payload, count, exp_cur = b"", 0, 0
+        if q >= self.D:
+            exp_cur = int(self.agreed[q - self.D]) if exps is not None else 0
+            payload, count = self.encode(q - self.D, exp_cur)
+        c = self.comm
+        return wire.pack(wire.MSG_UPDATE, c.job, c.rank, pid, slot, pid & 1, count, self.codec.wire_codec,
+                         exp_cur, exp_next, 0, payload, c.session)
+
+    def on_result(self, h, data, stats) -> int | None:
+        j, i = self.slots.locate(h)
+        q = i * self.W + j
+        if h.msg_type != wire.MSG_RESULT or q >= self.total:
+            stats.stale_results += 1
+            return None
+        if self.done[q]:
+            stats.duplicate_results += 1
+            return None
+        expect = 0 if q < self.D else min(self.k, self.N - (q - self.D) * self.k)
+        if h.count != expect or h.codec != self.codec.wire_codec:
+            stats.stale_results += 1
+            return None
+        if self.exps is not None and q < self.nb:
+            self.agreed[q] = h.exp_next
+        if q >= self.D:
+            self.store(q - self.D, h, data, self.agreed[q - self.D])
+        elif h.flags & wire.FLAG_OVERFLOW:
+            self.overflow = True
+        self.done[q] = True
+        self.ndone += 1
+        return q
+
+    def finished(self) -> bool:
+        return self.ndone == self.total
+
+    def where(self, q: int) -> tuple[int, int]:
+        """(packet id, slot) of packet q."""
+        return self.slots.pid(q % self.W, q // self.W), self.slots.slot(q % self.W)
+
+    def report(self, q: int) -> int | None:
+        """Elements done, for a progress callback, now and then."""
+        return min(self.N, self.ndone * self.k) if self.ndone % self.report_every == 0 else None
+
+    def commit(self):
+        self.slots.commit(self.comm, total=self.total)
+
+
+class SparseStream(Stream):
+    """Block-sparse allreduce: block j travels on stream j mod S (S = min(W, blocks)), one lane each:
+    round r of stream s is its slot's r-th use in the call.
+
+    Round 0 announces: each worker sends no elements, only its first non-zero block of the stream (and,
+    for codecs with a shared scale, that block's exponent). Every later round is about the block the
+    previous result named (the smallest next block over workers, with the max exponent of the workers
+    holding it): its holders send it, the others send the header alone with their next block. The switch
+    emits the block once every worker has moved past it. Unlike OmniReduce, a worker without the block
+    still sends a header: it acknowledges the previous result, so two sets per slot are enough to recover
+    any loss. Streams end on an even round (one padding round if needed: a protocol-v1 rule that kept sets
+    alternating; with per-slot packet ids it is no longer needed)."""
+
+    def __init__(self, comm, flat, exps, seed, slots, held: np.ndarray):
+        super().__init__(comm, flat, exps, seed, slots)
+        S = self.S = min(self.W, self.nb)
+        nonzero = np.flatnonzero(held)
+        self.mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
+        self.ptr, self.rounds = [0] * S, [0] * S
+        self.target: list = [None] * S  # None: the announce round; BLOCK_NONE: the padding round
+        self.exp_target = [wire.EXP_NONE] * S  # agreed exponent of the target block
+        self.active = [False] * S  # a round of the stream is in flight
+        self.to_start = list(range(S))
+        self.emitted = self.streams_done = 0
+        self.last_real = False  # the round last accepted carried a block
+
+    def ready(self):
+        starting, self.to_start = self.to_start, []
+        for s in starting:
+            self.active[s] = True
+            yield s
+
+    def upcoming(self, s: int, skip: int) -> tuple[int, int]:
+        """This worker's next non-zero block of stream s (skipping `skip` of them) and its exponent."""
+        i = self.ptr[s] + skip
+        b = self.mine[s][i] if i < len(self.mine[s]) else wire.BLOCK_NONE
+        return b, int(self.exps[b]) if self.exps is not None and b != wire.BLOCK_NONE else wire.EXP_NONE
+
+    def holds_target(self, s: int) -> bool:
+        return self.ptr[s] < len(self.mine[s]) and self.mine[s][self.ptr[s]] == self.target[s]
+
+    def build(self, s: int) -> bytes:
+        pid, slot = self.where(s)
+        exp_cur = self.exp_target[s] if self.exps is not None else 0
+        block, count, payload = wire.BLOCK_NONE, 0, b""
+        if self.target[s] == wire.BLOCK_NONE:
+            nxt, exp_next = wire.BLOCK_NONE, wire.EXP_NONE
+        elif self.target[s] is not None and self.holds_target(s):
+            block = self.target[s]
+            payload, count = self.encode(block, exp_cur)
+            nxt, exp_next = self.upcoming(s, 1)
+        else:
+            nxt, exp_next = self.upcoming(s, 0)
+        c = self.comm
+        return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, c.job, c.rank, pid, slot, pid & 1, count,
+                                self.codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload, c.session)
+
+    def plausible(self, s: int, h) -> bool:
+        """Whether a result can be the answer to stream s's current round: anything else is never accepted."""
+        t, NONE = self.target[s], wire.BLOCK_NONE
+        real = t is not None and t != NONE
+        if h.codec != self.codec.wire_codec or h.block != (t if real else NONE):
+            return False
+        if h.count != (min(self.k, self.N - t * self.k) if real else 0):
+            return False
+        nxt = h.next_block
+        return nxt == NONE or (nxt % self.S == s and nxt < self.nb and (not real or nxt > t))
+
+    def on_result(self, h, data, stats) -> int | None:
+        s, r = self.slots.locate(h)
+        if h.msg_type != wire.MSG_SPARSE_RESULT or s >= self.S or r > self.rounds[s]:
+            stats.stale_results += 1
+            return None
+        if r < self.rounds[s] or not self.active[s]:
+            stats.duplicate_results += 1
+            return None
+        if not self.plausible(s, h):
+            stats.stale_results += 1
+            return None
+        t = self.target[s]
+        self.last_real = t is not None and t != wire.BLOCK_NONE
+        if self.last_real:
+            self.store(t, h, data, h.exp_cur)
+            self.emitted += 1
+            if self.holds_target(s):
+                self.ptr[s] += 1
+        elif h.flags & wire.FLAG_OVERFLOW:
+            self.overflow = True
+        self.active[s] = False
+        self.rounds[s] += 1
+        self.target[s], self.exp_target[s] = h.next_block, h.exp_next
+        if h.next_block != wire.BLOCK_NONE or self.rounds[s] % 2:
+            self.to_start.append(s)
+        else:
+            self.streams_done += 1
+        return s
+
+    def finished(self) -> bool:
+        return self.streams_done == self.S
+
+    def where(self, s: int) -> tuple[int, int]:
+        """(packet id, slot) of stream s's current round."""
+        return self.slots.pid(s, self.rounds[s]), self.slots.slot(s)
+
+    def report(self, s: int) -> int | None:
+        """Elements done, for a progress callback, when the round just accepted carried a block."""
+        return min(self.N, self.emitted * self.k) if self.last_real else None
+
+    def commit(self):
+        self.slots.commit(self.comm, rounds=self.rounds)
