@@ -53,8 +53,8 @@ def _ffi(name, header_includes, sources, **kw):
 
 core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h"],
                 _src("ina_core.c", "ina_udp.c"))
-kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_worker.h"], _src("ina_kernels.c", "ina_worker.c"),
-                   libraries=["m"])
+kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_worker.h"],
+                   _src("ina_kernels.c", "ina_bloom.c", "ina_worker.c"), libraries=["m"])
 
 
 def dpdk_available() -> bool:

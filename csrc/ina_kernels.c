@@ -46,45 +46,6 @@ int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint6
     return over ? INA_KERNEL_OVERFLOW : 0;
 }
 
-static inline uint64_t bloom_bit(uint64_t h1, uint64_t h2, uint32_t i, uint64_t m)
-{
-    return (((h1 + (uint64_t)i * h2) & 0xFFFFFFFFu) * m) >> 32;
-}
-
-void ina_bloom_insert(const int64_t *x, size_t n, uint32_t k, uint64_t m, uint64_t key, uint8_t *bits)
-{
-    for (size_t j = 0; j < n; j++) {
-        uint64_t h = ina_rng_word(key, (uint64_t)x[j]);
-        uint64_t h1 = h & 0xFFFFFFFFu, h2 = (h >> 32) | 1;
-        for (uint32_t i = 0; i < k; i++) {
-            uint64_t b = bloom_bit(h1, h2, i, m);
-            bits[b >> 3] |= (uint8_t)(0x80 >> (b & 7)); /* np.packbits order: MSB first */
-        }
-    }
-}
-
-size_t ina_bloom_query(uint64_t size, const uint8_t *bits, uint32_t k, uint64_t m, uint64_t key, int64_t *out,
-                       size_t cap)
-{
-    size_t found = 0;
-    for (uint64_t x = 0; x < size; x++) {
-        uint64_t h = ina_rng_word(key, x);
-        uint64_t h1 = h & 0xFFFFFFFFu, h2 = (h >> 32) | 1;
-        uint32_t i = 0;
-        for (; i < k; i++) {
-            uint64_t b = bloom_bit(h1, h2, i, m);
-            if (!(bits[b >> 3] & (0x80 >> (b & 7))))
-                break;
-        }
-        if (i == k) {
-            if (found < cap)
-                out[found] = (int64_t)x;
-            found++;
-        }
-    }
-    return found;
-}
-
 static float nc_value_f32(uint8_t c)
 {
     int m = c & 0x7F;
@@ -113,5 +74,53 @@ void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, u
         q = q > lim ? lim : q < -lim ? -lim : q;
         uint32_t v = __builtin_bswap32((uint32_t)(int32_t)q);
         memcpy(out_be + 4 * i, &v, 4);
+    }
+}
+
+double ina_fixed_scale(int exp, int world)
+{
+    return (double)(2147483647 / world) / ldexp(1.0, exp == INA_EXP_NONE ? 0 : exp);
+}
+
+int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out)
+{
+    const uint32_t *bits = (const uint32_t *)x;
+    int status = 0;
+    for (size_t lo = 0, b = 0; lo < n; lo += k, b++) {
+        size_t hi = n - lo < k ? n : lo + k;
+        uint32_t m = 0;
+        for (size_t i = lo; i < hi; i++) {
+            uint32_t a = bits[i] & 0x7FFFFFFFu; /* |x| orders like its bits; NaN and Inf sort last */
+            m = a > m ? a : m;
+        }
+        int e;
+        if (m >= 0x7F800000u) {
+            out[b] = INA_EXP_NONFINITE;
+            continue;
+        }
+        if (m == 0) {
+            out[b] = INA_EXP_NONE;
+            continue;
+        }
+        if (m >> 23)
+            e = (int)(m >> 23) - 126; /* frexp: |x| = 0.5..1 * 2^e */
+        else
+            e = (32 - __builtin_clz(m)) - 149; /* denormal: mant * 2^-149 */
+        if (e > INA_EXP_MAX) {
+            status = INA_KERNEL_OVERFLOW;
+            e = INA_EXP_MAX;
+        }
+        out[b] = (int8_t)(e < INA_EXP_MIN ? INA_EXP_MIN : e);
+    }
+    return status;
+}
+
+void ina_fixed_dequantize(const int32_t *sums, size_t n, size_t k, const int8_t *exps, int world, float *out)
+{
+    for (size_t lo = 0, b = 0; lo < n; lo += k, b++) {
+        size_t hi = n - lo < k ? n : lo + k;
+        double scale = ina_fixed_scale(exps[b], world);
+        for (size_t i = lo; i < hi; i++)
+            out[i] = (float)((double)sums[i] / scale);
     }
 }

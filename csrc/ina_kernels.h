@@ -1,4 +1,4 @@
-/* Worker-side codec kernels (natural compression, fixed point) used by hostlib when built. */
+/* Worker-side codec kernels (natural compression, fixed point, block exponents) used by hostlib when built. */
 #ifndef INA_KERNELS_H
 #define INA_KERNELS_H
 #include <stddef.h>
@@ -12,13 +12,13 @@
 int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                   int floor);
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
+/* the fixed-point scale floor(INT32_MAX / world) / 2^exp of a block with agreed exponent exp (codecs/fixed.py) */
+double ina_fixed_scale(int exp, int world);
 /* big-endian int32 of rint(x * scale), clipped to +-limit */
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be);
-/* Bloom filter of m bits (m < 2^32), k hashes: hash i of x is bit ((h1 + i*h2) mod 2^32) * m >> 32, with
- * h = mix(key + x * GAMMA), h1 = low 32 bits, h2 = high 32 bits | 1 (hostlib/sparse/index/bloom.py). */
-void ina_bloom_insert(const int64_t *x, size_t n, uint32_t k, uint64_t m, uint64_t key, uint8_t *bits);
-/* writes the x in [0, size) the filter answers yes for, ascending, up to cap of them; returns how many
- * there are (call again with a larger out when that exceeds cap) */
-size_t ina_bloom_query(uint64_t size, const uint8_t *bits, uint32_t k, uint64_t m, uint64_t key, int64_t *out,
-                       size_t cap);
+/* block exponents of float32 x in blocks of k (the last one short): the rule of codecs/base.py
+ * block_exponents. Returns 0, or INA_KERNEL_OVERFLOW if a finite block needs an exponent above EXP_MAX. */
+int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out);
+/* float32 of int32 sums / scale(exps[i / k]): codecs/fixed.py decode */
+void ina_fixed_dequantize(const int32_t *sums, size_t n, size_t k, const int8_t *exps, int world, float *out);
 #endif

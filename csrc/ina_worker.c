@@ -53,10 +53,6 @@ static double now(void)
     return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static double fixed_scale(int exp, int world)
-{
-    return (double)(INT32_MAX_ / world) / ldexp(1.0, exp == INA_EXP_NONE ? 0 : exp);
-}
 
 static uint32_t held_from(const ina_wk *w, uint64_t from);
 
@@ -156,7 +152,7 @@ static int encode_elements(ina_wk *w, priv_t *p, uint64_t lo, uint32_t count, in
     if (exp_cur == INA_EXP_NONFINITE) {
         memset(pl, 0, count * p->esize); /* every worker raises at the end */
     } else if (w->kind == INA_WK_FIXED) {
-        ina_fixed_quantize(s, count, fixed_scale(exp_cur, w->world), INT32_MAX_ / w->world, pl);
+        ina_fixed_quantize(s, count, ina_fixed_scale(exp_cur, w->world), INT32_MAX_ / w->world, pl);
     } else {
         int floor = exp_cur == INA_EXP_NONE ? INA_NC_LEVEL_MIN : nc_floor(exp_cur);
         int rc = ina_nc_encode(s, count, pl, w->seed, lo, w->deterministic, floor);
@@ -526,47 +522,4 @@ int ina_wk_run(ina_wk *w, int budget_ms)
         }
     }
     return INA_WK_DONE;
-}
-
-int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out)
-{
-    const uint32_t *bits = (const uint32_t *)x;
-    int status = 0;
-    for (size_t lo = 0, b = 0; lo < n; lo += k, b++) {
-        size_t hi = n - lo < k ? n : lo + k;
-        uint32_t m = 0;
-        for (size_t i = lo; i < hi; i++) {
-            uint32_t a = bits[i] & 0x7FFFFFFFu; /* |x| orders like its bits; NaN and Inf sort last */
-            m = a > m ? a : m;
-        }
-        int e;
-        if (m >= 0x7F800000u) {
-            out[b] = INA_EXP_NONFINITE;
-            continue;
-        }
-        if (m == 0) {
-            out[b] = INA_EXP_NONE;
-            continue;
-        }
-        if (m >> 23)
-            e = (int)(m >> 23) - 126; /* frexp: |x| = 0.5..1 * 2^e */
-        else
-            e = (32 - __builtin_clz(m)) - 149; /* denormal: mant * 2^-149 */
-        if (e > INA_EXP_MAX) {
-            status = INA_KERNEL_OVERFLOW;
-            e = INA_EXP_MAX;
-        }
-        out[b] = (int8_t)(e < INA_EXP_MIN ? INA_EXP_MIN : e);
-    }
-    return status;
-}
-
-void ina_fixed_dequantize(const int32_t *sums, size_t n, size_t k, const int8_t *exps, int world, float *out)
-{
-    for (size_t lo = 0, b = 0; lo < n; lo += k, b++) {
-        size_t hi = n - lo < k ? n : lo + k;
-        double scale = fixed_scale(exps[b], world);
-        for (size_t i = lo; i < hi; i++)
-            out[i] = (float)((double)sums[i] / scale);
-    }
 }

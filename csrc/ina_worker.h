@@ -63,9 +63,4 @@ int ina_wk_start(ina_wk *w); /* 0, INA_WK_BAD_PARAMETERS or INA_WK_NO_MEMORY */
 int ina_wk_run(ina_wk *w, int budget_ms);
 void ina_wk_finish(ina_wk *w);
 
-/* block exponents of float32 x in blocks of k (the last one short): the rule of codecs/base.py
- * block_exponents. Returns 0, or INA_KERNEL_OVERFLOW if a finite block needs an exponent above EXP_MAX. */
-int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out);
-/* float32 of int32 sums / scale(exps[i / k]): codecs/fixed.py decode */
-void ina_fixed_dequantize(const int32_t *sums, size_t n, size_t k, const int8_t *exps, int world, float *out);
 #endif

@@ -18,14 +18,8 @@ RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C) and progress c
 
 def kind(codec, flat: np.ndarray):
     """The C loop's codec kind for this codec and input, or None where only the Python loop applies."""
-    if not kernels.enabled():
-        return None
-    lib = kernels.lib
-    if codec.name == "int32" and (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
-        return lib.INA_WK_INT32
-    if flat.dtype == np.float32 and codec.name in ("fixed", "nc"):
-        return lib.INA_WK_FIXED if codec.name == "fixed" else lib.INA_WK_NC
-    return None
+    name = codec.native_kind(flat) if kernels.enabled() else None
+    return getattr(kernels.lib, f"INA_WK_{name}") if name else None
 
 
 def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progress, held=None):

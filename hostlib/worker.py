@@ -165,10 +165,20 @@ class Communicator:
 
     # ------------------------------------------------------------------ allreduce
     def allreduce(self, x, progress=None, sparse: bool = False):
-        """Sum x over all workers of the job. numpy array or torch tensor in, same type/shape/dtype out.
+        """Sum x over all workers of the job.
 
-        sparse=True: block-sparse INA (OmniReduce-style): only blocks of elements_per_packet elements
-        that are non-zero on this worker carry data; every worker of the job must pass the same flag."""
+        Args:
+            x: numpy array or torch tensor (any shape; CUDA tensors go through host memory).
+            progress: optional callable, called with the number of elements done so far.
+            sparse: block-sparse INA (OmniReduce-style): only blocks of elements_per_packet elements that
+                are non-zero on this worker carry data; every worker of the job must pass the same flag.
+        Returns:
+            The sum, of x's type, shape and dtype, the same on every worker.
+        Raises:
+            TimeoutError: no result within `timeout` (a peer died, or the ranks' calls differ); the
+                communicator is then unusable. ValueError: NaN/Inf on some worker. OverflowError: the sum
+                does not fit the codec.
+        """
         if self._broken:
             raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
         torch_like = type(x).__module__.startswith("torch")
@@ -371,5 +381,19 @@ def _from_numpy(a, like):
 
 
 def connect(switch, rank: int, world_size: int, job: int = 1, codec: str = "int32", **kwargs) -> Communicator:
-    """Join `job` on the switch at "HOST:PORT" (blocks until all world_size ranks joined)."""
+    """Join `job` on the switch and return the worker's Communicator (a barrier: every rank must connect).
+
+    Args:
+        switch: "HOST:PORT" or (host, port) of the switch.
+        rank, world_size: this worker's rank in 0..world_size-1; the job's size (the switch's --job ID:N).
+        job: the switch job id (0..65535).
+        codec: "int32" (exact), "fixed" (SwitchML fixed point) or "nc" (natural compression).
+        **kwargs: window, elements_per_packet, timeout, join_timeout, rto, max_rto, seed, fast, key (the
+            job key; default $INA_JOB_KEY), and codec options (e.g. rounding="deterministic" for nc).
+    Returns:
+        Communicator: use `allreduce`, then `close()` (or a `with` block), which frees the rank.
+    Raises:
+        TimeoutError: the switch is unreachable or a rank did not join in time.
+        INAError: the switch refused the join (unknown job, wrong world size, bad MAC).
+    """
     return Communicator(switch, rank, world_size, job=job, codec=codec, **kwargs)

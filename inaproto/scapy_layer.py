@@ -44,12 +44,6 @@ class INA(Packet):
             p = p[:14] + (max(len(pay) - ext, 0) // size).to_bytes(2, "big") + p[16:]
         return p + pay
 
-    def guess_payload_class(self, payload):
-        if self.msg_type in wire.SPARSE_MESSAGES:
-            return INABlock
-        if self.msg_type in (wire.MSG_UPDATE, wire.MSG_RESULT):
-            return _elements(self)
-        return Packet.guess_payload_class(self, payload)
 
 
 def _elements(ina: INA):
@@ -89,4 +83,8 @@ class INANC8(Packet):
 
 bind_layers(UDP, INA, dport=INA_PORT)
 bind_layers(UDP, INA, sport=INA_PORT)
-bind_layers(INA, INAInt32)
+for _msg in (wire.MSG_UPDATE, wire.MSG_RESULT):  # dense messages: the elements follow the header
+    bind_layers(INA, INAInt32, msg_type=_msg, codec=wire.CODEC_INT32)
+    bind_layers(INA, INANC8, msg_type=_msg, codec=wire.CODEC_NC8)
+for _msg in wire.SPARSE_MESSAGES:  # block-sparse ones: the block extension first (it finds the elements)
+    bind_layers(INA, INABlock, msg_type=_msg)

@@ -1,6 +1,6 @@
 """Reference model of the INA switch data plane. Every other backend is tested against this file.
 
-It follows SwitchML's per-packet state machine (../shared/switchml-conformance.md section 3): S slots x 2
+It follows SwitchML's per-packet state machine (docs/protocol.md, "Switch state machine"): S slots x 2
 sets per job, worker bitmaps with the clear-the-other-set rule, write on first / add / read-only on
 duplicate, multicast on completion, unicast resend of a completed set, drop otherwise, max exponent.
 Block-sparse rounds (OmniReduce-style, wire.MSG_SPARSE_UPDATE) use the same slots, sets, bitmaps and

@@ -69,3 +69,8 @@ class Codec:
 
     def result_dtype(self):
         return np.int64
+
+    def native_kind(self, flat: np.ndarray) -> str | None:
+        """The C worker loop's kind for this input (INA_WK_<kind> in csrc/ina_worker.h), or None where only
+        the Python loop carries it."""
+        return None

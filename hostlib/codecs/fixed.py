@@ -48,6 +48,9 @@ def quantize_reference(block: np.ndarray, scale: float, limit: int) -> np.ndarra
 
 class FixedPointCodec(Codec):
     name = "fixed"
+
+    def native_kind(self, flat):
+        return "FIXED" if flat.dtype == np.float32 else None
     wire_codec = wire.CODEC_INT32
     negotiates_exponent = True
 

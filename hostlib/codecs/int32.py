@@ -11,6 +11,9 @@ I32 = np.iinfo(np.int32)
 
 class Int32Codec(Codec):
     name = "int32"
+
+    def native_kind(self, flat):
+        return "INT32" if np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_ else None
     wire_codec = wire.CODEC_INT32
 
     def check_input(self, flat):

@@ -100,6 +100,9 @@ class NaturalCodec(Codec):
     """NC on the INA path: 8-bit codes both ways, integer sums in the switch."""
 
     name = "nc"
+
+    def native_kind(self, flat):
+        return "NC" if flat.dtype == np.float32 else None
     wire_codec = wire.CODEC_NC8
     negotiates_exponent = True
     default_elements = 1024  # 1 KiB of codes, the same payload as 256 int32
