@@ -108,7 +108,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from inabench.demo import run_demo
 
     return run_demo(args)
 
@@ -116,7 +116,7 @@ def cmd_demo(args) -> int:
 def cmd_bench(args) -> int:
     import json as _json
 
-    from . import bench
+    from inabench import bench
 
     def csv(text, cast):
         return [cast(v) for v in text.split(",") if v]
@@ -138,16 +138,16 @@ def cmd_bench(args) -> int:
             csv(args.densities, float), payload=csv(args.payloads, int)[0], gloo=not args.no_gloo,
             progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
     if "sparse" in what:
-        from .bench_sparse import bench_sparse
+        from inabench.bench_sparse import bench_sparse
 
         results["sparse"] = bench_sparse(args.sparse_d)
     if "sparcml" in what:
-        from .bench_sparse import bench_sparcml
+        from inabench.bench_sparse import bench_sparcml
 
         results["sparcml"] = bench_sparcml(csv(args.workers, int), csv(args.densities, float))
     train = None
     if "train" in what:
-        from . import convergence
+        from inabench import convergence
 
         train = convergence.run(max(csv(args.workers, int)), csv(args.modes, str), epochs=args.epochs)
         results["train"] = convergence.main_rows(train)
@@ -166,7 +166,7 @@ def cmd_bench(args) -> int:
 
 
 def convergence_modes():
-    from .convergence import MODES  # numpy only: cheap
+    from inabench.convergence import MODES  # numpy only: cheap
 
     return MODES
 

@@ -19,7 +19,6 @@ where addresses are whatever the transport passes in (a UDP (host, port) tuple, 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np

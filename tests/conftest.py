@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import os
-import re
 import select
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from types import SimpleNamespace
 
 import pytest
 
+from inabench.harness import ROOT, SwitchProcess  # noqa: F401 - the tests' switch processes
 from inaproto import auth, wire
 from switchsim import native
 from switchsim.server import query_stats
@@ -21,7 +18,6 @@ from switchsim.model import Switch
 from switchsim.netns import VethNamespace
 from switchsim.server import UDPServer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMPED = (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE, wire.MSG_LEAVE)
 
 
@@ -235,40 +231,6 @@ def switch_backend(request):
     yield make
     for h in made:
         h.close()
-
-
-class SwitchProcess:
-    """`switchsim serve` in a child process (its own interpreter, like a real deployment)."""
-
-    def __init__(self, *args, backend="python", cmd=None):
-        if cmd is None:
-            cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", backend]
-        cmd = [*cmd, "--json-stats", *map(str, args)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self._line()
-        while line.startswith(("TELEMETRY", "EAL")):  # DPDK's own start-up lines
-            line = self._line()
-        m = re.search(r"listening on ([\d.]+):(\d+)", line)
-        if not m:
-            self.proc.kill()
-            raise RuntimeError(f"switch failed to start: {line!r} {self.proc.stderr.read()}")
-        self.address = f"{m.group(1)}:{m.group(2)}"
-
-    def _line(self, timeout: float = 60.0) -> str:
-        """The child's next line of output; "" if it says nothing within timeout (a hung start fails the test)."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        return self.proc.stdout.readline() if ready else ""
-
-    def stop(self) -> str:
-        """SIGTERM the child we started (by PID) and return what it printed."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            out, _ = self.proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        return out
 
 
 SERVE_BACKENDS = ("python", "c", "dpdk")

@@ -213,7 +213,7 @@ def test_block_topk_keeps_whole_blocks_with_the_largest_norms():
 
 
 def test_sparse_benchmark_rows():
-    from switchsim.bench_sparse import bench_tensor, synthetic
+    from inabench.bench_sparse import bench_tensor, synthetic
 
     rows = bench_tensor("synthetic", synthetic(100_000))
     by = {(r["index"], r["value"]): r for r in rows}

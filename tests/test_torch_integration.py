@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 import torch.distributed as dist  # noqa: E402
 
 from hostlib.integrations.torch import INAHookState, ina_hook  # noqa: E402
-from switchsim.bench import free_port  # noqa: E402
+from inabench.harness import free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

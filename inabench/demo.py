@@ -4,15 +4,14 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
-import re
-import signal
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 from hostlib import wire
+
+from .harness import SwitchProcess
 
 
 def make_input(codec: str, size: int, rank: int, seed: int = 1234, density: float = 1.0,
@@ -83,38 +82,13 @@ def check_result(args, out) -> dict:
     return res
 
 
-def start_switch(args, ns=None, extra=()) -> tuple[subprocess.Popen, str]:
+def start_switch(args, ns=None, extra=()) -> SwitchProcess:
     """`switchsim serve` for args.backend (plus extra arguments): on loopback, or for dpdk in namespace ns
     (a VethNamespace)."""
-    if args.backend == "dpdk":
-        serve = ns.serve_command(wire.DEFAULT_PORT)
-    else:
-        serve = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", args.backend]
-    cmd = [*serve, "--workers", str(args.workers),
-           "--loss", str(args.loss), "--dup", str(args.dup), "--reorder", str(args.reorder),
-           "--slots", str(args.slots), "--elements-per-packet", str(args.elements_per_packet),
-           "--nc-rounding", args.nc_rounding, "--seed", str(args.seed), "--json-stats", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"listening on ([\d.]+):(\d+)", line)
-    if not m:
-        proc.kill()
-        raise RuntimeError(f"switch did not start: {line!r}")
-    return proc, f"{m.group(1)}:{m.group(2)}"
-
-
-def stop_switch(proc) -> dict:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {}
-    try:
-        return json.loads(out)
-    except json.JSONDecodeError:
-        return {}
+    cmd = ns.serve_command(wire.DEFAULT_PORT) if args.backend == "dpdk" else None
+    return SwitchProcess("--workers", args.workers, "--loss", args.loss, "--dup", args.dup, "--reorder", args.reorder,
+                         "--slots", args.slots, "--elements-per-packet", args.elements_per_packet,
+                         "--nc-rounding", args.nc_rounding, "--seed", args.seed, *extra, backend=args.backend, cmd=cmd)
 
 
 def run_demo(args) -> int:
@@ -140,7 +114,8 @@ def run_demo(args) -> int:
 
 
 def _run(args, ns) -> int:
-    proc, address = start_switch(args, ns)
+    sw = start_switch(args, ns)
+    address = sw.address
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     progress = [ctx.Value("q", 0, lock=False) for _ in range(args.workers)]
@@ -173,7 +148,7 @@ def _run(args, ns) -> int:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-        switch_stats = stop_switch(proc)
+        switch_stats = sw.stop_stats()
     wall = time.perf_counter() - t0
     return report(args, reports, switch_stats, wall)
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +16,8 @@ import numpy as np
 
 from hostlib import wire
 from hostlib.codecs import get_codec
+
+from .harness import free_port, run_ranks  # noqa: F401 - free_port: part of this module's interface
 
 
 def best(fn, repeat=3) -> float:
@@ -81,8 +81,8 @@ def _rounds(codec: int, workers: int, k: int, rounds: int, slots: int) -> list[t
 
 
 def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
-    from . import native
-    from .model import Switch
+    from switchsim import native
+    from switchsim.model import Switch
 
     rows = []
     for name, codec, k in (("int32 x 256", wire.CODEC_INT32, 256), ("NC x 1024", wire.CODEC_NC8, 1024)):
@@ -110,43 +110,6 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
                      "x python": len(stream) / t / base})
     return rows
 
-
-# ---------------------------------------------------------------- ranks in spawned processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(target, world: int, args: tuple, expect: int, timeout: float = 600) -> list:
-    """Start target(rank, world, port, *args, queue) in `world` spawned processes (a torch.distributed
-    rendezvous on a free loopback port) and collect `expect` items they put on the queue; RuntimeError
-    if the ranks die or time out first."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    items, deadline = [], time.monotonic() + timeout
-    try:
-        while len(items) < expect and time.monotonic() < deadline:
-            try:
-                items.append(queue.get(timeout=5))
-            except Exception:  # noqa: BLE001 - queue.Empty: check the ranks are alive
-                if not any(p.is_alive() for p in procs):
-                    break
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    if len(items) < expect:
-        raise RuntimeError(f"{target.__name__}: {len(items)} of {expect} reports from {world} ranks")
-    return items
-
-
-# ---------------------------------------------------------------- allreduce vs gloo
 
 def _gloo_rank(rank, n, port, numel, reps, out):
     import torch

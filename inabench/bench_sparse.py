@@ -107,7 +107,7 @@ def _sparcml_worker(rank, world, port, size, densities, repeat, queue):
 
 def bench_sparcml(ranks=(2, 4), densities=(0.001, 0.01, 0.1), size: int = 1 << 22, repeat: int = 3) -> list[dict]:
     """SparCML's algorithms against gloo's dense allreduce of the same vectors, by density and rank count."""
-    from .bench import run_ranks
+    from .harness import run_ranks
 
     rows = []
     for world in ranks:  # rank 0 reports the rows

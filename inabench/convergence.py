@@ -5,7 +5,6 @@ exponent histogram of the real gradients (the NC paper's Fig. 7)."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -91,18 +90,14 @@ def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
 def run(workers: int = 4, modes=MODES, epochs: int = 30, lr: float = 0.05, batch: int = 32,
         backend: str = "c") -> dict:
     """Train once per mode; returns {"rows": [...], "exponents": histogram (index e + 128)}."""
-    from .bench import run_ranks
-    from .demo import start_switch, stop_switch
+    from .harness import SwitchProcess, run_ranks
 
-    switch_args = SimpleNamespace(backend=backend, workers=workers, loss=0.0, dup=0.0, reorder=0.0, slots=512,
-                                  elements_per_packet=1024, nc_rounding="stochastic", seed=0)
-    jobs = [a for j in range(1, len(modes) + 1) for a in ("--job", f"{j}:{workers}")]
-    proc, address = start_switch(switch_args, extra=jobs)
+    sw = SwitchProcess(*[a for j in range(1, len(modes) + 1) for a in ("--job", f"{j}:{workers}")], backend=backend)
     try:
-        reports = run_ranks(_worker, workers, (address, list(modes), epochs, lr, batch), expect=workers * len(modes),
-                            timeout=60 * len(modes) * max(1, epochs // 10))
+        reports = run_ranks(_worker, workers, (sw.address, list(modes), epochs, lr, batch),
+                            expect=workers * len(modes), timeout=60 * len(modes) * max(1, epochs // 10))
     finally:
-        stop_switch(proc)
+        sw.stop()
     rows, hist = [], None
     for mode in modes:
         rs = [r for r in reports if r["mode"] == mode]

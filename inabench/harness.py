@@ -1,0 +1,102 @@
+"""The one harness that benchmarks, the demo, training runs and the tests share: a switch in a child
+process (`SwitchProcess`), free loopback ports, and ranks in spawned processes (`run_ranks`)."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class SwitchProcess:
+    """`switchsim serve` in a child process (its own interpreter, like a real deployment).
+
+    Args:
+        *args: serve arguments (e.g. "--workers", 4); --json-stats is always added.
+        backend: python | c (dpdk runs in a namespace: pass its command as cmd).
+        cmd: the serve command to run instead (e.g. VethNamespace.serve_command(port)).
+    """
+
+    def __init__(self, *args, backend="python", cmd=None):
+        if cmd is None:
+            cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", backend]
+        cmd = [*cmd, "--json-stats", *map(str, args)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self._line()
+        while line.startswith(("TELEMETRY", "EAL")):  # DPDK's own start-up lines
+            line = self._line()
+        m = re.search(r"listening on ([\d.]+):(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError(f"switch failed to start: {line!r} {self.proc.stderr.read()}")
+        self.address = f"{m.group(1)}:{m.group(2)}"
+
+    def _line(self, timeout: float = 60.0) -> str:
+        """The child's next line of output; "" if it says nothing within timeout (a hung start fails)."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else ""
+
+    def stop(self) -> str:
+        """SIGTERM the child we started (by PID) and return what it printed."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out
+
+    def stop_stats(self) -> dict:
+        """Stop it and return the counters it printed on exit ({} if it printed none)."""
+        out = self.stop()
+        try:
+            return json.loads(out[out.index("{"):]) if "{" in out else {}
+        except json.JSONDecodeError:
+            return {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(target, world: int, args: tuple, expect: int, timeout: float = 600) -> list:
+    """Start target(rank, world, port, *args, queue) in `world` spawned processes (a torch.distributed
+    rendezvous on a free loopback port) and collect `expect` items they put on the queue; RuntimeError
+    if the ranks die or time out first."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    items, deadline = [], time.monotonic() + timeout
+    try:
+        while len(items) < expect and time.monotonic() < deadline:
+            try:
+                items.append(queue.get(timeout=5))
+            except Exception:  # noqa: BLE001 - queue.Empty: check the ranks are alive
+                if not any(p.is_alive() for p in procs):
+                    break
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    if len(items) < expect:
+        raise RuntimeError(f"{target.__name__}: {len(items)} of {expect} reports from {world} ranks")
+    return items
+
+
+# ---------------------------------------------------------------- allreduce vs gloo
+
