@@ -82,12 +82,14 @@ def _rounds(codec: int, workers: int, k: int, rounds: int, slots: int) -> list[t
 
 def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
     from switchsim import native
+    from switchsim.config import SwitchConfig
     from switchsim.model import Switch
 
     rows = []
     for name, codec, k in (("int32 x 256", wire.CODEC_INT32, 256), ("NC x 1024", wire.CODEC_NC8, 1024)):
         stream = _rounds(codec, workers, k, packets // workers, 512)
-        model = Switch({1: workers}, slots=512, max_elements=1024)
+        config = SwitchConfig({1: workers})
+        model = Switch(config)
         model.admit(1, 1, BENCH_SESSION, 0, list(range(workers)))
         sub = stream[: max(workers, len(stream) // 10)]  # the model is slow: a tenth of the stream
         t = best(lambda: [model.process(d, s) for d, s in sub], 1)
@@ -95,7 +97,7 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
         rows.append({"what": f"python reference, {name}", "packets/s": base, "x python": 1.0})
         if not native.available():
             continue
-        core = native.CoreSwitch({1: workers}, slots=512, max_elements=1024)
+        core = native.CoreSwitch(config)
         core.admit(1, 1, BENCH_SESSION, 0, list(range(workers)))
         t = best(lambda: [core.process(d, s) for d, s in sub], 1)
         rows.append({"what": f"C core via cffi per packet, {name}", "packets/s": len(sub) / t,
@@ -103,7 +105,7 @@ def bench_switch(packets: int = 100_000, workers: int = 4) -> list[dict]:
         blob = b"".join(d for d, _ in stream)
         lens = native.ffi.new("uint32_t[]", [len(d) for d, _ in stream])
         srcs = native.ffi.new("uint64_t[]", [s for _, s in stream])
-        replay_core = native.new_core({1: workers}, 512, 1024, "stochastic", 0)
+        replay_core = native.new_core(config)
         native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, native.ffi.new("uint64_t[]", list(range(workers))))
         t = best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1)
         rows.append({"what": f"C core, one core, {name}", "packets/s": len(stream) / t,

@@ -8,6 +8,8 @@ import sys
 
 from inaproto import auth, wire
 
+from .config import DEFAULT_MAX_ELEMENTS, DEFAULT_SLOTS, SwitchConfig
+
 
 def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
     out = {}
@@ -43,27 +45,32 @@ def parse_keys(specs: list[str] | None, jobs: dict[int, int]) -> dict[int, bytes
 def make_server(args):
     """(switch, server) for --backend: the reference model under the Python UDP loop, or the C core under
     the C UDP loop."""
-    jobs = parse_jobs(args.workers, args.job)
-    kw = dict(slots=args.slots, max_elements=args.elements_per_packet, nc_rounding=args.nc_rounding,
-              seed=args.seed, keys=parse_keys(args.key_file, jobs), control_hosts=args.control or (),
-              first_packet_id=args.first_packet_id)
+    config = config_from_args(args)
     net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
     if args.backend == "dpdk":
         from .dpdk import DPDKServer
 
-        server = DPDKServer(jobs, args.host, args.port, **kw, loss=args.loss, dup=args.dup, reorder=args.reorder,
+        server = DPDKServer(config, args.host, args.port, loss=args.loss, dup=args.dup, reorder=args.reorder,
                             eal=args.eal, vdev=args.vdev, iface=args.iface, dpdk_port=args.dpdk_port)
         return server, server
     if args.backend == "c":
         from .native import CoreSwitch, CUDPServer
 
-        switch = CoreSwitch(jobs, **kw)
+        switch = CoreSwitch(config)
         return switch, CUDPServer(switch, args.host, args.port, **net)
     from .model import Switch
     from .server import UDPServer
 
-    switch = Switch(jobs, **kw)
+    switch = Switch(config)
     return switch, UDPServer(switch, args.host, args.port, **net)
+
+
+def config_from_args(args) -> SwitchConfig:
+    """serve's flags as a SwitchConfig (ValueError for a bad one, OSError for an unreadable key file)."""
+    jobs = parse_jobs(args.workers, args.job)
+    return SwitchConfig(jobs, args.slots, args.elements_per_packet, args.nc_rounding, args.seed,
+                        keys=parse_keys(args.key_file, jobs), control_hosts=tuple(args.control or ()),
+                        first_packet_id=args.first_packet_id)
 
 
 def cmd_serve(args) -> int:
@@ -179,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--loss", type=float, default=0.0, help="drop probability per packet and direction")
         sp.add_argument("--dup", type=float, default=0.0, help="duplication probability per packet and direction")
         sp.add_argument("--reorder", type=float, default=0.0, help="probability to hold a packet behind the next")
-        sp.add_argument("--slots", type=int, default=512, help="slots per job (each has 2 sets)")
-        sp.add_argument("--elements-per-packet", type=int, default=1024, help="largest packet the switch accepts")
+        sp.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="slots per job (each has 2 sets)")
+        sp.add_argument("--elements-per-packet", type=int, default=DEFAULT_MAX_ELEMENTS,
+                        help="largest packet the switch accepts")
         sp.add_argument("--nc-rounding", choices=("stochastic", "deterministic"), default="stochastic",
                         help="how the switch re-compresses NC sums")
         sp.add_argument("--seed", type=int, default=0)

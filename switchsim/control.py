@@ -87,19 +87,18 @@ def derive_session(secret: int, job: int, generation: int, nonces: list[int]) ->
 
 
 class ControlPlane:
-    def __init__(self, dataplane, jobs: dict[int, int], slots: int, max_elements: int, keys=None,
-                 secret: int | None = None, control_hosts=None, clock=None, join_expiry=JOIN_EXPIRY,
-                 member_idle=MEMBER_IDLE, stats=None, first_packet_id: int | None = None):
-        self.dataplane, self.slots, self.max_elements = dataplane, slots, max_elements
-        self.jobs = {j: JobControl(j, n, (keys or {}).get(j)) for j, n in jobs.items()}
+    def __init__(self, dataplane, config, secret: int | None = None, clock=None, join_expiry=JOIN_EXPIRY,
+                 member_idle=MEMBER_IDLE, stats=None):
+        """dataplane: what to admit into (config.DataPlane); config: its SwitchConfig; secret: the key of
+        the session values (random by default); clock, join_expiry, member_idle: for tests."""
+        self.dataplane, self.slots, self.max_elements = dataplane, config.slots, config.max_elements
+        self.jobs = {j: JobControl(j, n, config.keys.get(j)) for j, n in config.jobs.items()}
         self.secret = secrets.randbits(64) if secret is None else secret
-        self.control_hosts = set(control_hosts or ())  # besides loopback
+        self.control_hosts = set(config.control_hosts)  # besides loopback
         self.clock = clock or time.monotonic
         self.join_expiry, self.member_idle = join_expiry, member_idle
         self.stats = stats or dataplane.stats
-        if first_packet_id is not None and (first_packet_id & 1 or not 0 <= first_packet_id <= wire.PACKET_ID_MASK):
-            raise ValueError(f"first packet id {first_packet_id}: must be even and fit 32 bits (set 0 comes first)")
-        self.first_packet_id = first_packet_id
+        self.first_packet_id = config.first_packet_id
         self.requests = TokenBucket(*CONTROL_RATE, self.clock)
         self.errors = TokenBucket(*ERROR_RATE, self.clock)
         self.stats_replies = TokenBucket(*STATS_RATE, self.clock)

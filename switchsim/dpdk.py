@@ -61,9 +61,8 @@ def init_eal(args: list[str]) -> None:
 class DPDKServer:
     """A switch on DPDK port `dpdk_port`, answering ARP and INA packets for host:port."""
 
-    def __init__(self, jobs, host, port=wire.DEFAULT_PORT, *, slots=512, max_elements=1024,
-                 nc_rounding="stochastic", seed=0, loss=0.0, dup=0.0, reorder=0.0, eal=None, vdev=None,
-                 iface=None, dpdk_port=0, **control):
+    def __init__(self, config, host, port=wire.DEFAULT_PORT, *, loss=0.0, dup=0.0, reorder=0.0, eal=None,
+                 vdev=None, iface=None, dpdk_port=0):
         check_probabilities(loss, dup, reorder)
         try:
             ip = int(ipaddress.IPv4Address(host))
@@ -72,11 +71,11 @@ class DPDKServer:
         if not 1 <= port <= 65535:
             raise ValueError("the DPDK backend needs a fixed --port (it has no kernel to pick one)")
         init_eal(eal_args(eal, vdev, iface))
-        self.switch = CoreSwitch(jobs, slots, max_elements, nc_rounding, seed, ffi=ffi, lib=lib, **control)
+        self.switch = CoreSwitch(config, ffi=ffi, lib=lib)
         self.switch.control.stats = self.stats
         self.core, self.jobs = self.switch.core, self.switch.jobs
         err = ffi.new("char[]", 256)
-        self.loop = lib.ina_dpdk_new(self.core, dpdk_port, ip, port, loss, dup, reorder, (seed or 0) & MASK64,
+        self.loop = lib.ina_dpdk_new(self.core, dpdk_port, ip, port, loss, dup, reorder, config.seed & MASK64,
                                      err, 256)
         if self.loop == ffi.NULL:
             raise OSError(ffi.string(err).decode())

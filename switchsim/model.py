@@ -25,6 +25,7 @@ import numpy as np
 
 from inaproto import nc, wire
 
+from .config import SwitchConfig, config_of
 from .control import ControlPlane
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -95,36 +96,23 @@ class Job:
         self.sets = [SlotSet() for _ in range(2 * self.slots)]
 
 
-def check_config(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: str) -> None:
-    """The limits every backend enforces, with one wording."""
-    if not 1 <= slots <= wire.MAX_SLOTS:
-        raise ValueError(f"slots must be in 1..{wire.MAX_SLOTS}")
-    if not 1 <= max_elements <= wire.MAX_ELEMENTS:
-        raise ValueError(f"max_elements must be in 1..{wire.MAX_ELEMENTS}")
-    if nc_rounding not in ("stochastic", "deterministic"):
-        raise ValueError("nc_rounding must be 'stochastic' or 'deterministic'")
-    for job_id, n in jobs.items():
-        if not 0 <= job_id <= 0xFFFF:
-            raise ValueError(f"job id {job_id} out of range 0..65535")
-        if not 1 <= n <= wire.MAX_WORKERS:
-            raise ValueError(f"job {job_id}: world size {n} out of range 1..{wire.MAX_WORKERS}")
-
-
 class Switch:
     """The data plane of one switch, shared by any number of isolated jobs, with its control plane."""
 
-    def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
-                 nc_rounding: str = "stochastic", seed: int = 0, **control):
-        check_config(jobs, slots, max_elements, nc_rounding)
-        self.jobs: dict[int, Job] = {j: Job(j, n, slots, max_elements) for j, n in jobs.items()}
-        self.slots, self.max_elements = slots, max_elements
-        self.nc_deterministic = nc_rounding == "deterministic"
-        self.seed = seed
+    def __init__(self, config: SwitchConfig | dict[int, int], **kw):
+        """config: a SwitchConfig, or the jobs dict with SwitchConfig's fields as keywords; other keywords
+        go to the control plane (secret, clock, join_expiry, member_idle)."""
+        self.config, control = config_of(config, kw)
+        c = self.config
+        self.jobs: dict[int, Job] = {j: Job(j, n, c.slots, c.max_elements) for j, n in c.jobs.items()}
+        self.slots, self.max_elements = c.slots, c.max_elements
+        self.nc_deterministic = c.nc_rounding == "deterministic"
+        self.seed = c.seed
         self.nc_elements_rounded = 0  # counter for the switch's NC random stream
         self.drops = dict.fromkeys(DROP_REASONS, 0)
         self.packets_in = self.packets_out = 0
         self.overflows = 0
-        self.control = ControlPlane(self, jobs, slots, max_elements, **control)
+        self.control = ControlPlane(self, c, **control)
 
     # ------------------------------------------------------------------ entry point
     def process(self, data, src) -> list[tuple[bytes, object]]:

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from inaproto import net, wire
 
 from .control import ControlPlane
-from .model import DROP_REASONS, SLOT_COUNTERS, check_config
+from .config import SwitchConfig, config_of
+from .model import DROP_REASONS, SLOT_COUNTERS
 from .server import bind_udp, check_probabilities
 
 try:
@@ -53,16 +54,16 @@ def core_stats(core, per_slot: bool = False, ffi=ffi, lib=lib) -> dict:
             "overflows": c.overflows, "jobs": jobs}
 
 
-def new_core(jobs: dict[int, int], slots: int, max_elements: int, nc_rounding: str, seed: int, ffi=ffi, lib=lib):
-    """An `ina_switch *` of the cffi module (ffi, lib), freed with the returned object, serving `jobs`."""
+def new_core(config: SwitchConfig, ffi=ffi, lib=lib):
+    """An `ina_switch *` of the cffi module (ffi, lib), freed with the returned object, serving config's jobs."""
     if lib is None:
         require()
-    check_config(jobs, slots, max_elements, nc_rounding)
-    core = ffi.gc(lib.ina_switch_new(slots, max_elements, nc_rounding == "deterministic", seed & MASK64),
+    c = config
+    core = ffi.gc(lib.ina_switch_new(c.slots, c.max_elements, c.nc_rounding == "deterministic", c.seed & MASK64),
                   lib.ina_switch_free)
     if core == ffi.NULL:
         raise MemoryError("cannot allocate the switch")
-    for job_id, n in jobs.items():
+    for job_id, n in c.jobs.items():
         if lib.ina_switch_add_job(core, job_id, n) != 0:
             raise MemoryError(f"cannot allocate job {job_id}")
     return core
@@ -76,16 +77,16 @@ class CoreSwitch:
     plane calls of the control plane (admit, member_packets, count_drop). (ffi, lib) name the cffi module
     the core is compiled into (the DPDK module has its own copy)."""
 
-    def __init__(self, jobs: dict[int, int], slots: int = 512, max_elements: int = 1024,
-                 nc_rounding: str = "stochastic", seed: int = 0, ffi=ffi, lib=lib, **control):
+    def __init__(self, config: SwitchConfig | dict[int, int], ffi=ffi, lib=lib, **kw):
+        self.config, control = config_of(config, kw)
         self.ffi, self.lib = ffi, lib
-        self.core = new_core(jobs, slots, max_elements, nc_rounding, seed, ffi=ffi, lib=lib)
-        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in jobs.items()}
-        self.slots, self.max_elements = slots, max_elements
+        self.core = new_core(self.config, ffi=ffi, lib=lib)
+        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in self.config.jobs.items()}
+        self.slots, self.max_elements = self.config.slots, self.config.max_elements
         self._out = ffi.new("ina_out[]", lib.INA_MAX_OUT)
         self._ids: dict[object, int] = {}  # in-process source addresses (not (ip, port)) -> ids
         self._addrs: list[object] = []
-        self.control = ControlPlane(self, jobs, slots, max_elements, **control)
+        self.control = ControlPlane(self, self.config, **control)
 
     def address_id(self, src) -> int:
         """The id the core keeps for a source: IPv4 << 16 | port for (ip, port), else a local number."""

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install -e '.[bench]')")
 
-from switchsim import convergence  # noqa: E402
+from inabench import convergence  # noqa: E402
 
 
 def test_digits_mlp_with_fixed_and_nc_matches_gloo(tmp_path):
