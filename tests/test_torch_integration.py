@@ -146,3 +146,22 @@ def test_hook_averages_cuda_gradients(tmp_path):
     finally:
         dist.destroy_process_group()
         sw.stop()
+
+
+def test_state_pickles_without_its_connection_and_keeps_its_residuals():
+    """Like PowerSGD's state: DDP may copy it; the connection, thread and group stay behind, the error
+    feedback (the training's memory) goes along, and the copy reconnects on first use."""
+    import pickle
+
+    import numpy as np
+
+    state = INAHookState(switch="127.0.0.1:9", codec="nc", rounding="deterministic")
+    memory = state.reducer.strategy.memory
+    assert memory.enabled  # deterministic NC: error feedback by default
+    memory.update(3, np.arange(4, dtype=np.float32))
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.reducer.comm is None and copy.process_group is None
+    assert np.array_equal(copy.reducer.strategy.memory.residuals[3], np.arange(4, dtype=np.float32))
+    assert copy.reducer.allgather == copy._allgather_bytes and copy._executor.submit(lambda: 7).result() == 7
+    state.close()
+    copy.close()

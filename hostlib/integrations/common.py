@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import wire
 from ..codecs import natural
+from ..feedback import ErrorFeedback
 from ..worker import Communicator
 
 
@@ -26,128 +27,163 @@ def switch_address(switch=None) -> str:
                      "INA_SWITCH_PORT)")
 
 
-class GradientReducer:
-    """Averages gradient tensors over the job's ranks through the switch.
+class DenseReducer:
+    """Dense INA through the switch: 'int32' (exact, integer gradients), 'fixed' or 'nc'; with error
+    feedback the local rounding error of each tensor goes into its next gradient."""
 
-    codec 'fixed' and 'nc' carry any float gradient; 'int32' carries gradients that are integers (it
-    raises otherwise) and is exact. error_feedback (default: on for deterministic NC rounding, the one
-    biased codec here) adds each tensor's local rounding error, kept per key, to its next gradient.
+    def __init__(self, codec: str, deterministic: bool, error_feedback: bool):
+        self.codec, self.deterministic = codec, deterministic
+        self.memory = ErrorFeedback(error_feedback)
 
-    codec 'topk' is the sparse path: top-`ratio` sparsification with error feedback, each rank's sparse
-    gradient in a DeepReduce container (`index`, `value` codec names, `index_params`, `value_params`),
-    exchanged with the framework's allgather (`self.allgather`, set by the integration) instead of the
-    switch, whose dense aggregation cannot sum index sets.
-
-    block_topk=RATIO (with 'fixed' or 'nc') sends through the switch's block-sparse INA instead: each
-    tensor keeps the RATIO of its blocks (elements_per_packet elements each) with the largest norm, the
-    rest goes to the residual (error feedback), and only those blocks travel."""
-
-    def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback: bool | None = None,
-                 block_topk: float | None = None, **connect_kwargs):
-        if codec not in ("fixed", "nc", "int32", "topk"):
-            raise ValueError(f"codec must be 'fixed', 'nc', 'int32' or 'topk', got {codec!r}")
-        if block_topk is not None and (codec not in ("fixed", "nc") or not 0 < block_topk <= 1):
-            raise ValueError("block_topk is a fraction in (0, 1] of blocks, for codec 'fixed' or 'nc'")
-        self.block_topk = block_topk
-        self.block_sparsifier = None
-        self.block_error_feedback = error_feedback is not False
-        self.switch = switch
-        self.codec = codec
-        self.job = int(os.environ.get("INA_JOB", 1)) if job is None else job
-        self.sparse = None
-        if codec == "topk":
-            from .. import sparse
-
-            self.sparsifier = sparse.Sparsifier("topk", connect_kwargs.pop("ratio", 0.01),
-                                                error_feedback=error_feedback is not False)
-            self.sparse = sparse.DeepReduce(connect_kwargs.pop("index", "delta"), connect_kwargs.pop("value", "none"),
-                                            connect_kwargs.pop("index_params", None),
-                                            connect_kwargs.pop("value_params", None))
-            if connect_kwargs:
-                raise ValueError(f"codec 'topk' takes ratio, index, value, index_params, value_params; "
-                                 f"not {sorted(connect_kwargs)}")
-        self.connect_kwargs = connect_kwargs
-        deterministic = connect_kwargs.get("rounding") == "deterministic"
-        self.error_feedback = (codec == "nc" and deterministic) if error_feedback is None else error_feedback
-        self.residuals: dict = {}
-        self.comm: Communicator | None = None
-        self.allgather = None  # bytes -> list of every rank's bytes (the sparse path)
-        self.sparse_bytes_sent = 0
-        self.world_size = None
-        self._lock = threading.Lock()
-
-    @property
-    def bytes_sent(self) -> int:
-        """Bytes this rank has sent: wire bytes through the switch, or its DeepReduce containers."""
-        if self.sparse is not None:
-            return self.sparse_bytes_sent
-        return self.comm.stats.wire_bytes_sent if self.comm is not None else 0
-
-    def connect(self, rank: int, world_size: int) -> Communicator | None:
-        with self._lock:
-            self.world_size = world_size
-            if self.sparse is None and self.comm is None:
-                self.comm = Communicator(switch_address(self.switch), rank, world_size, job=self.job,
-                                         codec=self.codec, **self.connect_kwargs)
-            return self.comm
-
-    def average(self, flat: np.ndarray, key) -> np.ndarray:
-        """The mean over ranks of flat (a 1-D float array of this rank's gradient)."""
-        if self.sparse is not None:
-            return self._average_sparse(flat, key)
-        comm = self.comm
-        if self.block_topk is not None:
-            return self._average_block_sparse(flat, key)
+    def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
+        comm = reducer.comm
         if self.codec == "int32":
             ints = np.rint(flat)
             if not np.array_equal(ints, flat) or np.abs(ints).max(initial=0) > np.iinfo(np.int32).max:
                 raise ValueError("codec 'int32' needs integer gradients that fit int32; use 'fixed' or 'nc'")
             return (comm.allreduce(ints.astype(np.int32)).astype(np.float64) / comm.world_size).astype(flat.dtype)
         x = flat.astype(np.float32, copy=False)
-        if self.error_feedback:
-            r = self.residuals.get(key)
-            if r is not None and r.shape == x.shape:
-                x = x + r
-            self.residuals[key] = x - self._local_rounding(x)
+        if self.memory.enabled:
+            x = self.memory.compensate(x, key)
+            self.memory.update(key, x - self._local_rounding(x))
         total = comm.allreduce(x)
         return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
-
-    def _average_block_sparse(self, flat: np.ndarray, key) -> np.ndarray:
-        from ..sparse import Sparsifier
-
-        comm = self.comm
-        if self.block_sparsifier is None:
-            self.block_sparsifier = Sparsifier("blocktopk", self.block_topk, block=comm.k,
-                                               error_feedback=self.block_error_feedback)
-        idx, val = self.block_sparsifier(flat, key)
-        x = np.zeros(flat.size, np.float32)
-        x[idx] = val
-        total = comm.allreduce(x, sparse=True)
-        return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
-
-    def _average_sparse(self, flat: np.ndarray, key) -> np.ndarray:
-        from ..sparse import DeepReduce
-
-        idx, val = self.sparsifier(flat, key)
-        blob = self.sparse.encode(idx, val, flat.size)
-        self.sparse_bytes_sent += len(blob)
-        total = np.zeros(flat.size, np.float64)
-        for data in self.allgather(blob):
-            i, v, size = DeepReduce.decode(data)
-            if size != flat.size:
-                raise ValueError(f"a rank sent a gradient of {size} elements, this one has {flat.size}")
-            np.add.at(total, i, v)
-        return (total / self.world_size).astype(flat.dtype)
 
     def _local_rounding(self, x: np.ndarray) -> np.ndarray:
         """What this rank's own packets carry of x, as far as it is known before the allreduce (NC's
         rounding without the block floor, which only touches values 2^-55 below the block's max)."""
         if self.codec == "nc":
-            det = self.connect_kwargs.get("rounding") == "deterministic"
-            return natural.decode(natural.encode(x, deterministic=det))
+            return natural.decode(natural.encode(x, deterministic=self.deterministic))
         return x  # fixed point: the rounding error is below 2^-31 of the block's max
+
+
+class BlockSparseReducer:
+    """Block-sparse INA through the switch: each tensor keeps the `ratio` of its blocks (elements_per_packet
+    elements each) with the largest norm; the rest stays in the error feedback for later steps."""
+
+    def __init__(self, ratio: float, error_feedback: bool):
+        self.ratio, self.error_feedback = ratio, error_feedback
+        self.sparsifier = None  # made on first use: its block is the connection's packet size
+
+    def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
+        from ..sparse import Sparsifier
+
+        comm = reducer.comm
+        if self.sparsifier is None:
+            self.sparsifier = Sparsifier("blocktopk", self.ratio, block=comm.k, error_feedback=self.error_feedback)
+        idx, val = self.sparsifier(flat, key)
+        x = np.zeros(flat.size, np.float32)
+        x[idx] = val
+        total = comm.allreduce(x, sparse=True)
+        return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
+
+
+class AllgatherTopkReducer:
+    """The sparse path without the switch (whose dense aggregation cannot sum index sets): top-`ratio`
+    with error feedback, each rank's sparse gradient in a DeepReduce container, exchanged with the
+    framework's allgather (`reducer.allgather`)."""
+
+    uses_switch = False
+
+    def __init__(self, error_feedback: bool, ratio=0.01, index="delta", value="none", index_params=None,
+                 value_params=None):
+        from .. import sparse
+
+        self.sparsifier = sparse.Sparsifier("topk", ratio, error_feedback=error_feedback)
+        self.container = sparse.DeepReduce(index, value, index_params, value_params)
+        self.bytes_sent = 0
+
+    def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
+        from ..sparse import DeepReduce
+
+        idx, val = self.sparsifier(flat, key)
+        blob = self.container.encode(idx, val, flat.size)
+        self.bytes_sent += len(blob)
+        total = np.zeros(flat.size, np.float64)
+        for data in reducer.allgather(blob):
+            i, v, size = DeepReduce.decode(data)
+            if size != flat.size:
+                raise ValueError(f"a rank sent a gradient of {size} elements, this one has {flat.size}")
+            np.add.at(total, i, v)
+        return (total / reducer.world_size).astype(flat.dtype)
+
+
+TOPK_OPTIONS = ("ratio", "index", "value", "index_params", "value_params")
+
+
+def make_strategy(codec: str, error_feedback, block_topk, connect_kwargs: dict):
+    """The reducer strategy for the options (taking the top-k options out of connect_kwargs)."""
+    if codec not in ("fixed", "nc", "int32", "topk"):
+        raise ValueError(f"codec must be 'fixed', 'nc', 'int32' or 'topk', got {codec!r}")
+    if block_topk is not None and (codec not in ("fixed", "nc") or not 0 < block_topk <= 1):
+        raise ValueError("block_topk is a fraction in (0, 1] of blocks, for codec 'fixed' or 'nc'")
+    if codec == "topk":
+        opts = {k: connect_kwargs.pop(k) for k in TOPK_OPTIONS if k in connect_kwargs}
+        if connect_kwargs:
+            raise ValueError(f"codec 'topk' takes {', '.join(TOPK_OPTIONS)}; not {sorted(connect_kwargs)}")
+        return AllgatherTopkReducer(error_feedback is not False, **opts)
+    if block_topk is not None:
+        return BlockSparseReducer(block_topk, error_feedback is not False)
+    deterministic = connect_kwargs.get("rounding") == "deterministic"
+    # error feedback by default for the one biased rounding here: deterministic NC
+    return DenseReducer(codec, deterministic, (codec == "nc" and deterministic) if error_feedback is None
+                        else bool(error_feedback))
+
+
+class GradientReducer:
+    """Averages gradient tensors over the job's ranks: one switch connection per process (made by
+    connect(), on first use), and a strategy per way of reducing (DenseReducer, BlockSparseReducer,
+    AllgatherTopkReducer). Pickles without its connection (it reconnects on first use), like PowerSGD's
+    state.
+
+    Args:
+        switch: "HOST:PORT" (default $INA_SWITCH, or $MASTER_ADDR:$INA_SWITCH_PORT).
+        codec: 'fixed', 'nc', 'int32', or 'topk' (by allgather; with ratio=, index=, value=,
+            index_params=, value_params=).
+        job: the switch job (default $INA_JOB or 1).
+        error_feedback: keep what compression dropped for the next step (default: on for deterministic
+            NC and for the sparse paths).
+        block_topk: with 'fixed' or 'nc', send each tensor's top fraction of blocks by block-sparse INA.
+        **connect_kwargs: any hostlib.connect option (window, elements_per_packet, timeout, rounding...).
+    """
+
+    def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback: bool | None = None,
+                 block_topk: float | None = None, **connect_kwargs):
+        self.strategy = make_strategy(codec, error_feedback, block_topk, connect_kwargs)
+        self.switch, self.codec, self.block_topk = switch, codec, block_topk
+        self.job = int(os.environ.get("INA_JOB", 1)) if job is None else job
+        self.connect_kwargs = connect_kwargs
+        self.comm: Communicator | None = None
+        self.allgather = None  # bytes -> list of every rank's bytes (the allgather path)
+        self.world_size = None
+        self._lock = threading.Lock()
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank has sent: wire bytes through the switch, or its DeepReduce containers."""
+        if not getattr(self.strategy, "uses_switch", True):
+            return self.strategy.bytes_sent
+        return self.comm.stats.wire_bytes_sent if self.comm is not None else 0
+
+    def connect(self, rank: int, world_size: int) -> Communicator | None:
+        with self._lock:
+            self.world_size = world_size
+            if getattr(self.strategy, "uses_switch", True) and self.comm is None:
+                self.comm = Communicator(switch_address(self.switch), rank, world_size, job=self.job,
+                                         codec=self.codec, **self.connect_kwargs)
+            return self.comm
+
+    def average(self, flat: np.ndarray, key) -> np.ndarray:
+        """The mean over ranks of flat (a 1-D float array of this rank's gradient)."""
+        return self.strategy.average(self, flat, key)
 
     def close(self):
         if self.comm is not None:
             self.comm.close()
             self.comm = None
+
+    def __getstate__(self):  # the connection, the lock and the framework's allgather stay behind
+        return {k: v for k, v in self.__dict__.items() if k not in ("comm", "_lock", "allgather")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, comm=None, allgather=None, _lock=threading.Lock())

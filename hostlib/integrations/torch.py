@@ -19,23 +19,39 @@ import torch.distributed as dist
 from .common import GradientReducer
 
 
-class INAHookState(GradientReducer):
-    """State of `ina_hook`: the switch connection (made on the first bucket), codec and error feedback.
+class INAHookState:
+    """State of `ina_hook`: a GradientReducer (the switch connection, made on the first bucket; codec;
+    error feedback) and the process group. Pickles without its connection, thread and process group (as
+    PowerSGD's state does): after unpickling it uses the default group and reconnects on first use.
 
-    Arguments: switch ("HOST:PORT"), codec ('fixed', 'nc', 'int32', or 'topk': the sparse path with
-    ratio=, index=, value= DeepReduce codecs, exchanged by allgather), job (default $INA_JOB or 1),
-    error_feedback, process_group (default: the world), and any `hostlib.connect` option (window,
+    Args: switch ("HOST:PORT"), codec ('fixed', 'nc', 'int32', or 'topk': the sparse path with ratio=,
+    index=, value= DeepReduce codecs, exchanged by allgather), job (default $INA_JOB or 1), error_feedback,
+    block_topk, process_group (default: the world), and any `hostlib.connect` option (window,
     elements_per_packet, timeout, rounding, ...)."""
 
     def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback=None,
                  process_group=None, **connect_kwargs):
-        super().__init__(switch, codec, job, error_feedback, **connect_kwargs)
+        self.reducer = GradientReducer(switch, codec, job, error_feedback, **connect_kwargs)
         self.process_group = process_group
-        self.allgather = self._allgather_bytes
+        self._start()
+
+    def _start(self):
+        self.reducer.allgather = self._allgather_bytes
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
 
-    def __getstate__(self):  # DDP may deep-copy module state; the connection and thread stay behind
-        raise TypeError("INAHookState holds a live switch connection and cannot be pickled")
+    def __getstate__(self):
+        return {"reducer": self.reducer}
+
+    def __setstate__(self, state):
+        self.reducer, self.process_group = state["reducer"], None
+        self._start()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.reducer.bytes_sent
+
+    def connect(self, rank: int, world_size: int):
+        return self.reducer.connect(rank, world_size)
 
     def rank_and_size(self):
         if not dist.is_initialized():
@@ -50,16 +66,17 @@ class INAHookState(GradientReducer):
 
     def close(self):
         self._executor.shutdown(wait=True)
-        super().close()
+        self.reducer.close()
 
 
 def _average_bucket(state: INAHookState, buffer: torch.Tensor, key) -> torch.Tensor:
-    rank, world = state.rank_and_size()
-    state.connect(rank, world)
+    """The mean over ranks of the bucket, written into the bucket's buffer in place (as allreduce_hook)."""
+    state.connect(*state.rank_and_size())
     host = buffer.detach().to("cpu", copy=True)
     as_float = host.float() if host.dtype in (torch.float16, torch.bfloat16) else host
-    mean = state.average(as_float.numpy().reshape(-1), key)
-    return torch.from_numpy(mean).to(dtype=buffer.dtype, device=buffer.device).view_as(buffer)
+    mean = state.reducer.average(as_float.numpy().reshape(-1), key)
+    buffer.copy_(torch.from_numpy(mean).view_as(buffer))
+    return buffer
 
 
 def ina_hook(state: INAHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -11,6 +11,8 @@ import struct
 
 import numpy as np
 
+from ..feedback import ErrorFeedback
+
 from .bits import CodecError
 from .index.golomb import GolombCodec
 
@@ -59,18 +61,20 @@ class SBC:
         if not 0 < p <= 0.5 or delay < 1:
             raise ValueError("sbc: p must be in (0, 0.5] and delay >= 1")
         self.p, self.delay = p, delay
-        self.residuals: dict = {}
+        self.memory = ErrorFeedback()
         self.steps: dict = {}
+
+    @property
+    def residuals(self) -> dict:
+        return self.memory.residuals
 
     def step(self, update, key=0):
         """Add one local update; every `delay`-th call returns the message to send (else None)."""
-        u = np.asarray(update, dtype=np.float32).reshape(-1)
-        acc = self.residuals.get(key)
-        acc = u.copy() if acc is None else acc + u
+        acc = self.memory.compensate(np.asarray(update, dtype=np.float32).reshape(-1), key)
         self.steps[key] = self.steps.get(key, 0) + 1
         if self.steps[key] % self.delay:
-            self.residuals[key] = acc
+            self.memory.update(key, acc)
             return None
         message, sent = encode(acc, self.p)
-        self.residuals[key] = acc - sent
+        self.memory.update(key, acc - sent)
         return message

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from ..feedback import ErrorFeedback
+
 
 class Sparsifier:
     """method: 'topk' (largest |x|), 'randomk' (uniform, seeded), 'threshold' (|x| >= threshold) or
@@ -27,7 +29,11 @@ class Sparsifier:
         self.method, self.ratio, self.threshold = method, ratio, threshold
         self.error_feedback = error_feedback
         self.rs = np.random.default_rng(seed)
-        self.residuals: dict = {}
+        self.memory = ErrorFeedback(error_feedback)
+
+    @property
+    def residuals(self) -> dict:
+        return self.memory.residuals
 
     def count(self, n: int) -> int:
         return min(n, max(1, math.ceil(self.ratio * n))) if n else 0
@@ -36,7 +42,7 @@ class Sparsifier:
         flat = np.asarray(x, dtype=np.float32).reshape(-1)
         if not np.all(np.isfinite(flat)):
             raise ValueError("sparsify: input contains NaN or Inf")
-        acc = flat + self.residuals[key] if self.error_feedback and key in self.residuals else flat.copy()
+        acc = self.memory.compensate(flat, key)
         if self.method == "topk":
             k = self.count(acc.size)
             idx = np.sort(np.argpartition(np.abs(acc), acc.size - k)[acc.size - k:]) if k else np.zeros(0, np.int64)
@@ -46,10 +52,9 @@ class Sparsifier:
             idx = np.sort(self.rs.choice(acc.size, size=self.count(acc.size), replace=False))
         else:
             idx = np.flatnonzero(np.abs(acc) >= self.threshold)
-        values = acc[idx]
-        if self.error_feedback:
-            acc[idx] = 0
-            self.residuals[key] = acc
+        values = acc[idx].copy()
+        acc[idx] = 0
+        self.memory.update(key, acc)
         return idx.astype(np.int64), values
 
     def _top_blocks(self, acc: np.ndarray) -> np.ndarray:
