@@ -7,4 +7,4 @@ import sys
 from switchsim.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(main(["bench", "train", *sys.argv[1:]]))
