@@ -88,11 +88,10 @@ const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
 }
 void ina_udp_punt_clear(ina_udp *u) { u->punt.n = 0; }
 
-const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port)
+const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint64_t *src)
 {
     *len = u->punt.len[i];
-    *ip = (uint32_t)(u->punt.src[i] >> 16);
-    *port = (uint16_t)u->punt.src[i];
+    *src = u->punt.src[i];
     return u->punt.buf[i];
 }
 

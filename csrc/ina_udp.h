@@ -24,8 +24,8 @@ void ina_udp_free(ina_udp *u);
  * socket error, with errno set. Call it in a loop. */
 int ina_udp_run(ina_udp *u);
 void ina_udp_stop(ina_udp *u);
-/* waiting control packet i: bytes, length, and source (IPv4 address and port, host order) */
-const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint32_t *ip, uint16_t *port);
+/* waiting control packet i: bytes, length, and source address id (IPv4 << 16 | port, host order) */
+const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint64_t *src);
 void ina_udp_punt_clear(ina_udp *u);
 const ina_udp_counters *ina_udp_counters_of(const ina_udp *u);
 #endif

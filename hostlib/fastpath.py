@@ -23,7 +23,7 @@ def kind(codec, flat: np.ndarray):
 
 
 def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progress, held=None):
-    """Run one allreduce's packet stream on `slots` (worker.CallSlots); returns (result, agreed exponents,
+    """Run one allreduce's packet stream on `slots` (streams.CallSlots); returns (result, agreed exponents,
     overflow flag) and moves the communicator's slot counters on.
 
     result holds native int32 sums (int32, fixed) or NC codes per element; raises TimeoutError when a

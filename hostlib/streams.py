@@ -46,6 +46,38 @@ class RttEstimator:
         self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_rto), self.max_rto)
 
 
+class CallSlots:
+    """Where one allreduce's packets go: its j-th lane (packet q's lane is q mod W, a sparse stream's is
+    its index) uses slot (first + j) mod W, and that lane's i-th packet has the slot's packet id
+    uses[slot] + i (mod 2^32), so every slot's ids run on without gaps whatever the calls in between."""
+
+    def __init__(self, first: int, uses: np.ndarray):
+        self.first, self.W, self.uses = first, uses.size, uses.copy()
+
+    def slot(self, j: int) -> int:
+        return (self.first + j) % self.W
+
+    def pid(self, j: int, i: int) -> int:
+        return (int(self.uses[self.slot(j)]) + i) & wire.PACKET_ID_MASK
+
+    def locate(self, h) -> tuple[int, int]:
+        """(lane, index) of a result; a lane >= W for a slot this worker does not use."""
+        if h.slot >= self.W:
+            return self.W, wire.PACKET_ID_MASK + 1
+        return (h.slot - self.first) % self.W, (h.packet_id - int(self.uses[h.slot])) & wire.PACKET_ID_MASK
+
+    def commit(self, comm, total: int | None = None, rounds=None):
+        """After the call, move comm's slot counters on: a dense call sent packets 0..total-1 (lane j
+        carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream s. The next call starts
+        on the slot after the last lane used."""
+        W = self.W
+        used = rounds if rounds is not None else [total // W + (j < total % W) for j in range(W)]
+        for j, n in enumerate(used):
+            s = self.slot(j)
+            comm._uses[s] = (int(self.uses[s]) + int(n)) & wire.PACKET_ID_MASK
+        comm._next_slot = (self.first + (len(rounds) if rounds is not None else total)) % W
+
+
 class Stream:
     """What both kinds of stream share: the call's context and its output (result, agreed exponents,
     overflow), filled from accepted results."""
@@ -67,12 +99,9 @@ class Stream:
             data = np.zeros(hi - lo, dtype=self.flat.dtype)  # everyone raises at the end
         return self.codec.encode(data, exp_cur, self.n, self.seed, lo), hi - lo
 
-    def store(self, block: int, h, data, exp: int):
-        """An accepted result's elements for `block`, and the overflow flag."""
-        if h.flags & wire.FLAG_OVERFLOW:
-            self.overflow = True
+    def store(self, block: int, h, data):
+        """An accepted result's elements for `block`."""
         self.result[block * self.k:block * self.k + h.count] = wire.payload_view(data, h)
-        self.agreed[block] = exp
 
 
 class DenseStream(Stream):
@@ -119,12 +148,11 @@ class DenseStream(Stream):
         if h.count != expect or h.codec != self.codec.wire_codec:
             stats.stale_results += 1
             return None
+        self.overflow |= bool(h.flags & wire.FLAG_OVERFLOW)
         if self.exps is not None and q < self.nb:
             self.agreed[q] = h.exp_next
         if q >= self.D:
-            self.store(q - self.D, h, data, self.agreed[q - self.D])
-        elif h.flags & wire.FLAG_OVERFLOW:
-            self.overflow = True
+            self.store(q - self.D, h, data)
         self.done[q] = True
         self.ndone += 1
         return q
@@ -224,14 +252,14 @@ class SparseStream(Stream):
             stats.stale_results += 1
             return None
         t = self.target[s]
+        self.overflow |= bool(h.flags & wire.FLAG_OVERFLOW)
         self.last_real = t is not None and t != wire.BLOCK_NONE
         if self.last_real:
-            self.store(t, h, data, h.exp_cur)
+            self.store(t, h, data)
+            self.agreed[t] = h.exp_cur
             self.emitted += 1
             if self.holds_target(s):
                 self.ptr[s] += 1
-        elif h.flags & wire.FLAG_OVERFLOW:
-            self.overflow = True
         self.active[s] = False
         self.rounds[s] += 1
         self.target[s], self.exp_target[s] = h.next_block, h.exp_next

@@ -26,7 +26,7 @@ from inaproto.net import SOCKET_BUFFER, parse_address, size_buffers  # noqa: F40
 from . import fastpath, rng, wire
 from .codecs import get_codec
 from .errors import INAError
-from .streams import SCAN_EVERY, DenseStream, InFlight, RttEstimator, SparseStream
+from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator, SparseStream
 
 
 @dataclass
@@ -331,38 +331,6 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class CallSlots:
-    """Where one allreduce's packets go: its j-th lane (packet q's lane is q mod W, a sparse stream's is
-    its index) uses slot (first + j) mod W, and that lane's i-th packet has the slot's packet id
-    uses[slot] + i (mod 2^32), so every slot's ids run on without gaps whatever the calls in between."""
-
-    def __init__(self, first: int, uses: np.ndarray):
-        self.first, self.W, self.uses = first, uses.size, uses.copy()
-
-    def slot(self, j: int) -> int:
-        return (self.first + j) % self.W
-
-    def pid(self, j: int, i: int) -> int:
-        return (int(self.uses[self.slot(j)]) + i) & wire.PACKET_ID_MASK
-
-    def locate(self, h) -> tuple[int, int]:
-        """(lane, index) of a result; a lane >= W for a slot this worker does not use."""
-        if h.slot >= self.W:
-            return self.W, wire.PACKET_ID_MASK + 1
-        return (h.slot - self.first) % self.W, (h.packet_id - int(self.uses[h.slot])) & wire.PACKET_ID_MASK
-
-    def commit(self, comm, total: int | None = None, rounds=None):
-        """After the call, move comm's slot counters on: a dense call sent packets 0..total-1 (lane j
-        carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream s. The next call starts
-        on the slot after the last lane used."""
-        W = self.W
-        used = rounds if rounds is not None else [total // W + (j < total % W) for j in range(W)]
-        for j, n in enumerate(used):
-            s = self.slot(j)
-            comm._uses[s] = (int(self.uses[s]) + int(n)) & wire.PACKET_ID_MASK
-        comm._next_slot = (self.first + (len(rounds) if rounds is not None else total)) % W
 
 
 def _to_numpy(t):

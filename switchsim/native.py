@@ -160,14 +160,14 @@ class CUDPServer:
         backend.control.stats = self.stats  # stats replies carry the loop's counters too
 
     def serve_forever(self):
-        length, ip, port = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("uint16_t *")
+        length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
         while not self._stopped.is_set():
             n = lib.ina_udp_run(self.loop)  # releases the GIL until stopped or a control request waits
             if n < 0:
                 raise OSError(ffi.errno, "switch UDP loop failed")
             for i in range(n):
-                data = bytes(ffi.buffer(lib.ina_udp_punt(self.loop, i, length, ip, port), length[0]))
-                for reply, dst in self.backend.control_request(data, (net.int_to_ip(ip[0]), port[0])):
+                data = bytes(ffi.buffer(lib.ina_udp_punt(self.loop, i, length, src), length[0]))
+                for reply, dst in self.backend.control_request(data, self.backend.address(src[0])):
                     try:
                         self.sock.sendto(reply, dst)
                     except OSError:
