@@ -1,0 +1,225 @@
+"""Generates p4/ina.p4 from its template p4/ina.p4.in and inaproto/wire.py: constants, the INA header and
+the per-lane code (v1model has no loops), so the P4 program never restates the wire format by hand.
+
+    python -m inaproto.gen_p4             # rewrite p4/ina.p4
+    python -m inaproto.gen_p4 --check     # exit 1 if p4/ina.p4 is out of date (tests/test_p4.py does the same)
+    python -m inaproto.gen_p4 --compile   # also compile it with p4c-bm2-ss into p4/build/ (JSON + P4Info)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from . import wire
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = os.path.join(ROOT, "p4", "ina.p4.in")
+PATH = os.path.join(ROOT, "p4", "ina.p4")
+BUILD = os.path.join(ROOT, "p4", "build")
+JSON, P4INFO = os.path.join(BUILD, "ina.json"), os.path.join(BUILD, "ina.p4info.txtpb")
+
+LANES = 64  # elements per packet: 64 int32 lanes = 256 bytes, under BMv2's 512-byte deparser limit
+SLOT_CAPACITY = 4096  # slots over all jobs (each has two sets)
+MEMBER_CAPACITY = 1024  # ranks over all jobs
+JOB_CAPACITY = 64
+PORT_RANGE_MASK = 0xFFF0  # the parser takes INA on UDP ports DEFAULT_PORT .. DEFAULT_PORT + 15
+UDP_HEADER = 8
+P4_TYPES = {"B": "bit<8>", "b": "bit<8>", "H": "bit<16>", "I": "bit<32>", "3x": "bit<24>"}
+
+
+def constants() -> list[str]:
+    w = wire
+    c = [("bit<8>", "VERSION", w.VERSION), ("bit<16>", "PORT_RANGE", w.DEFAULT_PORT),
+         ("bit<16>", "PORT_RANGE_MASK", PORT_RANGE_MASK), ("bit<16>", "UDP_HEADER", UDP_HEADER)]
+    c += [("bit<8>", f"MSG_{name.upper()}", code) for code, name in sorted(w.MSG_NAMES.items())]
+    c += [("bit<8>", "MSG_MAX", max(w.MSG_NAMES))]
+    c += [("bit<8>", f"CODEC_{name.upper()}", code) for code, name in sorted(w.CODEC_NAMES.items())]
+    c += [("bit<8>", "CODEC_MAX", max(w.CODEC_NAMES)), ("bit<8>", "FLAG_OVERFLOW", w.FLAG_OVERFLOW),
+          ("bit<8>", "EXP_NONE", w.EXP_NONE & 0xFF), ("int<16>", "NC_BIAS", w.NC_BIAS),
+          ("int<16>", "NC_SPAN", w.NC_SPAN), ("int<16>", "NC_LEVEL_MIN", w.NC_LEVEL_MIN),
+          ("int<16>", "NC_LEVEL_MAX", w.NC_LEVEL_MAX), ("bit<16>", "HEADER_SIZE", w.HEADER_SIZE),
+          ("bit<16>", "BLOCK_EXT_SIZE", w.BLOCK_EXT_SIZE), ("bit<32>", "BLOCK_NONE", w.BLOCK_NONE),
+          ("bit<16>", "JOIN_SIZE", w.JOIN_SIZE)]
+    c += [("bit<8>", f"DROP_{r.upper()}", i) for i, r in enumerate(w.DROP_REASONS)]
+    c += [("bit<32>", "DROP_COUNT", len(w.DROP_REASONS))]
+    lines = [f"const {t} {name} = {v};" for t, name, v in c]
+    lines += [f"#define LANES {LANES}", f"#define SLOT_CAPACITY {SLOT_CAPACITY}",
+              f"#define SET_CAPACITY {2 * SLOT_CAPACITY}", f"#define MEMBER_CAPACITY {MEMBER_CAPACITY}",
+              f"#define JOB_CAPACITY {JOB_CAPACITY}"]
+    return ["// generated from inaproto/wire.py"] + lines
+
+
+def ina_header() -> list[str]:
+    """The header, field by field from wire.HEADER_FIELDS; the pool index splits into set, reserved, slot."""
+    fields = []
+    for name, code in wire.HEADER_FIELDS:
+        if name == "pool":
+            assert (wire.POOL_SET_BIT, wire.POOL_RESERVED_BIT, wire.POOL_SLOT_MASK) == (0x8000, 0x4000, 0x3FFF)
+            fields += ["bit<1> set;", "bit<1> pool_reserved;", "bit<14> slot;"]
+        else:
+            fields.append(f"{P4_TYPES[code]} {name};")
+    return ["header ina_t {  // generated from wire.HEADER_FIELDS", *("    " + f for f in fields), "}"]
+
+
+def _action(name: str, head: list[str], lane: str, tail: list[str] = ()) -> list[str]:
+    body = [f"    action {name}() {{", *("        " + x for x in head)]
+    for i in range(LANES):
+        body += ["        " + x for x in lane.replace("{i}", str(i)).splitlines()]
+    return body + ["        " + x for x in tail] + ["    }", ""]
+
+
+SEXT = "(bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v"
+NC_DECODE = """if (hdr.l8[{i}].isValid()) {
+    c = hdr.l8[{i}].v; m = (bit<16>)c[6:0];
+    mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
+    meta.v.v{i} = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
+    if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+}"""
+NC_ENCODE = """if (meta.n_elems > {i}) {
+    acc{i}.read(t, meta.idx);
+    mag = t[63:63] == 1 ? -t : t;
+    x = mag; hb = 0;
+    if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
+    if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
+    if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
+    if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
+    if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
+    if (x[1:1] != 0) { hb = hb + 1; }
+    rem = mag - ((bit<64>)1 << hb);
+    random(r, 64w0, ((bit<64>)1 << hb) - 1);
+    up = (bit<16>)(bit<1>)(r < rem);
+    if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
+    lvl = meta.nc_lo + (bit<16>)hb + up;
+    if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
+    code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
+    acc{i}.write(meta.idx, (bit<64>)code);
+    hdr.l8[{i}].setValid(); hdr.l8[{i}].v = code;
+}"""
+
+
+def lane_actions() -> list[str]:
+    """Every per-lane action, each a single action so that a lane's read-modify-write is atomic."""
+    out = _action("write32", [], "acc{i}.write(meta.idx, " + SEXT + ");")
+    out += _action("add32", ["bit<64> t;"], "acc{i}.read(t, meta.idx); acc{i}.write(meta.idx, t + " + SEXT + ");")
+    out += _action("write_nc", [], "acc{i}.write(meta.idx, meta.v.v{i});")
+    out += _action("add_nc", ["bit<64> t;"], "acc{i}.read(t, meta.idx); acc{i}.write(meta.idx, t + meta.v.v{i});")
+    out += _action("finish32", ["bit<64> t;", "bit<64> ovf = 0;"],
+                   "if (meta.n_elems > {i}) { acc{i}.read(t, meta.idx); hdr.l32[{i}].setValid(); "
+                   "hdr.l32[{i}].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }",
+                   ["meta.overflow = (bit<1>)(ovf != 0);"])
+    out += _action("resend32", ["bit<64> t;"],
+                   "if (meta.n_elems > {i}) { acc{i}.read(t, meta.idx); hdr.l32[{i}].setValid(); "
+                   "hdr.l32[{i}].v = t[31:0]; }")
+    out += _action("resend_nc", ["bit<64> t;"],
+                   "if (meta.n_elems > {i}) { acc{i}.read(t, meta.idx); hdr.l8[{i}].setValid(); "
+                   "hdr.l8[{i}].v = t[7:0]; }")
+    out += _action("finish_nc", ["bit<64> t; bit<64> mag; bit<64> x; bit<64> rem; bit<64> r;",
+                                 "bit<8> hb; bit<16> up; bit<16> lvl; bit<8> code; bit<1> ovf = 0;"],
+                   NC_ENCODE, ["meta.overflow = ovf;"])
+    return out
+
+
+def render() -> str:
+    with open(TEMPLATE) as f:
+        text = f.read()
+    parts = {
+        "CONSTANTS": constants(),
+        "INA_HEADER": ina_header(),
+        "VALUES": [f"    bit<64> v{i};" for i in range(LANES)],
+        "LANE_REGISTERS": [f"    register<bit<64>>(SET_CAPACITY) acc{i};" for i in range(LANES)],
+        "DECODE_NC": _action("decode_nc", ["bit<8> c; bit<16> m; bit<64> mag; bit<1> bad = 0;"], NC_DECODE,
+                             ["meta.bad_codes = bad;"]),
+        "LANE_ACTIONS": lane_actions(),
+    }
+    for key, lines in parts.items():
+        text = text.replace(f"@@{key}@@", "\n".join(lines).rstrip("\n"))
+    header = "/* GENERATED by `python -m inaproto.gen_p4` from p4/ina.p4.in and inaproto/wire.py: do not edit. */\n"
+    return header + text
+
+
+def find_p4c() -> str | None:
+    """p4c-bm2-ss from $P4C or PATH."""
+    return os.environ.get("P4C") or shutil.which("p4c-bm2-ss")
+
+
+def p4c_command(p4c: str) -> list[str]:
+    """p4c finds its include files at <bin>/../p4include; where a copy of a toolchain lost that symlink
+    (a plain file instead), run a cached copy of the compiler next to a working one."""
+    home = os.path.dirname(os.path.dirname(os.path.realpath(p4c)))
+    inc = os.path.join(home, "p4include")
+    if os.path.isdir(inc) or not os.path.isdir(os.path.join(home, "share", "p4c", "p4include")):
+        return [p4c]
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "ina-emulator", "p4c")
+    exe = os.path.join(cache, "bin", os.path.basename(p4c))
+    if not os.path.exists(exe) or os.path.getsize(exe) != os.path.getsize(p4c):
+        os.makedirs(os.path.dirname(exe), exist_ok=True)
+        shutil.copy2(p4c, exe + ".tmp")
+        os.replace(exe + ".tmp", exe)
+    link = os.path.join(cache, "p4include")
+    if not os.path.islink(link):
+        os.symlink(os.path.join(home, "share", "p4c", "p4include"), link)
+    return [exe]
+
+
+def compile_p4(source: str, out_dir: str, p4c: str | None = None) -> tuple[str, str]:
+    """Compile a v1model program; returns (BMv2 JSON path, P4Info text path). Raises RuntimeError."""
+    p4c = p4c or find_p4c()
+    if p4c is None:
+        raise RuntimeError("p4c-bm2-ss not found (set $P4C or put it on PATH; see p4/README.md)")
+    base = os.path.join(out_dir, os.path.splitext(os.path.basename(source))[0])
+    cmd = p4c_command(p4c) + ["--std", "p4-16", "--arch", "v1model", "-o", base + ".json",
+                              "--p4runtime-files", base + ".p4info.txtpb", source]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
+    return base + ".json", base + ".p4info.txtpb"
+
+
+def compiled_differs(p4c: str | None = None) -> list[str]:
+    """Compile p4/ina.p4 afresh; the committed outputs that differ from the fresh ones."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "ina.p4")
+        shutil.copy(PATH, src)
+        fresh = compile_p4(src, tmp, p4c)
+        stale = []
+        for new, old in zip(fresh, (JSON, P4INFO)):
+            with open(new) as a, open(old) as b:
+                if _normalise(a.read()) != _normalise(b.read()):
+                    stale.append(old)
+        return stale
+
+
+def _normalise(text: str) -> str:
+    """Compiler outputs name the source file's path: ignore it."""
+    return "\n".join(line for line in text.splitlines() if '"filename"' not in line and "source_fragment" not in line
+                     and '"file"' not in line)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = render()
+    with open(PATH) if os.path.exists(PATH) else open(os.devnull) as f:
+        current = f.read()
+    if "--check" in argv:
+        if current != text:
+            print(f"{PATH} is out of date: run python -m inaproto.gen_p4", file=sys.stderr)
+            return 1
+        return 0
+    if current != text:
+        with open(PATH, "w") as f:
+            f.write(text)
+    if "--compile" in argv:
+        os.makedirs(BUILD, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "ina.p4")
+            shutil.copy(PATH, src)
+            for new, old in zip(compile_p4(src, tmp), (JSON, P4INFO)):
+                shutil.copy(new, old)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
