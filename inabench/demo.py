@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from hostlib import wire
+from switchsim.config import DEFAULT_MAX_ELEMENTS
 
 from .harness import SwitchProcess
 
@@ -98,9 +99,11 @@ def run_demo(args) -> int:
     if not 0.0 <= args.density <= 1.0:
         print("switchsim demo: --density must be in [0, 1]", file=sys.stderr)
         return 2
+    if args.elements_per_packet is None:
+        args.elements_per_packet = 64 if args.backend == "bmv2" else DEFAULT_MAX_ELEMENTS
     ns = None
     if args.backend == "dpdk":
-        from .netns import VethNamespace
+        from switchsim.netns import VethNamespace
 
         ns = VethNamespace()
         if ns.error:

@@ -24,7 +24,7 @@ def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
     return out
 
 
-BACKENDS = ("python", "c", "dpdk")
+BACKENDS = ("python", "c", "dpdk", "bmv2")
 
 
 def parse_keys(specs: list[str] | None, jobs: dict[int, int]) -> dict[int, bytes]:
@@ -53,6 +53,13 @@ def make_server(args):
         server = DPDKServer(config, args.host, args.port, loss=args.loss, dup=args.dup, reorder=args.reorder,
                             eal=args.eal, vdev=args.vdev, iface=args.iface, dpdk_port=args.dpdk_port)
         return server, server
+    if args.backend == "bmv2":
+        from .bmv2 import BMv2Server
+
+        if args.loss or args.dup or args.reorder:
+            raise ValueError("the BMv2 backend has no impairment stage: impair its links (switchsim topo) instead")
+        server = BMv2Server(config, args.host, args.port, ifaces=args.iface.split(",") if args.iface else None)
+        return server, server
     if args.backend == "c":
         from .native import CoreSwitch, CUDPServer
 
@@ -68,6 +75,8 @@ def make_server(args):
 def config_from_args(args) -> SwitchConfig:
     """serve's flags as a SwitchConfig (ValueError for a bad one, OSError for an unreadable key file)."""
     jobs = parse_jobs(args.workers, args.job)
+    if args.elements_per_packet is None:
+        args.elements_per_packet = 64 if args.backend == "bmv2" else DEFAULT_MAX_ELEMENTS
     return SwitchConfig(jobs, args.slots, args.elements_per_packet, args.nc_rounding, args.seed,
                         keys=parse_keys(args.key_file, jobs), control_hosts=tuple(args.control or ()),
                         first_packet_id=args.first_packet_id)
@@ -187,20 +196,22 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dup", type=float, default=0.0, help="duplication probability per packet and direction")
         sp.add_argument("--reorder", type=float, default=0.0, help="probability to hold a packet behind the next")
         sp.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="slots per job (each has 2 sets)")
-        sp.add_argument("--elements-per-packet", type=int, default=DEFAULT_MAX_ELEMENTS,
-                        help="largest packet the switch accepts")
+        sp.add_argument("--elements-per-packet", type=int, default=None,
+                        help=f"largest packet the switch accepts (default {DEFAULT_MAX_ELEMENTS}; bmv2: 64)")
         sp.add_argument("--nc-rounding", choices=("stochastic", "deterministic"), default="stochastic",
                         help="how the switch re-compresses NC sums")
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--backend", choices=BACKENDS, default="python",
-                        help="python: reference model; c: C core and C UDP loop; dpdk: C core on a DPDK port")
+                        help="python: reference model; c: C core and C UDP loop; dpdk: C core on a DPDK port; "
+                             "bmv2: p4/ina.p4 on simple_switch_grpc in a namespace of its own")
 
     s = sub.add_parser("serve", help="run a switch on UDP")
     s.add_argument("--workers", type=int, help="workers of job 1 (default 2)")
     s.add_argument("--job", action="append", metavar="ID:WORKERS", help="serve this job (repeatable)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
-    s.add_argument("--iface", help="dpdk: drive this kernel interface with net_af_packet (e.g. a veth)")
+    s.add_argument("--iface", help="dpdk: drive this kernel interface with net_af_packet (e.g. a veth); "
+                                    "bmv2: its ports, comma-separated (default: a namespace and veth of its own)")
     s.add_argument("--vdev", action="append", help="dpdk: an EAL virtual device, e.g. net_memif0,role=server")
     s.add_argument("--eal", help=f"dpdk: EAL arguments replacing the defaults ({'--no-huge ...'}), e.g. for a NIC")
     s.add_argument("--dpdk-port", type=int, default=0, help="dpdk: port id to serve on")

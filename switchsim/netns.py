@@ -12,10 +12,12 @@ import sys
 
 
 class VethNamespace:
+    prefix = "10.213"  # the pair's /24 is PREFIX.(tag % 250).0
+
     def __init__(self, tag: int | None = None):
         tag = os.getpid() % 100000 if tag is None else tag
         self.ns, self.worker_if, self.switch_if = f"ina-{tag}", f"inaw{tag}", f"inas{tag}"
-        self.worker_ip, self.switch_ip = f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2"
+        self.worker_ip, self.switch_ip = f"{self.prefix}.{tag % 250}.1", f"{self.prefix}.{tag % 250}.2"
         self.up = False
         self.error = self._why_not()
         if self.error:

@@ -1,0 +1,301 @@
+"""The P4 data plane (p4/ina.p4) on BMv2's simple_switch_grpc, driven over P4Runtime by the project's control
+plane (switchsim/control.py): `switchsim serve --backend bmv2`.
+
+By default the server makes its own network namespace with one veth pair: BMv2's port 0 is the namespace
+end, the other end stays here with WORKER_IP, and the switch answers ARP for its SWITCH_IP, so workers on
+this machine reach it like any other backend. With `ifaces`, BMv2 takes those interfaces as ports 0, 1, ...
+in the current namespace (topologies). JOIN, LEAVE and STATS_REQ come up as P4Runtime packet-ins and the
+answers go down as packet-outs; admission writes the job's session into the `jobs` table, each rank's
+address into `members` and `replicas`, and the job's multicast group (docs/p4.md).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+from inaproto import gen_p4, wire
+
+from .config import SwitchConfig
+from .control import CONTROL_RATE, ControlPlane
+from .netns import VethNamespace
+
+CPU_PORT = 255
+MAX_ELEMENTS = gen_p4.LANES
+SWITCH_MAC = "02:49:4e:41:00:01"  # locally administered: "INA"
+
+
+def find_switch() -> str | None:
+    """simple_switch_grpc from $SIMPLE_SWITCH_GRPC or PATH."""
+    return os.environ.get("SIMPLE_SWITCH_GRPC") or shutil.which("simple_switch_grpc")
+
+
+def why_not() -> str:
+    """Why this machine cannot run the BMv2 backend ("" if it can)."""
+    if find_switch() is None:
+        return ("simple_switch_grpc not found (BMv2 with P4Runtime: set $SIMPLE_SWITCH_GRPC or put it on PATH; "
+                "see p4/README.md)")
+    try:
+        import grpc  # noqa: F401
+        from p4.v1 import p4runtime_pb2  # noqa: F401
+    except ImportError as e:
+        return f"the BMv2 backend needs the p4 extra (pip install -e '.[p4]'): {e}"
+    if os.geteuid() != 0:
+        return "the BMv2 backend needs root to create its network namespace and veth pair"
+    if not shutil.which("ip"):
+        return "the BMv2 backend needs iproute2's ip command"
+    return ""
+
+
+def check_config(config: SwitchConfig) -> None:
+    """What the P4 program can hold (its register and table sizes are compiled in)."""
+    if config.max_elements > MAX_ELEMENTS:
+        raise ValueError(f"the BMv2 switch takes at most {MAX_ELEMENTS} elements per packet "
+                         f"(--elements-per-packet {config.max_elements})")
+    if len(config.jobs) * config.slots > gen_p4.SLOT_CAPACITY:
+        raise ValueError(f"{len(config.jobs)} jobs x {config.slots} slots exceed the P4 program's "
+                         f"{gen_p4.SLOT_CAPACITY} slots")
+    if sum(config.jobs.values()) > gen_p4.MEMBER_CAPACITY or len(config.jobs) > gen_p4.JOB_CAPACITY:
+        raise ValueError(f"the P4 program holds {gen_p4.JOB_CAPACITY} jobs and {gen_p4.MEMBER_CAPACITY} ranks")
+
+
+class BMv2Namespace(VethNamespace):
+    """The BMv2 switch's namespace: its veth end is BMv2's port 0."""
+
+    prefix = "10.214"
+
+    @staticmethod
+    def _why_not() -> str:
+        return why_not()
+
+
+class SwitchProcess:
+    """simple_switch_grpc with no program yet, P4Runtime on a unix socket (reachable from any namespace)."""
+
+    def __init__(self, ifaces: list[str], netns: str | None = None, timeout: float = 30.0):
+        self.dir = tempfile.mkdtemp(prefix="ina-bmv2-")
+        self.socket = os.path.join(self.dir, "p4rt.sock")
+        cmd = [find_switch(), "--no-p4", *[a for i, name in enumerate(ifaces) for a in ("-i", f"{i}@{name}")],
+               "--", "--grpc-server-addr", f"unix:{self.socket}", "--cpu-port", str(CPU_PORT)]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        self.log = open(os.path.join(self.dir, "switch.log"), "w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"simple_switch_grpc did not start: {self.output()}")
+            time.sleep(0.05)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-2000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class BMv2Server:
+    """The INA switch as BMv2 + P4Runtime, with the Server and DataPlane interfaces (config.py).
+
+    Args:
+        config: the SwitchConfig (at most 64 elements per packet: the program's lanes).
+        host: the switch's IPv4 address; ignored without ifaces (the namespace's SWITCH_IP).
+        port: its UDP port, in DEFAULT_PORT .. DEFAULT_PORT + 15 (0: DEFAULT_PORT).
+        ifaces: BMv2's ports, in the current namespace; None: a namespace and veth pair of its own.
+    """
+
+    def __init__(self, config: SwitchConfig, host: str = "", port: int = 0, ifaces: list[str] | None = None,
+                 json_path: str = gen_p4.JSON, p4info_path: str = gen_p4.P4INFO):
+        from . import p4rt
+
+        port = port or wire.DEFAULT_PORT
+        if port & gen_p4.PORT_RANGE_MASK != wire.DEFAULT_PORT:
+            raise ValueError(f"the BMv2 switch serves UDP ports {wire.DEFAULT_PORT}..{wire.DEFAULT_PORT + 15}, "
+                             f"not {port}")
+        check_config(config)
+        reason = why_not()
+        if reason:
+            raise RuntimeError(reason)
+        self.ns = None
+        if ifaces is None:
+            self.ns = BMv2Namespace()
+            if self.ns.error:
+                raise RuntimeError(self.ns.error)
+            host, ifaces = self.ns.switch_ip, [self.ns.switch_if]
+            config = config.replace(control_hosts=(*config.control_hosts, self.ns.worker_ip))
+        self.config, self.address = config, (host, port)
+        self.ports: dict[tuple, tuple[str, int]] = {}  # (ip, udp port) -> (MAC, switch port), from packet-ins
+        self.control_drops = dict.fromkeys(wire.DROP_REASONS, 0)
+        self.slot_base = {j: i * config.slots for i, j in enumerate(sorted(config.jobs))}
+        self.member_base = dict(zip(sorted(config.jobs), _cumsum([config.jobs[j] for j in sorted(config.jobs)])))
+        self.admitted: dict[int, list] = {}
+        self._stopped = threading.Event()
+        self.started = time.monotonic()
+        try:
+            self.process = SwitchProcess(ifaces, self.ns.ns if self.ns else None)
+            self.p4info = p4rt.P4Info(p4info_path)
+            self.sw = p4rt.Switch(f"unix:{self.process.socket}")
+            self.sw.set_pipeline(self.p4info, json_path)
+            self._configure()
+        except BaseException:
+            self.close()
+            raise
+        self.control = ControlPlane(self, config, stats=self.stats)
+        self.jobs = self.control.jobs
+
+    # ------------------------------------------------------------------ configuration
+    def _configure(self):
+        c, info = self.config, self.p4info
+        host, port = self.address
+        self.sw.modify(info.default_action("switch_config", "set_switch", {
+            "mac": _mac(SWITCH_MAC), "ip": int(ipaddress.IPv4Address(host)), "port": port,
+            "nc_det": int(c.nc_rounding == "deterministic")}))
+        self.sw.insert(*[self._job_entry(j, 0, 0) for j in sorted(c.jobs)])
+        rate, burst = CONTROL_RATE
+        self.sw.set_meter("punt_meter", 0, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst)
+
+    def _job_entry(self, job: int, session: int, first_id: int):
+        return self.p4info.table_entry("jobs", {"hdr.ina.job": job}, "set_job", {
+            "world": self.config.jobs[job], "slots": self.config.slots, "max_elements": self.config.max_elements,
+            "slot_base": self.slot_base[job], "session": session, "first_id": first_id, "group": job + 1})
+
+    # ------------------------------------------------------------------ DataPlane (what the control plane calls)
+    def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list):
+        """A new generation: bind each rank to its address, multicast to their ports, the new session
+        (slot state of other sessions reads as clean in the data plane)."""
+        info, old = self.p4info, self.admitted.get(job)
+        if old:
+            self.sw.delete(*[info.table_entry("members", {"hdr.ina.job": job, "hdr.ina.rank": r}) for r in range(len(old))],
+                           *[info.table_entry("replicas", {"hdr.ina.job": job, "sm.egress_rid": r + 1})
+                             for r in range(len(old))])
+        members, replicas, group = [], [], []
+        for rank, addr in enumerate(addresses):
+            ip, port = int(ipaddress.IPv4Address(addr[0])), addr[1]
+            mac, switch_port = self.ports[tuple(addr)]
+            members.append(info.table_entry("members", {"hdr.ina.job": job, "hdr.ina.rank": rank}, "set_member",
+                                            {"ip": ip, "port": port, "index": self.member_base[job] + rank}))
+            replicas.append(info.table_entry("replicas", {"hdr.ina.job": job, "sm.egress_rid": rank + 1},
+                                             "to_worker", {"mac": _mac(mac), "ip": ip, "port": port}))
+            group.append((switch_port, rank + 1))
+        self.sw.insert(*members, *replicas)
+        mc = self.sw.multicast_group(job + 1, group)
+        (self.sw.modify if old else self.sw.insert)(mc)
+        self.sw.modify(self._job_entry(job, session, first_id))
+        self.admitted[job] = list(addresses)
+
+    def member_packets(self, job: int) -> list[int]:
+        heard = self.sw.read_counter("heard")
+        base = self.member_base[job]
+        return [heard.get(base + r, (0, 0))[1] for r in range(self.config.jobs[job])]
+
+    def count_drop(self, reason: str):
+        self.control_drops[reason] += 1
+
+    # ------------------------------------------------------------------ Server
+    def serve_forever(self):
+        while not self._stopped.is_set():
+            got = self.sw.packet_in(timeout=0.2)
+            if got is not None:
+                self._control_request(*got)
+
+    def _control_request(self, frame: bytes, metadata: dict):
+        """A punted JOIN / LEAVE / STATS_REQ: answer it through the control plane, out the port it came in."""
+        src = _parse_frame(frame)
+        if src is None:
+            return self.count_drop("malformed")
+        mac, addr, payload = src
+        try:
+            h = wire.unpack(payload)
+        except wire.WireError:
+            return self.count_drop("malformed")
+        self.ports[addr] = (mac, metadata["ingress_port"])
+        for reply, dst in self.control.handle(h, payload, addr):
+            self.send(reply, tuple(dst))
+
+    def send(self, payload: bytes, dst: tuple):
+        """A UDP datagram from the switch's address to dst (an address heard from), as a packet-out."""
+        if dst not in self.ports:
+            return
+        mac, port = self.ports[dst]
+        self.sw.packet_out(_udp_frame(SWITCH_MAC, mac, self.address, dst, payload), egress_port=port)
+
+    def stop(self):
+        self._stopped.set()
+
+    def close(self):
+        self._stopped.set()
+        for part in ("sw", "process", "ns"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                (obj.stop if part == "process" else obj.close)()
+                setattr(self, part, None)
+
+    # ------------------------------------------------------------------ counters
+    def stats(self, per_slot: bool = False) -> dict:
+        """The model's counters (Switch.stats), read from the P4 counters, plus the control plane's drops."""
+        read = {name: self.sw.read_counter(name) for name in ("drops", "io", *wire.SLOT_COUNTERS)}
+
+        def packets(name, i):
+            return read[name].get(i, (0, 0))[1]
+
+        drops = {r: packets("drops", i) + self.control_drops[r] for i, r in enumerate(wire.DROP_REASONS)}
+        jobs = {}
+        for j, n in self.config.jobs.items():
+            base, k = self.slot_base[j], self.config.slots
+            counts = {c: [packets(c, base + s) for s in range(k)] for c in wire.SLOT_COUNTERS}
+            job = {"world_size": n, "generation": self.control.jobs[j].generation}
+            job.update({c: sum(v) for c, v in counts.items()})
+            if per_slot:
+                job["per_slot"] = counts
+            jobs[str(j)] = job
+        out = sum(jobs[str(j)]["multicast"] * n + jobs[str(j)]["resent"] for j, n in self.config.jobs.items())
+        s = {"packets_in": packets("io", 0), "packets_out": out, "dropped": drops, "overflows": packets("io", 2),
+             "jobs": jobs, "bmv2": {"not_ina": packets("io", 3), "mac": SWITCH_MAC,
+                                    "uptime_s": round(time.monotonic() - self.started, 3)}}
+        return self.control.annotate(s)
+
+
+def _cumsum(values):
+    out, total = [], 0
+    for v in values:
+        out.append(total)
+        total += v
+    return out
+
+
+def _mac(text: str) -> int:
+    return int(text.replace(":", ""), 16)
+
+
+def _parse_frame(frame: bytes):
+    """(source MAC, (source IP, UDP port), UDP payload) of an Ethernet/IPv4/UDP frame, else None."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    pkt = Ether(frame)
+    if IP not in pkt or UDP not in pkt:
+        return None
+    return pkt[Ether].src, (pkt[IP].src, pkt[UDP].sport), bytes(pkt[UDP].payload)
+
+
+def _udp_frame(src_mac: str, dst_mac: str, src: tuple, dst: tuple, payload: bytes) -> bytes:
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    return bytes(Ether(src=src_mac, dst=dst_mac) / IP(src=src[0], dst=dst[0]) / UDP(sport=src[1], dport=dst[1], chksum=0)
+                 / Raw(payload))

@@ -1,0 +1,87 @@
+"""The P4 program (p4/ina.p4) against the one wire-format definition: generated, compiled and described
+(P4Info) from it, with the control plane's messages built from that P4Info. Runs everywhere; the
+recompile check needs p4c-bm2-ss. The program's behaviour on BMv2 is tested by the conformance,
+adversarial and end-to-end suites (conftest.BACKENDS["bmv2"])."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from inaproto import gen_p4, wire
+
+p4rt = pytest.importorskip("switchsim.p4rt", reason="the p4 extra (p4runtime, grpcio) is not installed")
+
+
+def p4_source() -> str:
+    with open(gen_p4.PATH) as f:
+        return f.read()
+
+
+def test_generated_program_is_up_to_date():
+    assert gen_p4.main(["--check"]) == 0, "run python -m inaproto.gen_p4 --compile"
+
+
+def test_compiled_outputs_are_up_to_date():
+    if gen_p4.find_p4c() is None:
+        pytest.skip("p4c-bm2-ss not found ($P4C or PATH): cannot recompile p4/ina.p4")
+    assert gen_p4.compiled_differs() == [], "run python -m inaproto.gen_p4 --compile"
+
+
+def test_constants_match_the_wire_format():
+    consts = {name: int(v) for name, v in re.findall(r"const \S+ (\w+) = (-?\d+);", p4_source())}
+    for code, name in wire.MSG_NAMES.items():
+        assert consts[f"MSG_{name.upper()}"] == code
+    for i, reason in enumerate(wire.DROP_REASONS):
+        assert consts[f"DROP_{reason.upper()}"] == i
+    assert (consts["VERSION"], consts["HEADER_SIZE"], consts["BLOCK_NONE"]) == (wire.VERSION, wire.HEADER_SIZE,
+                                                                               wire.BLOCK_NONE)
+    assert consts["EXP_NONE"] == wire.EXP_NONE & 0xFF and consts["NC_SPAN"] == wire.NC_SPAN
+
+
+def test_ina_header_has_the_wire_layout():
+    """Field widths in order give the offsets of wire.OFFSETS, and the header is HEADER_SIZE bytes."""
+    body = re.search(r"header ina_t \{.*?\n(.*?)\n\}", p4_source(), re.S).group(1)
+    fields = re.findall(r"bit<(\d+)> (\w+);", body)
+    offsets, bit = {}, 0
+    for width, name in fields:
+        offsets[name] = bit // 8
+        bit += int(width)
+    assert bit == wire.HEADER_SIZE * 8
+    for name, off in wire.OFFSETS.items():
+        assert offsets["set" if name == "pool" else name] == off, name
+
+
+@pytest.fixture(scope="module")
+def info():
+    return p4rt.P4Info(gen_p4.P4INFO)
+
+
+def test_p4info_describes_what_the_control_plane_writes(info):
+    entry = info.table_entry("jobs", {"hdr.ina.job": 7}, "set_job", {
+        "world": 4, "slots": 512, "max_elements": 64, "slot_base": 0, "session": 0xDEADBEEF, "first_id": 2,
+        "group": 8})
+    assert entry.table_id == info.table_id("InaIngress.jobs")
+    assert len(entry.action.action.params) == 7
+    member = info.table_entry("members", {"hdr.ina.job": 7, "hdr.ina.rank": 3}, "set_member",
+                              {"ip": 0x0A000001, "port": 40000, "index": 3})
+    assert [m.exact.value for m in member.match] == [b"\x07", b"\x03"]
+    with pytest.raises(ValueError):
+        info.table_entry("members", {"hdr.ina.job": 7, "hdr.ina.rank": 256}, "set_member",
+                         {"ip": 1, "port": 1, "index": 1})  # a rank is 8 bits
+    replica = info.table_entry("replicas", {"hdr.ina.job": 7, "sm.egress_rid": 4}, "to_worker",
+                               {"mac": 0x02494E410001, "ip": 0x0A000001, "port": 40000})
+    assert replica.table_id == info.table_id("InaEgress.replicas")
+    default = info.default_action("switch_config", "set_switch", {"mac": 1, "ip": 2, "port": wire.DEFAULT_PORT,
+                                                                  "nc_det": 1})
+    assert default.is_default_action
+    for msg in (entry, member, replica, default):
+        assert type(msg).FromString(msg.SerializeToString()) == msg
+
+
+def test_p4info_sizes_follow_the_wire_format(info):
+    counters = {c.preamble.name.split(".")[-1]: c.size for c in info.info.counters}
+    assert counters["drops"] == len(wire.DROP_REASONS)
+    assert counters["received"] == gen_p4.SLOT_CAPACITY
+    names = [name for name, _, _ in info.packet_metadata("packet_in")]
+    assert names == ["ingress_port", "pad"]
