@@ -129,56 +129,30 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+BENCH_COMMON = ("command", "func", "benchmark", "json", "plot")  # bench's own keys, not a benchmark's arguments
+
+
 def cmd_bench(args) -> int:
-    import json as _json
+    """`switchsim bench [BENCHMARK]`: turn the parsed flags into the benchmark's keyword arguments and hand
+    them to inabench, which runs and prints.
 
-    from inabench import bench
+    Args:
+        args: the namespace of a `bench` parser; each benchmark's flags are named after its function's
+            parameters, so they pass through unchanged.
 
-    def csv(text, cast):
-        return [cast(v) for v in text.split(",") if v]
+    Returns:
+        The exit status.
+    """
+    from inabench.bench import BENCHMARKS, run_benchmarks
 
-    what = (("codecs", "switch", "allreduce", "train", "sparse", "sparcml", "blocksparse") if args.what == "all"
-            else (args.what,))
-    results = {}
-    if "codecs" in what:
-        results["codecs"] = bench.bench_codecs(args.mib)
-    if "switch" in what:
-        results["switch"] = bench.bench_switch(args.packets)
-    if "allreduce" in what:
-        results["allreduce"] = bench.bench_allreduce(
-            csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
-            payloads=csv(args.payloads, int), gloo=not args.no_gloo, progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
-    if "blocksparse" in what:
-        results["blocksparse"] = bench.bench_block_sparse(
-            csv(args.sizes, float), csv(args.workers, int), csv(args.backends, str), csv(args.codecs, str),
-            csv(args.densities, float), payload=csv(args.payloads, int)[0], gloo=not args.no_gloo,
-            progress=None if args.json else lambda s: print(f"... {s}", file=sys.stderr))
-    if "sparse" in what:
-        from inabench.bench_sparse import bench_sparse
+    def kwargs(ns):
+        return {k: v for k, v in vars(ns).items() if k not in BENCH_COMMON}
 
-        results["sparse"] = bench_sparse(args.sparse_d)
-    if "sparcml" in what:
-        from inabench.bench_sparse import bench_sparcml
-
-        results["sparcml"] = bench_sparcml(csv(args.workers, int), csv(args.densities, float))
-    train = None
-    if "train" in what:
-        from inabench import convergence
-
-        train = convergence.run(max(csv(args.workers, int)), csv(args.modes, str), epochs=args.epochs)
-        results["train"] = convergence.main_rows(train)
-    if args.json:
-        print(_json.dumps({**results, **({"exponent_histogram": train["exponents"]} if train else {})}, indent=2))
+    if args.benchmark in (None, "all"):  # what `switchsim bench` always ran: every benchmark with its defaults
+        runs = {name: kwargs(build_parser().parse_args(["bench", name])) for name in BENCHMARKS}
     else:
-        for key, rows in results.items():
-            print(f"\n== {key}\n{bench.table(rows)}")
-    if args.plot:
-        if set(results) & {"codecs", "switch", "allreduce", "blocksparse"}:
-            bench.plot(results, args.plot)
-        if train:
-            base, ext = os.path.splitext(args.plot)
-            convergence.plot(train, f"{base}-train{ext or '.png'}")
-    return 0
+        runs = {args.benchmark: kwargs(args)}
+    return run_benchmarks(runs, as_json=args.json, plot_path=args.plot)
 
 
 def convergence_modes():
@@ -241,30 +215,72 @@ def build_parser() -> argparse.ArgumentParser:
     network(d)
     d.set_defaults(func=cmd_demo)
 
-    b = sub.add_parser("bench", help="benchmarks: codec kernels, aggregator packets/s, allreduce vs gloo")
-    b.add_argument("what", nargs="?", choices=("all", "codecs", "switch", "allreduce", "train", "sparse", "sparcml", "blocksparse"),
-                   default="all")
-    b.add_argument("--mib", type=int, default=64, help="codecs: buffer size")
-    b.add_argument("--packets", type=int, default=200_000, help="switch: packets per measurement")
-    b.add_argument("--sizes", default="1,16,64", help="allreduce: MiB of float32 per worker (comma list)")
-    b.add_argument("--workers", default="2,4", help="allreduce: worker counts (comma list)")
-    b.add_argument("--backends", default="python,c", help="allreduce: python,c,dpdk (dpdk needs root)")
-    b.add_argument("--codecs", default="int32,fixed,nc", help="allreduce: codecs (comma list)")
-    b.add_argument("--payloads", default="1024",
-                   help="allreduce: payload bytes per packet (comma list; 1024 = 256 int32 or 1024 NC codes, "
-                        "SwitchML's large packets; loopback carries up to 64 KiB)")
-    b.add_argument("--no-gloo", action="store_true", help="allreduce: skip the torch gloo baseline")
-    b.add_argument("--modes", default=",".join(convergence_modes()),
-                   help="train: gradient paths: gloo, fixed, nc, nc-deterministic, topk:INDEX:VALUE (top-1 %% "
-                        "with DeepReduce codecs, e.g. topk:bloom-p0:qsgd), blocktopk:CODEC:RATIO (top blocks by "
-                        "block-sparse INA, e.g. blocktopk:nc:0.1)")
-    b.add_argument("--epochs", type=int, default=30, help="train: epochs over the digits training split")
-    b.add_argument("--densities", default="0.001,0.01,0.1",
-                   help="sparcml: non-zero fractions; blocksparse: fractions of non-zero blocks (comma lists)")
-    b.add_argument("--sparse-d", type=int, default=25_500_000, help="sparse: size of the synthetic tensor")
-    b.add_argument("--json", action="store_true")
+    b = sub.add_parser("bench", help="benchmarks (`switchsim bench BENCHMARK -h` for each one's flags)",
+                       description="Without BENCHMARK (or with `all`): every benchmark with its defaults.")
+    b.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     b.add_argument("--plot", metavar="PNG", help="write a plot (needs matplotlib)")
     b.set_defaults(func=cmd_bench)
+    bench = b.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+
+    def csv(cast):
+        return lambda text: [cast(v) for v in text.split(",") if v]
+
+    def bench_parser(name, help, plot="write a plot (needs matplotlib)"):
+        """A benchmark's sub-parser; --json/--plot here too (SUPPRESS: `bench --json NAME` keeps working)."""
+        sp = bench.add_parser(name, help=help, description=help)
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON object instead of a table")
+        if plot:
+            sp.add_argument("--plot", metavar="PNG", default=argparse.SUPPRESS, help=plot)
+        return sp
+
+    def ina_runs(sp):
+        """allreduce and blocksparse: demo runs against gloo on the same tensors."""
+        sp.add_argument("--sizes", dest="sizes_mib", type=csv(float), default="1,16,64", metavar="LIST",
+                        help="MiB of float32 per worker (comma list; default %(default)s)")
+        sp.add_argument("--workers", dest="workers_list", type=csv(int), default="2,4", metavar="LIST",
+                        help="worker counts (comma list; default %(default)s)")
+        sp.add_argument("--backends", type=csv(str), default="python,c", metavar="LIST",
+                        help="switch backends: python,c,dpdk (comma list; dpdk needs root; default %(default)s)")
+        sp.add_argument("--codecs", type=csv(str), default="int32,fixed,nc", metavar="LIST",
+                        help="codecs (comma list; default %(default)s)")
+        sp.add_argument("--no-gloo", dest="gloo", action="store_false", help="skip the torch gloo baseline")
+
+    bench_parser("all", "every benchmark below with its defaults (what `switchsim bench` runs)")
+    sp = bench_parser("codecs", "NC/fixed kernels (C and numpy) as a ratio to np.copyto of the same buffer")
+    sp.add_argument("--mib", type=int, default=64, help="buffer size in MiB (default %(default)s)")
+    sp = bench_parser("switch", "aggregator packets/s: C core against the Python reference model")
+    sp.add_argument("--packets", type=int, default=200_000, metavar="N",
+                    help="packets per measurement (default %(default)s)")
+    sp = bench_parser("allreduce", "allreduce time per backend, codec and payload against torch gloo")
+    ina_runs(sp)
+    sp.add_argument("--payloads", type=csv(int), default="1024", metavar="LIST",
+                    help="payload bytes per packet (comma list, default %(default)s; 1024 = 256 int32 or 1024 NC codes, SwitchML's "
+                         "large packets; loopback carries up to 64 KiB)")
+    sp = bench_parser("blocksparse", "block-sparse INA against dense INA of the same tensors and gloo")
+    ina_runs(sp)
+    sp.add_argument("--densities", type=csv(float), default="0.001,0.01,0.1", metavar="LIST",
+                    help="fractions of each worker's blocks that are non-zero (comma list; default %(default)s)")
+    sp.add_argument("--payload", type=int, default=1024, metavar="BYTES",
+                    help="payload bytes per packet, one block (default %(default)s)")
+    sp = bench_parser("sparse", "DeepReduce index/value codecs on a real gradient and a synthetic top-1 %%",
+                      plot=None)
+    sp.add_argument("--size", "--sparse-d", dest="d", type=int, default=25_500_000, metavar="N",
+                    help="elements of the synthetic tensor (default %(default)s)")
+    sp = bench_parser("sparcml", "SparCML's sparse allreduces against gloo's dense one", plot=None)
+    sp.add_argument("--workers", dest="ranks", type=csv(int), default="2,4", metavar="LIST",
+                    help="rank counts (comma list; default %(default)s)")
+    sp.add_argument("--densities", type=csv(float), default="0.001,0.01,0.1", metavar="LIST",
+                    help="fractions of non-zero elements (comma list; default %(default)s)")
+    sp = bench_parser("train", "DDP training on scikit-learn's digits: gloo against the INA hook per gradient path",
+                      plot="write the training plots to PNG's name + -train (needs matplotlib)")
+    sp.add_argument("--workers", type=int, default=4, help="DDP ranks (default %(default)s)")
+    sp.add_argument("--modes", type=csv(str), default=",".join(convergence_modes()), metavar="LIST",
+                    help="gradient paths (comma list): gloo, fixed, nc, nc-deterministic, topk:INDEX:VALUE (top-1 "
+                         "%% with DeepReduce codecs, e.g. topk:bloom-p0:qsgd), blocktopk:CODEC:RATIO (top blocks "
+                         "by block-sparse INA, e.g. blocktopk:nc:0.1)")
+    sp.add_argument("--epochs", type=int, default=30,
+                    help="epochs over the digits training split (default %(default)s)")
 
     t = sub.add_parser("stats", help="print a running switch's counters")
     t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")

@@ -51,6 +51,44 @@ def test_stats_command(switch_process):
     assert r.returncode == 1 and "no answer" in r.stderr
 
 
+def test_bench_subcommands_take_only_their_flags(monkeypatch):
+    """`switchsim bench NAME` parses NAME's flags only and hands inabench keyword arguments its function
+    takes; `bench` and `bench all` run every benchmark with its defaults, as `bench` always did."""
+    import inspect
+
+    from inabench import bench, bench_sparse, convergence
+    from switchsim import cli
+
+    functions = {"codecs": bench.bench_codecs, "switch": bench.bench_switch, "allreduce": bench.bench_allreduce,
+                 "blocksparse": bench.bench_block_sparse, "sparse": bench_sparse.bench_sparse,
+                 "sparcml": bench_sparse.bench_sparcml, "train": convergence.run}
+    calls = []
+    monkeypatch.setattr(bench, "run_benchmarks", lambda runs, **kw: calls.append((runs, kw)) or 0)
+    for argv in (["bench"], ["bench", "all", "--json"], ["bench", "--json"]):
+        assert cli.main(argv) == 0
+        runs, kw = calls.pop()
+        assert list(runs) == list(bench.BENCHMARKS) == list(functions) and kw["as_json"] == ("--json" in argv)
+        for name, kwargs in runs.items():
+            inspect.signature(functions[name]).bind(**kwargs)
+    assert runs["train"]["workers"] == 4 and runs["switch"]["packets"] == 200_000
+    cli.main(["bench", "blocksparse", "--sizes", "0.5", "--workers", "2", "--densities", "0.1,1", "--no-gloo",
+              "--plot", "x.png"])
+    runs, kw = calls.pop()
+    assert runs == {"blocksparse": {"sizes_mib": [0.5], "workers_list": [2], "backends": ["python", "c"],
+                                    "codecs": ["int32", "fixed", "nc"], "densities": [0.1, 1.0], "payload": 1024,
+                                    "gloo": False}}
+    assert kw == {"as_json": False, "plot_path": "x.png"}
+    cli.main(["bench", "--json", "sparcml", "--workers", "2,4,8"])
+    assert calls.pop() == ({"sparcml": {"ranks": [2, 4, 8], "densities": [0.001, 0.01, 0.1]}},
+                           {"as_json": True, "plot_path": None})
+    for wrong in (["bench", "codecs", "--workers", "2"], ["bench", "switch", "--mib", "1"],
+                  ["bench", "sparse", "--plot", "x.png"], ["bench", "nothing"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(wrong)
+        assert e.value.code == 2
+    assert not calls
+
+
 def test_bench_codecs_and_switch_print_ratios_and_plot(tmp_path):
     """The benchmark runs end to end on a small buffer (figures are not checked: benchmarks are not tests)."""
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
