@@ -1,8 +1,7 @@
 /* DPDK poll loop around the core, in the shape of DPDK's examples/skeleton: burst in, work, burst out,
  * no allocation per packet but the reply mbufs. */
 #include "ina_dpdk.h"
-#include "ina_punt.h"
-#include "ina_impair.h"
+#include "ina_loop.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -38,47 +37,40 @@ typedef struct {
 } peer_t;
 
 struct ina_dpdk {
-    ina_switch *sw;
+    ina_loop loop; /* core, impairments, punt queue */
     uint16_t port;
     uint32_t ip;       /* network order */
     uint16_t udp_port; /* network order */
     struct rte_ether_addr mac;
     struct rte_mempool *pool;
     volatile int stop;
-    ina_impair side[2]; /* [0] received packets, [1] sent packets */
     ina_dpdk_counters c;
     peer_t peers[PEER_BUCKETS];
     uint64_t peer_key;
 
-    ina_out out[INA_MAX_OUT];
     struct rte_mbuf *tx[BURST];
     uint16_t n_tx;
     uint16_t ip_id;
-    ina_punt_queue punt; /* control requests for the caller */
 };
+
+static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
+                      uint32_t len, int transient);
 
 int ina_dpdk_eal_init(int argc, char **argv) { return rte_eal_init(argc, argv); }
 uint16_t ina_dpdk_port_count(void) { return rte_eth_dev_count_avail(); }
 void ina_dpdk_stop(ina_dpdk *d) { d->stop = 1; }
-void ina_dpdk_punt_clear(ina_dpdk *d) { d->punt.n = 0; }
+void ina_dpdk_punt_clear(ina_dpdk *d) { d->loop.punt.n = 0; }
 const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d)
 {
     ina_dpdk_counters *c = (ina_dpdk_counters *)&d->c;
-    c->punts_dropped = d->punt.dropped;
-    for (int i = 0; i < 2; i++) {
-        c->dropped[i] = d->side[i].dropped;
-        c->duplicated[i] = d->side[i].duplicated;
-        c->reordered[i] = d->side[i].reordered;
-    }
+    ina_loop_counters(&d->loop, c->dropped, c->duplicated, c->reordered, &c->punts_dropped);
     return c;
 }
 void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac) { memcpy(mac, d->mac.addr_bytes, RTE_ETHER_ADDR_LEN); }
 
 const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src)
 {
-    *len = d->punt.len[i];
-    *src = d->punt.src[i];
-    return d->punt.buf[i];
+    return ina_loop_punt(&d->loop, i, len, src);
 }
 
 ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_port, double loss, double dup,
@@ -94,15 +86,14 @@ ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_
         snprintf(err, errlen, "rte_zmalloc failed (EAL memory, -m)");
         return NULL;
     }
-    for (int i = 0; i < 2; i++)
-        if (ina_impair_init(&d->side[i], loss, dup, reorder, seed + (uint64_t)i, 65536 + INA_HEADER_SIZE)) {
-            snprintf(err, errlen, "out of memory");
-            return NULL;
-        }
-    d->sw = sw;
+    if (ina_loop_init(&d->loop, sw, loss, dup, reorder, seed, 65536 + INA_HEADER_SIZE, send_sink, d)) {
+        snprintf(err, errlen, "out of memory");
+        ina_loop_free(&d->loop);
+        rte_free(d);
+        return NULL;
+    }
     d->port = port;
     d->peer_key = ina_rng_key(seed ^ (uint64_t)rte_rdtsc());
-    ina_punt_init(&d->punt);
     d->ip = rte_cpu_to_be_32(ip);
     d->udp_port = rte_cpu_to_be_16(udp_port);
     char name[32];
@@ -127,6 +118,7 @@ ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_
         rc = rte_eth_macaddr_get(port, &d->mac);
     if (rc) {
         snprintf(err, errlen, "setting up DPDK port %u failed: %s", port, rte_strerror(-rc));
+        ina_loop_free(&d->loop);
         rte_free(d);
         return NULL;
     }
@@ -232,26 +224,6 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
 }
 
 /* ------------------------------------------------------------------ receiving */
-static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
-                    uint32_t unused_len, int transient)
-{
-    ina_dpdk *d = ctx;
-    (void)unused, (void)unused_len, (void)transient;
-    int k = ina_switch_process(d->sw, pkt, len, src, d->out);
-    if (k == INA_PUNT) {
-        ina_punt_push(&d->punt, d->sw, pkt, len, src);
-        return;
-    }
-    for (int i = 0; i < k; i++) {
-        const ina_out *o = &d->out[i];
-        if (ina_impair_active(&d->side[1]))
-            ina_impair_apply(&d->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable,
-                             send_sink, d);
-        else
-            send_to(d, o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len);
-    }
-}
-
 static void arp_reply(ina_dpdk *d, struct rte_mbuf *m)
 {
     struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
@@ -292,7 +264,7 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
     }
     if (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) {
         /* a datagram to the switch in pieces: no INA packet is, so it is dropped, as a drop */
-        ina_switch_count_drop(d->sw, INA_DROP_FRAGMENT);
+        ina_switch_count_drop(d->loop.sw, INA_DROP_FRAGMENT);
         rte_pktmbuf_free(m);
         return;
     }
@@ -305,11 +277,7 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
     }
     const uint8_t *pkt = (const uint8_t *)(udp + 1);
     uint32_t len = ulen - (uint32_t)sizeof *udp;
-    uint64_t src = learn_peer(d, &eth->src_addr, ip->src_addr, udp->src_port);
-    if (ina_impair_active(&d->side[0]))
-        ina_impair_apply(&d->side[0], src, pkt, len, pkt + len, 0, 1, deliver, d);
-    else
-        deliver(d, src, pkt, len, NULL, 0, 0);
+    ina_loop_receive(&d->loop, learn_peer(d, &eth->src_addr, ip->src_addr, udp->src_port), pkt, len);
     rte_pktmbuf_free(m);
 }
 
@@ -320,8 +288,7 @@ int ina_dpdk_run(ina_dpdk *d)
         uint16_t n = rte_eth_rx_burst(d->port, 0, rx, BURST);
         if (!n) {
             if (idle == 0) { /* the line went quiet: let packets held back for reordering go */
-                ina_impair_flush(&d->side[0], deliver, d);
-                ina_impair_flush(&d->side[1], send_sink, d);
+                ina_loop_release_held(&d->loop);
                 flush(d);
             }
             if (++idle > SPIN_POLLS)
@@ -333,8 +300,8 @@ int ina_dpdk_run(ina_dpdk *d)
         for (uint16_t i = 0; i < n; i++)
             on_frame(d, rx[i]);
         flush(d);
-        if (d->punt.n)
-            return d->punt.n;
+        if (d->loop.punt.n)
+            return d->loop.punt.n;
     }
     flush(d);
     return 0;

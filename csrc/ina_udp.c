@@ -9,8 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "ina_punt.h"
-#include "ina_impair.h"
+#include "ina_loop.h"
 
 #define RX_BUF 65536
 #define CTRL_COPY 1024 /* transient payloads copied into the send batch up to this size */
@@ -18,10 +17,9 @@
 #define RUN_BATCHES 256 /* then return, so the caller sees signals and its stop flag */
 
 struct ina_udp {
-    ina_switch *sw;
+    ina_loop loop; /* core, impairments, punt queue */
     int fd;
     volatile int stop;
-    ina_impair side[2]; /* [0] received packets, [1] sent packets */
     ina_udp_counters c;
     /* receive batch */
     struct mmsghdr rmsg[INA_UDP_BATCH];
@@ -35,9 +33,10 @@ struct ina_udp {
     uint8_t shdr[INA_UDP_BATCH][INA_HEADER_SIZE];
     uint8_t sctrl[INA_UDP_BATCH][CTRL_COPY];
     int n_send;
-    ina_out out[INA_MAX_OUT];
-    ina_punt_queue punt; /* control requests for the caller */
 };
+
+static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
+                      uint32_t len, int transient);
 
 ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reorder, uint64_t seed)
 {
@@ -48,15 +47,12 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
         return NULL;
     u->rbuf = malloc((size_t)INA_UDP_BATCH * RX_BUF);
     int bad = !u->rbuf;
-    for (int i = 0; i < 2; i++)
-        bad |= ina_impair_init(&u->side[i], loss, dup, reorder, seed + (uint64_t)i, RX_BUF + INA_HEADER_SIZE);
+    bad |= ina_loop_init(&u->loop, sw, loss, dup, reorder, seed, RX_BUF + INA_HEADER_SIZE, send_sink, u);
     if (bad) {
         ina_udp_free(u);
         return NULL;
     }
-    u->sw = sw;
     u->fd = fd;
-    ina_punt_init(&u->punt);
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -69,8 +65,7 @@ void ina_udp_free(ina_udp *u)
     if (!u)
         return;
     free(u->rbuf);
-    ina_impair_free(&u->side[0]);
-    ina_impair_free(&u->side[1]);
+    ina_loop_free(&u->loop);
     free(u);
 }
 
@@ -78,21 +73,14 @@ void ina_udp_stop(ina_udp *u) { u->stop = 1; }
 const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
 {
     ina_udp_counters *c = (ina_udp_counters *)&u->c;
-    c->punts_dropped = u->punt.dropped;
-    for (int i = 0; i < 2; i++) {
-        c->dropped[i] = u->side[i].dropped;
-        c->duplicated[i] = u->side[i].duplicated;
-        c->reordered[i] = u->side[i].reordered;
-    }
+    ina_loop_counters(&u->loop, c->dropped, c->duplicated, c->reordered, &c->punts_dropped);
     return c;
 }
-void ina_udp_punt_clear(ina_udp *u) { u->punt.n = 0; }
+void ina_udp_punt_clear(ina_udp *u) { u->loop.punt.n = 0; }
 
 const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint64_t *src)
 {
-    *len = u->punt.len[i];
-    *src = u->punt.src[i];
-    return u->punt.buf[i];
+    return ina_loop_punt(&u->loop, i, len, src);
 }
 
 static inline uint64_t addr_id(const struct sockaddr_in *a)
@@ -154,39 +142,9 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
     queue(ctx, dst, hdr, payload, len, transient);
 }
 
-static void deliver(void *ctx, uint64_t src, const uint8_t *pkt, uint32_t len, const uint8_t *unused,
-                    uint32_t unused_len, int transient)
-{
-    ina_udp *u = ctx;
-    (void)unused, (void)unused_len, (void)transient; /* processed before the packet's buffer is reused */
-    int n = ina_switch_process(u->sw, pkt, len, src, u->out);
-    if (n == INA_PUNT) {
-        ina_punt_push(&u->punt, u->sw, pkt, len, src);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        const ina_out *o = &u->out[i];
-        if (ina_impair_active(&u->side[1]))
-            /* a control reply's payload is the core's scratch buffer: transient, like a held packet */
-            ina_impair_apply(&u->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable,
-                             send_sink, u);
-        else
-            queue(u, o->dst, o->hdr, o->payload, o->len, !o->stable);
-    }
-}
-
-static void receive(ina_udp *u, const uint8_t *pkt, uint32_t len, uint64_t src)
-{
-    if (ina_impair_active(&u->side[0]))
-        ina_impair_apply(&u->side[0], src, pkt, len, pkt + len, 0, 1, deliver, u);
-    else
-        deliver(u, src, pkt, len, NULL, 0, 0);
-}
-
 static void release_held(ina_udp *u)
 {
-    ina_impair_flush(&u->side[0], deliver, u);
-    ina_impair_flush(&u->side[1], send_sink, u);
+    ina_loop_release_held(&u->loop);
     flush(u);
 }
 
@@ -221,11 +179,11 @@ int ina_udp_run(ina_udp *u)
             u->c.bytes_in += len;
             if (u->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
                 len = 0; /* larger than any valid packet: the core counts it as malformed */
-            receive(u, pkt, len, addr_id(&u->raddr[i]));
+            ina_loop_receive(&u->loop, addr_id(&u->raddr[i]), pkt, len);
         }
         flush(u);
-        if (u->punt.n)
-            return u->punt.n;
+        if (u->loop.punt.n)
+            return u->loop.punt.n;
     }
     if (u->stop)
         release_held(u);
