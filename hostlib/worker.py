@@ -31,6 +31,9 @@ from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator,
 
 @dataclass
 class CommStats:
+    """What one Communicator sent and received over its lifetime (all calls), for comparing codecs and
+    backends by bytes on the wire rather than by time alone."""
+
     packets_sent: int = 0
     packets_received: int = 0
     bytes_sent: int = 0
@@ -44,9 +47,14 @@ class CommStats:
 
     @property
     def wire_bytes_sent(self) -> int:
+        """bytes_sent plus the Ethernet/IPv4/UDP overhead per packet: what a link carries, so small packets
+        are not flattered."""
         return self.bytes_sent + self.packets_sent * wire.WIRE_OVERHEAD
 
     def as_dict(self) -> dict:
+        """Returns:
+            The counters and wire_bytes_sent as a plain dict (JSON-ready, for reports and benchmarks).
+        """
         d = dict(self.__dict__)
         d["wire_bytes_sent"] = self.wire_bytes_sent
         return d
@@ -59,6 +67,25 @@ class Communicator:
                  window: int = 64, elements_per_packet: int | None = None, timeout: float = 30.0,
                  join_timeout: float | None = None, rto: float = 0.03, max_rto: float = 0.1, seed: int = 0,
                  fast: bool | None = None, key: bytes | str | None = None, **codec_params):
+        """Join the job (a barrier) so that the first allreduce finds every rank admitted.
+
+        Args:
+            switch, rank, world_size, job, codec: as in `hostlib.connect`.
+            window: slots to use at once (the switch may grant fewer: self.window after the join).
+            elements_per_packet: elements per packet (default: the codec's; capped by the switch's limit).
+            timeout: seconds without a result before an allreduce gives up.
+            join_timeout: seconds to wait for every rank to join (default: timeout).
+            rto, max_rto: floor and ceiling of the retransmission timeout; between them it follows the
+                measured round trip.
+            seed: base of the stochastic-rounding streams, so runs can be repeated bit for bit.
+            fast: None for the C loop where it applies, False to force the Python loop.
+            key: the job key (default $INA_JOB_KEY), needed when the switch serves the job with --key-file.
+            **codec_params: options of the codec (e.g. rounding="deterministic" for nc).
+
+        Raises:
+            ValueError: rank, world_size, job or window out of range (checked before anything is sent).
+            TimeoutError, INAError: as in `hostlib.connect`.
+        """
         if not 1 <= world_size <= wire.MAX_WORKERS:
             raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
         if not 0 <= rank < world_size:
@@ -176,8 +203,12 @@ class Communicator:
             The sum, of x's type, shape and dtype, the same on every worker.
         Raises:
             TimeoutError: no result within `timeout` (a peer died, or the ranks' calls differ); the
-                communicator is then unusable. ValueError: NaN/Inf on some worker. OverflowError: the sum
-                does not fit the codec.
+                communicator is then unusable.
+            INAError: the switch sent an error instead of a result; unusable too.
+            RuntimeError: an earlier call failed that way: the job's state is unknown, so reconnect.
+            TypeError: a dtype the codec does not carry (floats with int32, integers with fixed or nc).
+            ValueError: NaN/Inf on some worker.
+            OverflowError: the input or the sum does not fit the codec.
         """
         if self._broken:
             raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
@@ -303,10 +334,23 @@ class Communicator:
             yield h, data
 
     def mark_broken(self, reason: str):
-        """After a timeout or a switch error the job's state is unknown: later calls raise until reconnect."""
+        """After a timeout or a switch error the job's state is unknown: later calls raise until reconnect.
+
+        Args:
+            reason: what went wrong, repeated in the RuntimeError of every later call.
+        """
         self._broken = reason
 
     def timeout_message(self, pid: int, slot: int, tries: int) -> str:
+        """One wording of "gave up" for the Python and the C loop, listing the likely causes.
+
+        Args:
+            pid, slot: the packet id and slot of the packet that got no result.
+            tries: its retransmissions so far.
+
+        Returns:
+            The TimeoutError's message.
+        """
         return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
                 f"retransmissions in {self.timeout:g} s; a peer is dead, the switch is gone, the job was "
                 f"re-joined elsewhere, or the ranks' calls differ (size, codec, sparse=)")
@@ -319,7 +363,8 @@ class Communicator:
 
     # ------------------------------------------------------------------ lifetime
     def close(self):
-        """Leave the job (its ranks are free for a new generation at once) and close the socket."""
+        """Leave the job and close the socket, so the ranks are free for a new generation at once instead
+        of after the switch notices the silence. Best effort: a lost leave is not an error."""
         try:
             self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank, session=self.session))
         except OSError:

@@ -12,6 +12,18 @@ from .config import DEFAULT_MAX_ELEMENTS, DEFAULT_SLOTS, SwitchConfig
 
 
 def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
+    """The jobs to serve from --workers and --job, so `serve --workers 4` stays the one-job shorthand.
+
+    Args:
+        workers: --workers, the size of job 1 (None: not given).
+        jobs: --job ID:WORKERS specs.
+
+    Returns:
+        job id -> world size (job 1 with 2 workers when neither is given).
+
+    Raises:
+        SystemExit: a spec that is not ID:WORKERS.
+    """
     out = {}
     for spec in jobs or []:
         try:
@@ -28,7 +40,19 @@ BACKENDS = ("python", "c", "dpdk", "bmv2")
 
 
 def parse_keys(specs: list[str] | None, jobs: dict[int, int]) -> dict[int, bytes]:
-    """--key-file [JOB:]FILE: the key of one job, or of every job served."""
+    """--key-file [JOB:]FILE: the key of one job, or of every job served.
+
+    Args:
+        specs: the --key-file values.
+        jobs: the jobs served (a key without JOB: applies to each).
+
+    Returns:
+        job id -> key.
+
+    Raises:
+        ValueError: a key too short, or for a job not served.
+        OSError: an unreadable key file.
+    """
     keys = {}
     for spec in specs or []:
         job, sep, path = spec.partition(":")
@@ -43,8 +67,19 @@ def parse_keys(specs: list[str] | None, jobs: dict[int, int]) -> dict[int, bytes
 
 
 def make_server(args):
-    """(switch, server) for --backend: the reference model under the Python UDP loop, or the C core under
-    the C UDP loop."""
+    """(switch, server) for --backend: the reference model under the Python UDP loop, the C core under the
+    C UDP loop, or a server that is its own data plane (dpdk, bmv2).
+
+    Args:
+        args: serve's parsed flags.
+
+    Returns:
+        (the data plane, whose jobs are reported; the server to run).
+
+    Raises:
+        ValueError, OSError, RuntimeError: a bad configuration, an unreadable key file, an address in use,
+            or a backend that cannot start (cmd_serve reports them as exit status 2).
+    """
     config = config_from_args(args)
     net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
     if args.backend == "dpdk":
@@ -73,7 +108,18 @@ def make_server(args):
 
 
 def config_from_args(args) -> SwitchConfig:
-    """serve's flags as a SwitchConfig (ValueError for a bad one, OSError for an unreadable key file)."""
+    """serve's flags as a SwitchConfig, validated once here for every backend.
+
+    Args:
+        args: serve's parsed flags (elements_per_packet is filled in when not given: bmv2 has its own default).
+
+    Returns:
+        The configuration.
+
+    Raises:
+        ValueError: an invalid configuration or key.
+        OSError: an unreadable key file.
+    """
     jobs = parse_jobs(args.workers, args.job)
     if args.elements_per_packet is None:
         args.elements_per_packet = 64 if args.backend == "bmv2" else DEFAULT_MAX_ELEMENTS
@@ -83,6 +129,15 @@ def config_from_args(args) -> SwitchConfig:
 
 
 def cmd_serve(args) -> int:
+    """`switchsim serve`: run until SIGINT/SIGTERM, then print the counters, so a test or script that
+    stops the switch still gets them.
+
+    Args:
+        args: serve's parsed flags.
+
+    Returns:
+        0, or 2 for a configuration the switch cannot start with (the message on stderr).
+    """
     from .server import print_json
 
     try:
@@ -112,6 +167,14 @@ def cmd_serve(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    """`switchsim stats`: print a running switch's counters as JSON.
+
+    Args:
+        args: the switch address and --timeout.
+
+    Returns:
+        0, or 1 when the switch does not answer (not running, or this host is not a control host).
+    """
     from .server import print_json, query_stats
     from inaproto.net import parse_address
 
@@ -124,6 +187,14 @@ def cmd_stats(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    """`switchsim demo`: delegates to inabench.demo.run_demo (the switch package does not own the demo).
+
+    Args:
+        args: demo's parsed flags.
+
+    Returns:
+        run_demo's exit status.
+    """
     from inabench.demo import run_demo
 
     return run_demo(args)
@@ -156,12 +227,18 @@ def cmd_bench(args) -> int:
 
 
 def convergence_modes():
+    """Returns:
+        The training benchmark's default gradient paths, for `bench train --modes`' default.
+    """
     from inabench.convergence import MODES  # numpy only: cheap
 
     return MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Returns:
+        The `switchsim` parser; each sub-command sets func, which main() calls with the parsed flags.
+    """
     p = argparse.ArgumentParser(prog="switchsim", description="In-network aggregation emulator (switch side)")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -290,5 +367,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The `switchsim` entry point (also `python -m switchsim`, and the benchmarks/ scripts).
+
+    Args:
+        argv: the arguments without the program name (None: sys.argv[1:]).
+
+    Returns:
+        The sub-command's exit status.
+
+    Raises:
+        SystemExit: from argparse, for bad flags or --help.
+    """
     args = build_parser().parse_args(argv)
     return args.func(args)

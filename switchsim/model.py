@@ -100,8 +100,15 @@ class Switch:
     """The data plane of one switch, shared by any number of isolated jobs, with its control plane."""
 
     def __init__(self, config: SwitchConfig | dict[int, int], **kw):
-        """config: a SwitchConfig, or the jobs dict with SwitchConfig's fields as keywords; other keywords
-        go to the control plane (secret, clock, join_expiry, member_idle)."""
+        """Args:
+            config: a SwitchConfig, or the jobs dict (job id -> world size) with SwitchConfig's fields as
+                keywords, so tests can write Switch({1: 2}, slots=4).
+            **kw: SwitchConfig fields (with a jobs dict), or the control plane's options (secret, clock,
+                join_expiry, member_idle).
+
+        Raises:
+            ValueError: an invalid configuration (SwitchConfig's checks).
+        """
         self.config, control = config_of(config, kw)
         c = self.config
         self.jobs: dict[int, Job] = {j: Job(j, n, c.slots, c.max_elements) for j, n in c.jobs.items()}
@@ -116,7 +123,17 @@ class Switch:
 
     # ------------------------------------------------------------------ entry point
     def process(self, data, src) -> list[tuple[bytes, object]]:
-        """Handle one received packet; return the packets to emit. Never raises on bad input."""
+        """Handle one received packet. Transport-free, so every server (and the tests) drive the same
+        reference and faster backends are compared with it packet for packet.
+
+        Args:
+            data: the datagram's bytes.
+            src: the sender's address, in whatever form the server uses (compared, never parsed).
+
+        Returns:
+            The packets to emit, as (bytes, destination address); empty for a drop, which is counted.
+            Never raises on bad input: a hostile packet must not stop the switch.
+        """
         self.packets_in += 1
         try:
             h = wire.unpack(data)
@@ -139,15 +156,40 @@ class Switch:
 
     # ------------------------------------------------------------------ what the control plane calls
     def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list):
-        """A new generation: these ranks' addresses, its session and first packet id, clean slots."""
+        """A new generation: these ranks' addresses, its session and first packet id, clean slots. The
+        control plane decides; the data plane only checks, so every backend gets the same decision.
+
+        Args:
+            job_id: a job the switch serves.
+            generation: the generation's number (0 would admit nothing).
+            session: the value every data packet of the generation must carry.
+            first_id: every slot's first packet id.
+            addresses: rank -> the address it joined from.
+
+        Raises:
+            KeyError: a job the switch does not serve.
+        """
         job = self.jobs[job_id]
         job.generation, job.session, job.first_id, job.addresses = generation, session, first_id, list(addresses)
         job.reset_slots()
 
     def member_packets(self, job_id: int) -> list[int]:
+        """Admitted packets per rank, which the control plane reads to tell a live rank from a gone one.
+
+        Args:
+            job_id: a job the switch serves.
+
+        Returns:
+            rank -> admitted packets so far (a running count: a rank whose count stops moving is idle).
+        """
         return list(self.jobs[job_id].heard)
 
     def count_drop(self, reason: str):
+        """Count a drop the control plane decided (e.g. rate_limited), in the same counters as the data plane's.
+
+        Args:
+            reason: a key of DROP_REASONS.
+        """
         self.drops[reason] += 1
 
     # ------------------------------------------------------------------ data plane
@@ -290,6 +332,14 @@ class Switch:
 
     # ------------------------------------------------------------------ counters
     def stats(self, per_slot: bool = False) -> dict:
+        """The counters in the one layout every backend reports (`switchsim stats`, --json-stats, tests).
+
+        Args:
+            per_slot: add each job's per-slot arrays (large: slots entries per counter).
+
+        Returns:
+            packets_in/out, dropped by reason, overflows, per job its counters, plus the control plane's.
+        """
         jobs = {}
         for job_id, job in self.jobs.items():
             j = {"world_size": job.world_size, "generation": job.generation}

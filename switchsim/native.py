@@ -25,10 +25,16 @@ MASK64 = (1 << 64) - 1
 
 
 def available() -> bool:
+    """Returns:
+        Whether the C core was built, so callers can fall back to the model instead of failing.
+    """
     return lib is not None
 
 
 def require():
+    """Raises:
+        RuntimeError: the C core was not built, naming the import error and the fix.
+    """
     if lib is None:
         raise RuntimeError(f"the C core is not built ({IMPORT_ERROR}); reinstall with a C compiler: pip install -e .")
 
@@ -78,6 +84,15 @@ class CoreSwitch:
     the core is compiled into (the DPDK module has its own copy)."""
 
     def __init__(self, config: SwitchConfig | dict[int, int], ffi=ffi, lib=lib, **kw):
+        """Args:
+            config, **kw: as model.Switch.
+            ffi, lib: the cffi module the core is compiled into (default switchsim._native).
+
+        Raises:
+            RuntimeError: the C core is not built.
+            MemoryError: the core's slots cannot be allocated.
+            ValueError: an invalid configuration.
+        """
         self.config, control = config_of(config, kw)
         self.ffi, self.lib = ffi, lib
         self.core = new_core(self.config, ffi=ffi, lib=lib)
@@ -99,11 +114,29 @@ class CoreSwitch:
         return i
 
     def address(self, i: int):
+        """The inverse of address_id, for the destinations the core emits.
+
+        Args:
+            i: an address id.
+
+        Returns:
+            (ip, port), or the in-process address that got the id.
+        """
         if i >= LOCAL_IDS:
             return self._addrs[i - LOCAL_IDS]
         return net.int_to_ip(i >> 16), i & 0xFFFF
 
     def process(self, data, src) -> list[tuple[bytes, object]]:
+        """model.Switch.process on the C core, one packet per call through cffi (tests compare the two
+        packet for packet; servers use the C loops instead).
+
+        Args:
+            data: the datagram's bytes.
+            src: the sender's address ((ip, port), or any hashable in-process name).
+
+        Returns:
+            The packets to emit, as (bytes, destination); never raises on bad input.
+        """
         data = bytes(data)
         n = self.lib.ina_switch_process(self.core, data, len(data), self.address_id(src), self._out)
         if n == self.lib.INA_PUNT:
@@ -119,19 +152,39 @@ class CoreSwitch:
 
     # ------------------------------------------------------------------ the control plane's calls
     def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list):
+        """model.Switch.admit: the control plane's decision, written into the core.
+
+        Raises:
+            KeyError: a job the switch does not serve.
+        """
         ids = self.ffi.new("uint64_t[]", [self.address_id(a) for a in addresses])
         if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids) != 0:
             raise KeyError(f"job {job_id} is not served")
 
     def member_packets(self, job_id: int) -> list[int]:
+        """model.Switch.member_packets: admitted packets per rank, read from the core."""
         out = self.ffi.new("uint64_t[]", wire.MAX_WORKERS)
         self.lib.ina_switch_member_packets(self.core, job_id, out)
         return list(out[0:self.jobs[job_id].world_size])
 
     def count_drop(self, reason: str):
+        """model.Switch.count_drop, in the core's counters.
+
+        Raises:
+            ValueError: a reason not in DROP_REASONS.
+        """
         self.lib.ina_switch_count_drop(self.core, DROP_REASONS.index(reason))
 
     def stats(self, per_slot: bool = False) -> dict:
+        """model.Switch.stats from the core's counters: the same keys and numbers, so tests and tools
+        need not know the backend.
+
+        Args:
+            per_slot: add each job's per-slot arrays.
+
+        Returns:
+            The counters, as model.Switch.stats.
+        """
         return self.control.annotate(core_stats(self.core, per_slot, ffi=self.ffi, lib=self.lib))
 
 
@@ -143,7 +196,17 @@ def impairment_stats(c) -> dict:
 
 class CUDPServer:
     """UDPServer's interface with the per-packet loop in C (csrc/ina_udp.c). Control requests (join, leave,
-    stats) come up to the Python control plane, rate-limited in C; everything else stays in C."""
+    stats) come up to the Python control plane, rate-limited in C; everything else stays in C.
+
+    Args:
+        backend: the CoreSwitch whose core the loop drives.
+        host, port, loss, dup, reorder, seed: as UDPServer.
+
+    Raises:
+        ValueError: a probability outside [0, 1).
+        OSError: the address cannot be bound.
+        MemoryError: the loop's buffers cannot be allocated.
+    """
 
     def __init__(self, backend: CoreSwitch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
                  reorder=0.0, seed=None):
@@ -160,6 +223,12 @@ class CUDPServer:
         backend.control.stats = self.stats  # stats replies carry the loop's counters too
 
     def serve_forever(self):
+        """Serve until stop(); the C loop returns every few milliseconds (and whenever control requests
+        wait), so signals and stop() are seen.
+
+        Raises:
+            OSError: the socket failed.
+        """
         length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
         while not self._stopped.is_set():
             n = lib.ina_udp_run(self.loop)  # releases the GIL until stopped or a control request waits
@@ -175,18 +244,33 @@ class CUDPServer:
             lib.ina_udp_punt_clear(self.loop)
 
     def start_thread(self) -> threading.Thread:
+        """serve_forever in a daemon thread (it runs without the GIL most of the time).
+
+        Returns:
+            The started thread.
+        """
         t = threading.Thread(target=self.serve_forever, name="switchsim-c", daemon=True)
         t.start()
         return t
 
     def stop(self):
+        """Ask serve_forever to return (the C loop sees it within one poll); safe from a signal handler."""
         self._stopped.set()
         lib.ina_udp_stop(self.loop)
 
     def close(self):
+        """Close the socket (after serve_forever returned), freeing the port."""
         self.sock.close()
 
     def stats(self, per_slot: bool = False) -> dict:
+        """UDPServer.stats with the C loop's transport and impairment counters.
+
+        Args:
+            per_slot: add each job's per-slot arrays.
+
+        Returns:
+            The counters, in UDPServer.stats' layout.
+        """
         s = self.backend.stats(per_slot=per_slot)
         c = lib.ina_udp_counters_of(self.loop)
         s.update({"bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "send_errors": c.send_errors,

@@ -16,14 +16,31 @@ from .model import Switch
 
 
 def check_probabilities(loss, dup, reorder) -> None:
-    """The impairment limits every server enforces (the C loops get validated values)."""
+    """The impairment limits every server enforces (the C loops get validated values).
+
+    Args:
+        loss, dup, reorder: probabilities per packet and direction.
+
+    Raises:
+        ValueError: one outside [0, 1) (1 would drop or hold everything).
+    """
     for name, p in (("loss", loss), ("dup", dup), ("reorder", reorder)):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"{name} probability must be in [0, 1), got {p}")
 
 
 def bind_udp(host, port) -> socket.socket:
-    """The switch's UDP socket, with buffers large enough for a window of bursts."""
+    """The switch's UDP socket, with buffers large enough for a window of bursts.
+
+    Args:
+        host, port: where to listen (port 0: any free port; read it from getsockname()).
+
+    Returns:
+        The bound socket.
+
+    Raises:
+        OSError: the address is in use or not local.
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     size_buffers(sock, SOCKET_BUFFER)
     sock.bind((host, port))
@@ -70,7 +87,20 @@ class Impairment:
 
 
 class UDPServer:
-    """Runs one backend (anything with process(data, src) and stats()) on a UDP socket."""
+    """Runs one backend (anything with process(data, src) and stats()) on a UDP socket, in Python: the
+    reference transport, slow but the same semantics as the C loops, impairments included.
+
+    Args:
+        backend: the data plane (a model.Switch, or native.CoreSwitch); its control plane's stats replies
+            get this server's counters too.
+        host, port: where to listen (port 0: any free port; see self.address).
+        loss, dup, reorder: impairment probabilities, per packet, applied to each direction separately.
+        seed: of the impairments' random streams, for repeatable faults.
+
+    Raises:
+        ValueError: a probability outside [0, 1).
+        OSError: the address cannot be bound.
+    """
 
     def __init__(self, backend: Switch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
                  reorder=0.0, seed=None):
@@ -101,6 +131,12 @@ class UDPServer:
             self._send(out)
 
     def serve_forever(self, poll_interval=0.01):
+        """Serve until stop() (from a signal handler or another thread).
+
+        Args:
+            poll_interval: seconds of idleness before packets held back for reordering are let go, and the
+                longest stop() waits to be seen.
+        """
         buf = bytearray(65536)
         view = memoryview(buf)
         sock = self.sock
@@ -123,17 +159,32 @@ class UDPServer:
                 self._handle(bytes(view[:n]), src)
 
     def start_thread(self) -> threading.Thread:
+        """serve_forever in a daemon thread, for tests and in-process demos.
+
+        Returns:
+            The started thread (stop() then join it).
+        """
         t = threading.Thread(target=self.serve_forever, name="switchsim", daemon=True)
         t.start()
         return t
 
     def stop(self):
+        """Ask serve_forever to return; safe from a signal handler or another thread."""
         self.stop_event.set()
 
     def close(self):
+        """Close the socket (after serve_forever returned), freeing the port."""
         self.sock.close()
 
     def stats(self, per_slot: bool = False) -> dict:
+        """The backend's counters plus the transport's, in the layout every server reports.
+
+        Args:
+            per_slot: add each job's per-slot arrays.
+
+        Returns:
+            Switch.stats plus bytes_in/out, send_errors, impairment (rx, tx) and uptime_s.
+        """
         s = self.backend.stats(per_slot=per_slot)
         s.update({"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "send_errors": self.send_errors,
                   "impairment": {"rx": self.rx.stats(), "tx": self.tx.stats()},
@@ -143,7 +194,19 @@ class UDPServer:
 
 def query_stats(address: tuple[str, int], timeout=2.0) -> dict:
     """Ask a running switch for its counters (MSG_STATS_REQ); it answers control hosts only (loopback, or
-    those given to `serve --control`)."""
+    those given to `serve --control`).
+
+    Args:
+        address: (host, port) of the switch.
+        timeout: seconds to wait for the answer.
+
+    Returns:
+        The switch's stats (UDPServer.stats' layout, whatever the backend).
+
+    Raises:
+        TimeoutError: no answer (no switch there, or this host is not a control host).
+        RuntimeError: something else answered.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
         s.sendto(wire.pack(wire.MSG_STATS_REQ), address)
@@ -159,5 +222,11 @@ def query_stats(address: tuple[str, int], timeout=2.0) -> dict:
 
 
 def print_json(obj, file=sys.stdout):
+    """Print obj as sorted, indented JSON and flush, so a parent process reading the pipe sees it at once.
+
+    Args:
+        obj: anything json.dumps takes.
+        file: where to write.
+    """
     file.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
     file.flush()

@@ -16,6 +16,18 @@ CODECS = {"int32": Int32Codec, "fixed": FixedPointCodec, "nc": NaturalCodec}
 
 
 def get_codec(name: str, **params) -> Codec:
+    """A codec by the name connect() and the CLI take, so callers never import codec classes.
+
+    Args:
+        name: "int32", "fixed" or "nc" (a key of CODECS).
+        **params: the codec's options (e.g. rounding="deterministic" for nc).
+
+    Returns:
+        A new Codec instance.
+
+    Raises:
+        ValueError: an unknown name, or an option the codec refuses.
+    """
     try:
         cls = CODECS[name]
     except KeyError:

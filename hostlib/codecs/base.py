@@ -10,8 +10,17 @@ EXPONENT_OVERFLOW_MESSAGE = f"values of magnitude >= 2^{wire.EXP_MAX} cannot be 
 def block_exponents(blocks: np.ndarray) -> np.ndarray:
     """Per row of a 2-D float array: the smallest e with every |x| < 2^e, as int8 (wire.EXP_* rules).
 
-    All-zero rows give EXP_NONE; rows with NaN/Inf give EXP_NONFINITE; e is clipped to
-    [EXP_MIN, EXP_MAX] and a value needing e > EXP_MAX raises OverflowError.
+    All-zero rows give EXP_NONE; rows with NaN/Inf give EXP_NONFINITE (so every worker learns of a
+    NaN through the negotiation instead of summing it); e is clipped to [EXP_MIN, EXP_MAX].
+
+    Args:
+        blocks: one row per packet's block.
+
+    Returns:
+        int8 exponents, one per row.
+
+    Raises:
+        OverflowError: a value needs e > EXP_MAX, which the header cannot carry.
     """
     a = np.abs(blocks.astype(np.float64, copy=False))
     with np.errstate(invalid="ignore"):
@@ -27,7 +36,9 @@ def block_exponents(blocks: np.ndarray) -> np.ndarray:
 
 
 class Codec:
-    """Interface every dense codec implements."""
+    """Interface every dense codec implements, so the window loop (Python or C) never branches on a
+    codec's name. A subclass sets name, wire_codec (the switch's element type), negotiates_exponent (packets
+    carry block exponents one window ahead) and default_elements, and overrides what differs."""
 
     name = "?"
     wire_codec = wire.CODEC_INT32
@@ -35,13 +46,43 @@ class Codec:
     default_elements = 256  # elements per packet: 1 KiB of int32
 
     def check_input(self, flat: np.ndarray) -> None:
-        """Raise TypeError/ValueError for inputs the codec cannot carry."""
+        """Refuse an input before the first packet, so it fails on this worker rather than as a wrong sum.
+
+        Args:
+            flat: the whole (1-D) input of an allreduce.
+
+        Raises:
+            TypeError, ValueError, OverflowError: the codec cannot carry it.
+        """
 
     def block_exponents(self, blocks: np.ndarray) -> np.ndarray:
+        """This worker's exponents for the negotiation, checked against what the codec can carry.
+
+        Args:
+            blocks: 2-D, one row per packet's block.
+
+        Returns:
+            int8 exponents, one per row (module-level block_exponents).
+
+        Raises:
+            OverflowError: a block the codec cannot carry.
+        """
         return self.check_exponents(block_exponents(blocks))
 
     def flat_exponents(self, flat: np.ndarray, k: int) -> np.ndarray:
-        """block_exponents of flat cut into blocks of k (the last one zero-padded); the C kernel for float32."""
+        """block_exponents of flat cut into blocks of k (the last one zero-padded); the C kernel for float32,
+        since this runs over the whole tensor before the first packet.
+
+        Args:
+            flat: the whole (1-D) input.
+            k: elements per packet.
+
+        Returns:
+            int8 exponents, one per block.
+
+        Raises:
+            OverflowError: a block the codec cannot carry.
+        """
         if flat.dtype == np.float32 and kernels.enabled():
             e, status = kernels.block_exponents(flat, k)
             if status:
@@ -53,24 +94,61 @@ class Codec:
         return self.block_exponents(padded.reshape(nb, k))
 
     def check_exponents(self, e: np.ndarray) -> np.ndarray:
-        """Raise OverflowError for exponents the codec cannot carry."""
+        """A codec narrower than the header's exponent range (nc) refuses here, before anything is sent.
+
+        Args:
+            e: int8 block exponents.
+
+        Returns:
+            e unchanged.
+
+        Raises:
+            OverflowError: an exponent the codec cannot carry.
+        """
         return e
 
     def encode(self, block: np.ndarray, exp: int, world_size: int, seed: int, offset: int) -> bytes:
+        """One update packet's payload. Deterministic in its arguments, so a retransmission is rebuilt
+        bit for bit instead of being kept in memory.
+
+        Args:
+            block: this packet's elements.
+            exp: the block's agreed exponent (max over workers; EXP_NONE: all zero), for codecs that negotiate.
+            world_size: workers summing (fixed point leaves headroom for that many terms).
+            seed, offset: the counter-based RNG stream and position of block[0] (stochastic rounding).
+
+        Returns:
+            The payload bytes in the codec's wire element type.
+        """
         raise NotImplementedError
 
     def decode(self, payloads: np.ndarray, exps: np.ndarray, world_size: int, k: int) -> np.ndarray:
-        """Decode result payloads for all blocks at once.
+        """Decode result payloads for all blocks at once (one vectorised pass after the last result).
 
-        payloads: flat array of the result elements (int64 for int32 codecs, uint8 codes for NC);
-        exps: per-block agreed exponent; k: elements per block. Returns float64 or int64.
+        Args:
+            payloads: flat array of the result elements (int64 for int32 codecs, uint8 codes for NC).
+            exps: per-block agreed exponent.
+            world_size: workers summed (fixed point's scale depends on it).
+            k: elements per block.
+
+        Returns:
+            float64 or int64 values, one per element.
         """
         raise NotImplementedError
 
     def result_dtype(self):
+        """Returns:
+            The dtype the loops collect result elements in (int64 sums, or uint8 codes for nc).
+        """
         return np.int64
 
     def native_kind(self, flat: np.ndarray) -> str | None:
-        """The C worker loop's kind for this input (INA_WK_<kind> in csrc/ina_worker.h), or None where only
-        the Python loop carries it."""
+        """Which C worker loop carries this input, declared by the codec so fastpath never matches names.
+
+        Args:
+            flat: the whole (1-D) input.
+
+        Returns:
+            The kind (INA_WK_<kind> in csrc/ina_worker.h), or None where only the Python loop carries it.
+        """
         return None

@@ -11,7 +11,21 @@ from .. import rng
 
 
 def encode(x, levels: int = 8, p: float = 2.0, seed: int = 0, offset: int = 0):
-    """Returns (norm as float32, uint8 codes: bit 7 sign, bits 6..0 level index 0..levels)."""
+    """Natural dithering of x: unbiased rounding of |x_i| / ||x||_p to powers of two below 1, so a few
+    levels (a few bits per entry) cover the vector's range.
+
+    Args:
+        x: float values.
+        levels: levels s below the norm (1..127).
+        p: the norm's order.
+        seed, offset: the counter-based RNG stream and position of x[0], so a re-encoding is identical.
+
+    Returns:
+        (norm as float32, uint8 codes: bit 7 sign, bits 6..0 level index 0..levels).
+
+    Raises:
+        ValueError: levels out of range, or NaN/Inf in x.
+    """
     if not 1 <= levels <= 127:
         raise ValueError("levels must be in 1..127")
     v = np.asarray(x, dtype=np.float64).reshape(-1)
@@ -38,6 +52,19 @@ def encode(x, levels: int = 8, p: float = 2.0, seed: int = 0, offset: int = 0):
 
 
 def decode(norm, codes, levels: int = 8) -> np.ndarray:
+    """Values of dithering codes.
+
+    Args:
+        norm: the vector's norm, as encode returned it.
+        codes: uint8 codes.
+        levels: as given to encode.
+
+    Returns:
+        float32 values of codes' shape.
+
+    Raises:
+        ValueError: a level index above levels (a corrupt message, or levels that differ from encode's).
+    """
     c = np.asarray(codes, dtype=np.uint8)
     j = (c & 0x7F).astype(np.float64)
     if np.any(j > levels):

@@ -16,19 +16,45 @@ INT32_MAX = 2**31 - 1
 
 
 def scale_for(exps, world_size: int) -> np.ndarray:
+    """The fixed-point scale per block, the same on every worker since it depends only on agreed values.
+
+    Args:
+        exps: agreed block exponents (EXP_NONE counts as 0).
+        world_size: workers summing; each gets 1/world_size of int32's range, so the sum cannot overflow.
+
+    Returns:
+        float64 scales, one per exponent.
+    """
     e = np.where(np.asarray(exps) == wire.EXP_NONE, 0, exps).astype(np.float64)
     return (INT32_MAX // world_size) / np.exp2(e)
 
 
 def error_bound(exps, world_size: int) -> np.ndarray:
-    """Max |allreduce - exact sum| per block for the given agreed exponents."""
+    """Max |allreduce - exact sum| per block for the given agreed exponents (what tests check against).
+
+    Args:
+        exps: agreed block exponents.
+        world_size: workers summed.
+
+    Returns:
+        float64 bounds, one per block.
+    """
     return world_size / scale_for(exps, world_size)
 
 
 def allreduce_error_bound(inputs, k: int, exact: np.ndarray) -> np.ndarray:
     """Per element: the most a fixed-point allreduce of `inputs` (one float array per worker, k elements
     per packet) may differ from `exact`, the true sum: the quantization bound of each block's agreed
-    exponent, plus half a float32 ulp for rounding the result to float32."""
+    exponent, plus half a float32 ulp for rounding the result to float32.
+
+    Args:
+        inputs: each worker's input.
+        k: elements per packet (the blocks the exponents are agreed on).
+        exact: the true sum, flat.
+
+    Returns:
+        float64 bounds, one per element of exact.
+    """
     n = len(inputs)
     size = exact.size
     nb = -(-size // k)
@@ -40,13 +66,25 @@ def allreduce_error_bound(inputs, k: int, exact: np.ndarray) -> np.ndarray:
 
 
 def quantize_reference(block: np.ndarray, scale: float, limit: int) -> np.ndarray:
-    """The numpy definition the C kernel matches: clip(rint(x * scale)) as big-endian int32."""
+    """The numpy definition the C kernel matches: clip(rint(x * scale)) as big-endian int32.
+
+    Args:
+        block: float values.
+        scale: scale_for the block's agreed exponent.
+        limit: the clip, INT32_MAX // world_size.
+
+    Returns:
+        Big-endian int32 values, the packet's payload elements.
+    """
     q = np.rint(block.astype(np.float64) * scale)
     np.clip(q, -limit, limit, out=q)
     return q.astype(">i4")
 
 
 class FixedPointCodec(Codec):
+    """SwitchML's fixed point: floats as int32 with a per-block scale from the negotiated exponent, so a
+    switch without floating point sums them; error bounded by error_bound (methods as in Codec)."""
+
     name = "fixed"
 
     def native_kind(self, flat):
@@ -55,6 +93,9 @@ class FixedPointCodec(Codec):
     negotiates_exponent = True
 
     def check_input(self, flat):
+        """Raises:
+            TypeError: integers (use int32, which sums them exactly).
+        """
         if not np.issubdtype(flat.dtype, np.floating):
             raise TypeError(f"codec 'fixed' quantizes floats; got {flat.dtype} (use 'int32' for integers)")
 

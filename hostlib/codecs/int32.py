@@ -10,6 +10,9 @@ I32 = np.iinfo(np.int32)
 
 
 class Int32Codec(Codec):
+    """Integers summed exactly: no scale, no negotiation, the one codec whose results need no error
+    bound (methods as in Codec)."""
+
     name = "int32"
 
     def native_kind(self, flat):
@@ -17,6 +20,10 @@ class Int32Codec(Codec):
     wire_codec = wire.CODEC_INT32
 
     def check_input(self, flat):
+        """Raises:
+            TypeError: floats (they would be truncated; use fixed or nc).
+            OverflowError: a value outside int32.
+        """
         if not (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
             raise TypeError(f"codec 'int32' sums integers exactly; got {flat.dtype} (use 'fixed' or 'nc' for floats)")
         if flat.size and (flat.min() < I32.min or flat.max() > I32.max):

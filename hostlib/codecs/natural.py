@@ -25,7 +25,22 @@ BAD_CODE_MESSAGE = "natural compression: 0x80 is not a valid code"
 
 def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
            floor: int = wire.NC_LEVEL_MIN) -> np.ndarray:
-    """NC codes (uint8) for x (any float array, computed on its float32 value); the C kernel when built."""
+    """NC codes (uint8) for x (any float array, computed on its float32 value); the C kernel when built.
+
+    Args:
+        x: float values.
+        seed, offset: the counter-based RNG stream and the position of x[0] in it, so a block re-encoded
+            for a retransmission gets the same codes.
+        deterministic: round to nearest instead of stochastically (biased, but no RNG).
+        floor: the smallest level kept (2^floor); smaller values round to 0 or 2^floor, unbiased.
+
+    Returns:
+        uint8 codes, one per element (flat).
+
+    Raises:
+        ValueError: NaN or Inf in x.
+        OverflowError: |x| >= 2^NC_LEVEL_MAX.
+    """
     x32 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if not kernels.enabled():
         return encode_reference(x32, seed, offset, deterministic, floor)
@@ -38,7 +53,8 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
 
 
 def encode_reference(x32: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int) -> np.ndarray:
-    """The numpy definition of `encode` that the C kernel matches bit for bit."""
+    """The numpy definition of `encode` that the C kernel matches bit for bit (same arguments, returns and
+    errors; x32 must already be flat float32)."""
     bits = x32.view(np.uint32)
     if np.any((bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)):
         raise ValueError(NONFINITE_MESSAGE)
@@ -77,7 +93,18 @@ for _m in range(1, 128):
 
 
 def decode(codes, dtype=np.float32) -> np.ndarray:
-    """Values of NC codes; raises ValueError on the invalid code 0x80."""
+    """Values of NC codes.
+
+    Args:
+        codes: uint8 codes, any shape.
+        dtype: of the result; float32 takes the C kernel when built.
+
+    Returns:
+        Values of codes' shape.
+
+    Raises:
+        ValueError: the invalid code 0x80 (negative zero), which no encoder emits: a corrupt payload.
+    """
     c = np.asarray(codes, dtype=np.uint8)
     if dtype == np.float32 and kernels.enabled():
         out, status = kernels.nc_decode(np.ascontiguousarray(c).reshape(-1))
@@ -91,7 +118,15 @@ def decode(codes, dtype=np.float32) -> np.ndarray:
 
 def allreduce_expected_sq_error(inputs, exact: np.ndarray) -> float:
     """Bound on E|allreduce - exact|^2 for NC both ways: each worker's C adds at most |x_i|^2/8, and the
-    switch's C of S' = sum C(x_i) adds at most E|S'|^2/8 with E|S'|^2 <= |S|^2 + sum |x_i|^2/8."""
+    switch's C of S' = sum C(x_i) adds at most E|S'|^2/8 with E|S'|^2 <= |S|^2 + sum |x_i|^2/8.
+
+    Args:
+        inputs: each worker's input.
+        exact: the true sum, flat.
+
+    Returns:
+        The bound, for tests that average the squared error over seeds.
+    """
     sq = sum(float(np.dot(np.ravel(x).astype(np.float64), np.ravel(x))) for x in inputs)
     return sq / 8 + (float(np.dot(exact, exact)) + sq / 8) / 8
 
@@ -108,15 +143,28 @@ class NaturalCodec(Codec):
     default_elements = 1024  # 1 KiB of codes, the same payload as 256 int32
 
     def __init__(self, rounding: str = "stochastic"):
+        """Args:
+            rounding: "stochastic" (unbiased: errors cancel over steps and workers) or "deterministic"
+                (round to nearest: no variance, but biased).
+
+        Raises:
+            ValueError: another rounding.
+        """
         if rounding not in ("stochastic", "deterministic"):
             raise ValueError("rounding must be 'stochastic' or 'deterministic'")
         self.deterministic = rounding == "deterministic"
 
     def check_input(self, flat):
+        """Raises:
+            TypeError: integers (use int32, which sums them exactly).
+        """
         if not np.issubdtype(flat.dtype, np.floating):
             raise TypeError(f"codec 'nc' compresses floats; got {flat.dtype}")
 
     def check_exponents(self, e):
+        """Raises:
+            OverflowError: a block with |x| >= 2^NC_LEVEL_MAX, beyond the code table.
+        """
         if np.any((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)):
             raise OverflowError(f"codec 'nc': values of magnitude >= 2^{wire.NC_LEVEL_MAX} are out of range")
         return e

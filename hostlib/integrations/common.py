@@ -16,7 +16,17 @@ from ..worker import Communicator
 
 def switch_address(switch=None) -> str:
     """switch, else $INA_SWITCH, else $MASTER_ADDR:$INA_SWITCH_PORT (default port 48864): a launcher such
-    as torchrun or horovodrun sets MASTER_ADDR, the user sets where the switch listens."""
+    as torchrun or horovodrun sets MASTER_ADDR, the user sets where the switch listens.
+
+    Args:
+        switch: an explicit "HOST:PORT" (or anything str() makes one of), or None.
+
+    Returns:
+        The address as "HOST:PORT".
+
+    Raises:
+        ValueError: none given and none in the environment.
+    """
     if switch:
         return str(switch)
     if os.environ.get("INA_SWITCH"):
@@ -32,10 +42,28 @@ class DenseReducer:
     feedback the local rounding error of each tensor goes into its next gradient."""
 
     def __init__(self, codec: str, deterministic: bool, error_feedback: bool):
+        """Args:
+            codec: "int32", "fixed" or "nc".
+            deterministic: NC rounds to nearest (then its bias is what error feedback corrects).
+            error_feedback: keep each tensor's local rounding error for its next gradient.
+        """
         self.codec, self.deterministic = codec, deterministic
         self.memory = ErrorFeedback(error_feedback)
 
     def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
+        """The strategy's step, called by GradientReducer.average (which holds the connection).
+
+        Args:
+            reducer: the GradientReducer, for its Communicator (reducer.comm).
+            flat: this rank's gradient, 1-D float.
+            key: the tensor's identity across steps (e.g. the DDP bucket index), for error feedback.
+
+        Returns:
+            The mean over ranks, flat's dtype.
+
+        Raises:
+            ValueError: with int32, a gradient that is not integer or does not fit int32.
+        """
         comm = reducer.comm
         if self.codec == "int32":
             ints = np.rint(flat)
@@ -62,10 +90,15 @@ class BlockSparseReducer:
     elements each) with the largest norm; the rest stays in the error feedback for later steps."""
 
     def __init__(self, ratio: float, error_feedback: bool):
+        """Args:
+            ratio: fraction of each tensor's blocks sent per step, in (0, 1].
+            error_feedback: keep the unsent blocks for later steps (without it they are lost).
+        """
         self.ratio, self.error_feedback = ratio, error_feedback
         self.sparsifier = None  # made on first use: its block is the connection's packet size
 
     def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
+        """As DenseReducer.average: the mean over ranks of the blocks each rank selected."""
         from ..sparse import Sparsifier
 
         comm = reducer.comm
@@ -87,6 +120,11 @@ class AllgatherTopkReducer:
 
     def __init__(self, error_feedback: bool, ratio=0.01, index="delta", value="none", index_params=None,
                  value_params=None):
+        """Args:
+            error_feedback: keep the unsent elements for later steps.
+            ratio: fraction of elements each rank sends per step.
+            index, value, index_params, value_params: the DeepReduce index and value codecs and their options.
+        """
         from .. import sparse
 
         self.sparsifier = sparse.Sparsifier("topk", ratio, error_feedback=error_feedback)
@@ -94,6 +132,11 @@ class AllgatherTopkReducer:
         self.bytes_sent = 0
 
     def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
+        """As DenseReducer.average, through reducer.allgather instead of the switch.
+
+        Raises:
+            ValueError: a rank's gradient has another size (the ranks' models differ).
+        """
         from ..sparse import DeepReduce
 
         idx, val = self.sparsifier(flat, key)
@@ -112,7 +155,21 @@ TOPK_OPTIONS = ("ratio", "index", "value", "index_params", "value_params")
 
 
 def make_strategy(codec: str, error_feedback, block_topk, connect_kwargs: dict):
-    """The reducer strategy for the options (taking the top-k options out of connect_kwargs)."""
+    """The reducer strategy for the options, chosen once so that each step does not re-decide.
+
+    Args:
+        codec: "fixed", "nc", "int32" or "topk".
+        error_feedback: True, False, or None for the default (on for deterministic NC and the sparse paths).
+        block_topk: a fraction of blocks for block-sparse INA (fixed or nc), or None for dense.
+        connect_kwargs: hostlib.connect options; the top-k options are taken out of it.
+
+    Returns:
+        A DenseReducer, BlockSparseReducer or AllgatherTopkReducer.
+
+    Raises:
+        ValueError: an unknown codec, a block_topk out of (0, 1] or with int32/topk, or connection options
+            with topk (which does not use the switch).
+    """
     if codec not in ("fixed", "nc", "int32", "topk"):
         raise ValueError(f"codec must be 'fixed', 'nc', 'int32' or 'topk', got {codec!r}")
     if block_topk is not None and (codec not in ("fixed", "nc") or not 0 < block_topk <= 1):
@@ -166,6 +223,19 @@ class GradientReducer:
         return self.comm.stats.wire_bytes_sent if self.comm is not None else 0
 
     def connect(self, rank: int, world_size: int) -> Communicator | None:
+        """Join the switch on first use (idempotent, thread-safe), since rank and world size are known only
+        once the framework has started; every rank reaches it on its first gradient, so the join barrier
+        holds.
+
+        Args:
+            rank, world_size: this rank in the framework's process group.
+
+        Returns:
+            The Communicator, or None for a strategy that does not use the switch.
+
+        Raises:
+            TimeoutError, INAError: as in hostlib.connect.
+        """
         with self._lock:
             self.world_size = world_size
             if getattr(self.strategy, "uses_switch", True) and self.comm is None:
@@ -174,10 +244,22 @@ class GradientReducer:
             return self.comm
 
     def average(self, flat: np.ndarray, key) -> np.ndarray:
-        """The mean over ranks of flat (a 1-D float array of this rank's gradient)."""
+        """The mean over ranks of flat; every rank must call it with the same tensors in the same order.
+
+        Args:
+            flat: this rank's gradient, 1-D float.
+            key: the tensor's identity across steps (error feedback keeps residuals by it).
+
+        Returns:
+            The mean, flat's dtype.
+
+        Raises:
+            TimeoutError, INAError, ValueError: as in Communicator.allreduce (and DenseReducer.average).
+        """
         return self.strategy.average(self, flat, key)
 
     def close(self):
+        """Leave the job, so its ranks can join again at once (a later connect() joins anew)."""
         if self.comm is not None:
             self.comm.close()
             self.comm = None

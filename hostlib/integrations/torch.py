@@ -24,10 +24,16 @@ class INAHookState:
     error feedback) and the process group. Pickles without its connection, thread and process group (as
     PowerSGD's state does): after unpickling it uses the default group and reconnects on first use.
 
-    Args: switch ("HOST:PORT"), codec ('fixed', 'nc', 'int32', or 'topk': the sparse path with ratio=,
-    index=, value= DeepReduce codecs, exchanged by allgather), job (default $INA_JOB or 1), error_feedback,
-    block_topk, process_group (default: the world), and any `hostlib.connect` option (window,
-    elements_per_packet, timeout, rounding, ...)."""
+    Args:
+        switch: "HOST:PORT" (default $INA_SWITCH, or $MASTER_ADDR:$INA_SWITCH_PORT).
+        codec: 'fixed', 'nc', 'int32', or 'topk' (the sparse path with ratio=, index=, value= DeepReduce
+            codecs, exchanged by allgather).
+        job: the switch job (default $INA_JOB or 1).
+        error_feedback: as in GradientReducer.
+        process_group: the group whose rank and size join the switch (default: the world).
+        **connect_kwargs: block_topk, and any `hostlib.connect` option (window, elements_per_packet,
+            timeout, rounding, ...).
+    """
 
     def __init__(self, switch=None, codec: str = "fixed", job: int | None = None, error_feedback=None,
                  process_group=None, **connect_kwargs):
@@ -48,12 +54,30 @@ class INAHookState:
 
     @property
     def bytes_sent(self) -> int:
+        """Bytes this rank has sent (GradientReducer.bytes_sent), to compare codecs by traffic."""
         return self.reducer.bytes_sent
 
     def connect(self, rank: int, world_size: int):
+        """GradientReducer.connect: join on first use.
+
+        Args:
+            rank, world_size: this rank in the process group.
+
+        Returns:
+            The Communicator, or None for the allgather path.
+        """
         return self.reducer.connect(rank, world_size)
 
     def rank_and_size(self):
+        """Read from the process group at each bucket, not at construction, so the state can be made (or
+        unpickled) before init_process_group.
+
+        Returns:
+            (rank, world size) in process_group (default: the world).
+
+        Raises:
+            RuntimeError: torch.distributed is not initialised.
+        """
         if not dist.is_initialized():
             raise RuntimeError("ina_hook needs an initialised torch.distributed process group")
         pg = self.process_group or dist.group.WORLD
@@ -65,6 +89,7 @@ class INAHookState:
         return out
 
     def close(self):
+        """Finish the buckets in flight, then leave the job so its ranks are free at once."""
         self._executor.shutdown(wait=True)
         self.reducer.close()
 
@@ -80,7 +105,16 @@ def _average_bucket(state: INAHookState, buffer: torch.Tensor, key) -> torch.Ten
 
 
 def ina_hook(state: INAHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: average `bucket.buffer()` over the ranks through the switch (like allreduce_hook)."""
+    """DDP comm hook: average `bucket.buffer()` over the ranks through the switch (like allreduce_hook).
+
+    Args:
+        state: the INAHookState given to register_comm_hook.
+        bucket: DDP's gradient bucket; its buffer is overwritten with the mean.
+
+    Returns:
+        A Future, at once, of the bucket's buffer; it holds the exception (TimeoutError, INAError, ...)
+        when the reduction fails, which DDP raises in backward().
+    """
     buffer = bucket.buffer()
     key = bucket.index()
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
