@@ -203,7 +203,6 @@ struct values_t {
 }
 
 struct meta_t {
-    bit<16> left;        // lanes still to parse
     bit<1> nc_det;       // the switch's NC rounding: deterministic
     bit<48> sw_mac;
     bit<32> sw_ip;
@@ -277,7 +276,6 @@ parser InaParser(packet_in pkt, out headers_t hdr, inout meta_t meta, inout stan
     }
     state parse_ina {
         pkt.extract(hdr.ina);
-        meta.left = hdr.ina.count;
         transition select(hdr.ina.version, hdr.ina.msg_type) {
             (VERSION, MSG_UPDATE): parse_lanes;
             (VERSION, MSG_SPARSE_UPDATE): parse_block;
@@ -287,20 +285,160 @@ parser InaParser(packet_in pkt, out headers_t hdr, inout meta_t meta, inout stan
     state parse_block { pkt.extract(hdr.block); transition parse_lanes; }
     state parse_lanes {
         transition select(hdr.ina.codec, hdr.ina.count) {
-            (CODEC_INT32, 1 .. LANES): parse_l32;
-            (CODEC_NC8, 1 .. LANES): parse_l8;
+            (CODEC_INT32, 1 .. LANES): parse_l32_64;
+            (CODEC_NC8, 1 .. LANES): parse_l8_64;
             default: accept;  // no elements, or more than the switch takes (ingress: bad_slot)
         }
     }
-    state parse_l32 {
-        pkt.extract(hdr.l32.next);
-        meta.left = meta.left - 1;
-        transition select(meta.left) { 0: accept; default: parse_l32; }
+    state parse_l32_64 {
+        transition select(hdr.ina.count[6:6]) { 1: parse_l32_64_take; default: parse_l32_32; }
     }
-    state parse_l8 {
+    state parse_l32_64_take {
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        transition parse_l32_32;
+    }
+    state parse_l32_32 {
+        transition select(hdr.ina.count[5:5]) { 1: parse_l32_32_take; default: parse_l32_16; }
+    }
+    state parse_l32_32_take {
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        transition parse_l32_16;
+    }
+    state parse_l32_16 {
+        transition select(hdr.ina.count[4:4]) { 1: parse_l32_16_take; default: parse_l32_8; }
+    }
+    state parse_l32_16_take {
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        transition parse_l32_8;
+    }
+    state parse_l32_8 {
+        transition select(hdr.ina.count[3:3]) { 1: parse_l32_8_take; default: parse_l32_4; }
+    }
+    state parse_l32_8_take {
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        transition parse_l32_4;
+    }
+    state parse_l32_4 {
+        transition select(hdr.ina.count[2:2]) { 1: parse_l32_4_take; default: parse_l32_2; }
+    }
+    state parse_l32_4_take {
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        transition parse_l32_2;
+    }
+    state parse_l32_2 {
+        transition select(hdr.ina.count[1:1]) { 1: parse_l32_2_take; default: parse_l32_1; }
+    }
+    state parse_l32_2_take {
+        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
+        transition parse_l32_1;
+    }
+    state parse_l32_1 {
+        transition select(hdr.ina.count[0:0]) { 1: parse_l32_1_take; default: accept; }
+    }
+    state parse_l32_1_take {
+        pkt.extract(hdr.l32.next);
+        transition accept;
+    }
+    state parse_l8_64 {
+        transition select(hdr.ina.count[6:6]) { 1: parse_l8_64_take; default: parse_l8_32; }
+    }
+    state parse_l8_64_take {
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        transition parse_l8_32;
+    }
+    state parse_l8_32 {
+        transition select(hdr.ina.count[5:5]) { 1: parse_l8_32_take; default: parse_l8_16; }
+    }
+    state parse_l8_32_take {
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        transition parse_l8_16;
+    }
+    state parse_l8_16 {
+        transition select(hdr.ina.count[4:4]) { 1: parse_l8_16_take; default: parse_l8_8; }
+    }
+    state parse_l8_16_take {
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        transition parse_l8_8;
+    }
+    state parse_l8_8 {
+        transition select(hdr.ina.count[3:3]) { 1: parse_l8_8_take; default: parse_l8_4; }
+    }
+    state parse_l8_8_take {
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        transition parse_l8_4;
+    }
+    state parse_l8_4 {
+        transition select(hdr.ina.count[2:2]) { 1: parse_l8_4_take; default: parse_l8_2; }
+    }
+    state parse_l8_4_take {
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        transition parse_l8_2;
+    }
+    state parse_l8_2 {
+        transition select(hdr.ina.count[1:1]) { 1: parse_l8_2_take; default: parse_l8_1; }
+    }
+    state parse_l8_2_take {
+        pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
+        transition parse_l8_1;
+    }
+    state parse_l8_1 {
+        transition select(hdr.ina.count[0:0]) { 1: parse_l8_1_take; default: accept; }
+    }
+    state parse_l8_1_take {
         pkt.extract(hdr.l8.next);
-        meta.left = meta.left - 1;
-        transition select(meta.left) { 0: accept; default: parse_l8; }
+        transition accept;
     }
 }
 
@@ -2859,8 +2997,8 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             hdr.l8.pop_front(LANES);
             if (meta.codec == CODEC_INT32) { resend32(); } else { resend_nc(); }
             resent.count(meta.counter_index);
+            to_sender();  // before result_header() overwrites the source with the switch's address
             result_header();
-            to_sender();
             io.count(1);
         } else if (meta.finish == 1) {
             hdr.l32.pop_front(LANES);

@@ -177,6 +177,8 @@ class BMv2Server:
     def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list):
         """A new generation: bind each rank to its address, multicast to their ports, the new session
         (slot state of other sessions reads as clean in the data plane)."""
+        from . import p4rt
+
         info, old = self.p4info, self.admitted.get(job)
         if old:
             self.sw.delete(*[info.table_entry("members", {"hdr.ina.job": job, "hdr.ina.rank": r}) for r in range(len(old))],
@@ -192,15 +194,23 @@ class BMv2Server:
                                              "to_worker", {"mac": _mac(mac), "ip": ip, "port": port}))
             group.append((switch_port, rank + 1))
         self.sw.insert(*members, *replicas)
-        mc = self.sw.multicast_group(job + 1, group)
+        mc = p4rt.multicast_group(job + 1, group)
         (self.sw.modify if old else self.sw.insert)(mc)
         self.sw.modify(self._job_entry(job, session, first_id))
         self.admitted[job] = list(addresses)
 
     def member_packets(self, job: int) -> list[int]:
-        heard = self.sw.read_counter("heard")
-        base = self.member_base[job]
-        return [heard.get(base + r, (0, 0))[1] for r in range(self.config.jobs[job])]
+        base, n = self.member_base[job], self.config.jobs[job]
+        heard = self._read_counter("heard", range(base, base + n))
+        return [heard.get(base + r, 0) for r in range(n)]
+
+    def _read_counter(self, name: str, indices) -> dict[int, int]:
+        """{index: packets} of some cells of a counter, in one read (a whole counter is thousands of cells)."""
+        from p4.v1 import p4runtime_pb2
+
+        cid = self.p4info.counter_id(name)
+        cells = [p4runtime_pb2.CounterEntry(counter_id=cid, index=p4runtime_pb2.Index(index=i)) for i in indices]
+        return {e.counter_entry.index.index: e.counter_entry.data.packet_count for e in self.sw.read(*cells)}
 
     def count_drop(self, reason: str):
         self.control_drops[reason] += 1
@@ -247,10 +257,13 @@ class BMv2Server:
     # ------------------------------------------------------------------ counters
     def stats(self, per_slot: bool = False) -> dict:
         """The model's counters (Switch.stats), read from the P4 counters, plus the control plane's drops."""
-        read = {name: self.sw.read_counter(name) for name in ("drops", "io", *wire.SLOT_COUNTERS)}
+        slots = [i for j in self.config.jobs for i in range(self.slot_base[j], self.slot_base[j] + self.config.slots)]
+        read = {name: self._read_counter(name, slots) for name in wire.SLOT_COUNTERS}
+        read["drops"] = self._read_counter("drops", range(len(wire.DROP_REASONS)))
+        read["io"] = self._read_counter("io", range(4))
 
         def packets(name, i):
-            return read[name].get(i, (0, 0))[1]
+            return read[name].get(i, 0)
 
         drops = {r: packets("drops", i) + self.control_drops[r] for i, r in enumerate(wire.DROP_REASONS)}
         jobs = {}

@@ -198,7 +198,11 @@ class DPDKHarness(UDPHarness):
         self.server = SimpleNamespace(address=(host, int(port)))
         self.bind_ip = net.worker_ip
         self.socks = {}
-        self.start(jobs, join, keys)
+        try:
+            self.start(jobs, join, keys)
+        except BaseException:
+            self.close()  # the fixture only closes harnesses that were made
+            raise
 
     def stats(self):
         return query_stats(self.server.address)
@@ -231,7 +235,26 @@ class BMv2Harness(UDPHarness):
         self.server = SimpleNamespace(address=(host, int(port)))
         self.bind_ip = "0.0.0.0"
         self.socks = {}
-        self.start(jobs, join, keys)
+        try:
+            query_stats(self.server.address, timeout=10)  # the first packet waits for ARP: not a test's
+            self.start(jobs, join, keys)
+        except BaseException:
+            self.close()  # the fixture only closes harnesses that were made
+            raise
+
+    def blast(self, port, packets):
+        """Control requests go up to the controller over P4Runtime and back: wait longer for them."""
+        control = any(len(p) > 1 and p[1] in wire.CONTROL_REQUESTS for p in packets)
+        if len(packets) > 16:  # BMv2 takes bursts of ~30 packets: a flood arrives at ~3000 packets/s
+            for p in packets[:-1]:
+                self._sock(port).sendto(self.stamp(p), self.server.address)
+                time.sleep(0.0003)
+            packets = packets[-1:]
+        self.quiet = 1.0 if control else BMv2Harness.quiet
+        try:
+            return super().blast(port, packets)
+        finally:
+            self.quiet = BMv2Harness.quiet
 
     stats, close = DPDKHarness.stats, DPDKHarness.close
 

@@ -80,7 +80,7 @@ def test_p4info_describes_what_the_control_plane_writes(info):
 
 
 def test_p4info_sizes_follow_the_wire_format(info):
-    counters = {c.preamble.name.split(".")[-1]: c.size for c in info.info.counters}
+    counters = {c.preamble.name.split(".")[-1]: c.size for c in info.message.counters}
     assert counters["drops"] == len(wire.DROP_REASONS)
     assert counters["received"] == gen_p4.SLOT_CAPACITY
     names = [name for name, _, _ in info.packet_metadata("packet_in")]
