@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC warns at every fork of the paced sender's receiver
 import socket
 import subprocess
 import tempfile
@@ -131,7 +133,7 @@ def _reference_rows(kind: str, lanes: int, rates, seconds: float) -> list[dict]:
     from switchsim import bmv2, p4rt
 
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, f"{kind}.p4")
+        src = os.path.join(tmp, f"reference{lanes}.p4")
         with open(src, "w") as f:
             f.write(reference_program(lanes))
         json_path, info_path = gen_p4.compile_p4(src, tmp)

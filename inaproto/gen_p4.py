@@ -71,54 +71,66 @@ def _action(name: str, head: list[str], lane: str, tail: list[str] = ()) -> list
     return body + ["        " + x for x in tail] + ["    }", ""]
 
 
-SEXT = "(bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v"
-NC_DECODE = """if (hdr.l8[{i}].isValid()) {
-    c = hdr.l8[{i}].v; m = (bit<16>)c[6:0];
-    mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-    meta.v.v{i} = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-    if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+# Per-lane code works in the scratch fields meta.s (struct scratch_t) rather than in expressions or locals:
+# p4c gives every lane's sub-expression a temporary of its own, and BMv2 pays for each field of the packet's
+# state on every packet (64 lanes of temporaries cost half its packet rate).
+SEXT = "meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v;"
+NC_CHECK = """if (hdr.l8[{i}].isValid()) {
+    meta.s.m = (bit<16>)hdr.l8[{i}].v[6:0];
+    if (hdr.l8[{i}].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
+}"""
+NC_VALUE = """if (hdr.l8[{i}].v != 0) {
+    meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[{i}].v[6:0] - meta.nc_lo);
+    if (hdr.l8[{i}].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
 }"""
 NC_ENCODE = """if (meta.n_elems > {i}) {
-    acc{i}.read(t, meta.idx);
-    mag = t[63:63] == 1 ? -t : t;
-    x = mag; hb = 0;
-    if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-    if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-    if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-    if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-    if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-    if (x[1:1] != 0) { hb = hb + 1; }
-    rem = mag - ((bit<64>)1 << hb);
-    random(r, 64w0, ((bit<64>)1 << hb) - 1);
-    up = (bit<16>)(bit<1>)(r < rem);
-    if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-    lvl = meta.nc_lo + (bit<16>)hb + up;
-    if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-    code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-    acc{i}.write(meta.idx, (bit<64>)code);
-    hdr.l8[{i}].setValid(); hdr.l8[{i}].v = code;
+    acc{i}.read(meta.s.t, meta.idx);
+    meta.s.mag = meta.s.t;
+    if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+    meta.s.x = meta.s.mag; meta.s.hb = 0;
+    if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+    if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+    if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+    if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+    if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+    if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+    meta.s.top = (bit<64>)1 << meta.s.hb;
+    meta.s.rem = meta.s.mag - meta.s.top;
+    meta.s.up = 0;
+    if (meta.nc_det == 1) {
+        if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+    } else {
+        meta.s.x = meta.s.top - 1;
+        random(meta.s.r, 64w0, meta.s.x);
+        if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+    }
+    meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+    if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+    meta.s.code = 0;
+    if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+    meta.s.x = (bit<64>)meta.s.code;
+    acc{i}.write(meta.idx, meta.s.x);
+    hdr.l8[{i}].setValid(); hdr.l8[{i}].v = meta.s.code;
 }"""
 
 
 def lane_actions() -> list[str]:
     """Every per-lane action, each a single action so that a lane's read-modify-write is atomic."""
-    out = _action("write32", [], "acc{i}.write(meta.idx, " + SEXT + ");")
-    out += _action("add32", ["bit<64> t;"], "acc{i}.read(t, meta.idx); acc{i}.write(meta.idx, t + " + SEXT + ");")
-    out += _action("write_nc", [], "acc{i}.write(meta.idx, meta.v.v{i});")
-    out += _action("add_nc", ["bit<64> t;"], "acc{i}.read(t, meta.idx); acc{i}.write(meta.idx, t + meta.v.v{i});")
-    out += _action("finish32", ["bit<64> t;", "bit<64> ovf = 0;"],
-                   "if (meta.n_elems > {i}) { acc{i}.read(t, meta.idx); hdr.l32[{i}].setValid(); "
-                   "hdr.l32[{i}].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }",
-                   ["meta.overflow = (bit<1>)(ovf != 0);"])
-    out += _action("resend32", ["bit<64> t;"],
-                   "if (meta.n_elems > {i}) { acc{i}.read(t, meta.idx); hdr.l32[{i}].setValid(); "
-                   "hdr.l32[{i}].v = t[31:0]; }")
-    out += _action("resend_nc", ["bit<64> t;"],
-                   "if (meta.n_elems > {i}) { acc{i}.read(t, meta.idx); hdr.l8[{i}].setValid(); "
-                   "hdr.l8[{i}].v = t[7:0]; }")
-    out += _action("finish_nc", ["bit<64> t; bit<64> mag; bit<64> x; bit<64> rem; bit<64> r;",
-                                 "bit<8> hb; bit<16> up; bit<16> lvl; bit<8> code; bit<1> ovf = 0;"],
-                   NC_ENCODE, ["meta.overflow = ovf;"])
+    out = _action("write32", [], "meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v; acc{i}.write(meta.idx, meta.s.t);")
+    out += _action("add32", [], "acc{i}.read(meta.s.t, meta.idx); " + SEXT + " acc{i}.write(meta.idx, meta.s.t);")
+    out += _action("write_nc", [], "meta.s.t = 0;\n" + NC_VALUE + "\nacc{i}.write(meta.idx, meta.s.t);")
+    out += _action("add_nc", [], "acc{i}.read(meta.s.t, meta.idx);\n" + NC_VALUE + "\nacc{i}.write(meta.idx, meta.s.t);")
+    out += _action("finish32", ["meta.s.ovf = 0;"],
+                   "if (meta.n_elems > {i}) { acc{i}.read(meta.s.t, meta.idx); hdr.l32[{i}].setValid(); "
+                   "hdr.l32[{i}].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }",
+                   ["if (meta.s.ovf != 0) { meta.overflow = 1; }"])
+    out += _action("resend32", [],
+                   "if (meta.n_elems > {i}) { acc{i}.read(meta.s.t, meta.idx); hdr.l32[{i}].setValid(); "
+                   "hdr.l32[{i}].v = meta.s.t[31:0]; }")
+    out += _action("resend_nc", [],
+                   "if (meta.n_elems > {i}) { acc{i}.read(meta.s.t, meta.idx); hdr.l8[{i}].setValid(); "
+                   "hdr.l8[{i}].v = meta.s.t[7:0]; }")
+    out += _action("finish_nc", [], NC_ENCODE)
     return out
 
 
@@ -147,12 +159,10 @@ def render() -> str:
     parts = {
         "CONSTANTS": constants(),
         "INA_HEADER": ina_header(),
-        "VALUES": [f"    bit<64> v{i};" for i in range(LANES)],
         "LANE_PARSER": lane_parser(),
         "TOP": [str(1 << (LANES.bit_length() - 1))],
         "LANE_REGISTERS": [f"    register<bit<64>>(SET_CAPACITY) acc{i};" for i in range(LANES)],
-        "DECODE_NC": _action("decode_nc", ["bit<8> c; bit<16> m; bit<64> mag; bit<1> bad = 0;"], NC_DECODE,
-                             ["meta.bad_codes = bad;"]),
+        "DECODE_NC": _action("check_nc", [], NC_CHECK),
         "LANE_ACTIONS": lane_actions(),
     }
     for key, lines in parts.items():

@@ -135,71 +135,9 @@ struct headers_t {
     lane8_t[LANES] l8;
 }
 
-struct values_t {
-    bit<64> v0;
-    bit<64> v1;
-    bit<64> v2;
-    bit<64> v3;
-    bit<64> v4;
-    bit<64> v5;
-    bit<64> v6;
-    bit<64> v7;
-    bit<64> v8;
-    bit<64> v9;
-    bit<64> v10;
-    bit<64> v11;
-    bit<64> v12;
-    bit<64> v13;
-    bit<64> v14;
-    bit<64> v15;
-    bit<64> v16;
-    bit<64> v17;
-    bit<64> v18;
-    bit<64> v19;
-    bit<64> v20;
-    bit<64> v21;
-    bit<64> v22;
-    bit<64> v23;
-    bit<64> v24;
-    bit<64> v25;
-    bit<64> v26;
-    bit<64> v27;
-    bit<64> v28;
-    bit<64> v29;
-    bit<64> v30;
-    bit<64> v31;
-    bit<64> v32;
-    bit<64> v33;
-    bit<64> v34;
-    bit<64> v35;
-    bit<64> v36;
-    bit<64> v37;
-    bit<64> v38;
-    bit<64> v39;
-    bit<64> v40;
-    bit<64> v41;
-    bit<64> v42;
-    bit<64> v43;
-    bit<64> v44;
-    bit<64> v45;
-    bit<64> v46;
-    bit<64> v47;
-    bit<64> v48;
-    bit<64> v49;
-    bit<64> v50;
-    bit<64> v51;
-    bit<64> v52;
-    bit<64> v53;
-    bit<64> v54;
-    bit<64> v55;
-    bit<64> v56;
-    bit<64> v57;
-    bit<64> v58;
-    bit<64> v59;
-    bit<64> v60;
-    bit<64> v61;
-    bit<64> v62;
-    bit<64> v63;
+struct scratch_t {  // what the per-lane code computes in, one lane after the other
+    bit<64> t; bit<64> mag; bit<64> x; bit<64> top; bit<64> rem; bit<64> r; bit<64> ovf;
+    bit<16> m; bit<8> hb; bit<16> up; bit<16> lvl; bit<8> code;
 }
 
 struct meta_t {
@@ -239,7 +177,7 @@ struct meta_t {
     bit<1> sparse;
     bit<32> block;
     bit<32> next_block;
-    values_t v;
+    scratch_t s;
 }
 
 // ---------------------------------------------------------------------------------------------- parser
@@ -626,393 +564,263 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         if (hdr.ina.exp_cur == EXP_NONE) { meta.nc_lo = 128; meta.nc_hi = 0; }  // zeros only
     }
 
-    action decode_nc() {
-        bit<8> c; bit<16> m; bit<64> mag; bit<1> bad = 0;
+    action check_nc() {
         if (hdr.l8[0].isValid()) {
-            c = hdr.l8[0].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v0 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[0].v[6:0];
+            if (hdr.l8[0].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[1].isValid()) {
-            c = hdr.l8[1].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v1 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[1].v[6:0];
+            if (hdr.l8[1].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[2].isValid()) {
-            c = hdr.l8[2].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v2 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[2].v[6:0];
+            if (hdr.l8[2].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[3].isValid()) {
-            c = hdr.l8[3].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v3 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[3].v[6:0];
+            if (hdr.l8[3].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[4].isValid()) {
-            c = hdr.l8[4].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v4 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[4].v[6:0];
+            if (hdr.l8[4].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[5].isValid()) {
-            c = hdr.l8[5].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v5 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[5].v[6:0];
+            if (hdr.l8[5].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[6].isValid()) {
-            c = hdr.l8[6].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v6 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[6].v[6:0];
+            if (hdr.l8[6].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[7].isValid()) {
-            c = hdr.l8[7].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v7 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[7].v[6:0];
+            if (hdr.l8[7].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[8].isValid()) {
-            c = hdr.l8[8].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v8 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[8].v[6:0];
+            if (hdr.l8[8].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[9].isValid()) {
-            c = hdr.l8[9].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v9 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[9].v[6:0];
+            if (hdr.l8[9].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[10].isValid()) {
-            c = hdr.l8[10].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v10 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[10].v[6:0];
+            if (hdr.l8[10].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[11].isValid()) {
-            c = hdr.l8[11].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v11 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[11].v[6:0];
+            if (hdr.l8[11].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[12].isValid()) {
-            c = hdr.l8[12].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v12 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[12].v[6:0];
+            if (hdr.l8[12].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[13].isValid()) {
-            c = hdr.l8[13].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v13 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[13].v[6:0];
+            if (hdr.l8[13].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[14].isValid()) {
-            c = hdr.l8[14].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v14 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[14].v[6:0];
+            if (hdr.l8[14].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[15].isValid()) {
-            c = hdr.l8[15].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v15 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[15].v[6:0];
+            if (hdr.l8[15].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[16].isValid()) {
-            c = hdr.l8[16].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v16 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[16].v[6:0];
+            if (hdr.l8[16].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[17].isValid()) {
-            c = hdr.l8[17].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v17 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[17].v[6:0];
+            if (hdr.l8[17].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[18].isValid()) {
-            c = hdr.l8[18].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v18 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[18].v[6:0];
+            if (hdr.l8[18].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[19].isValid()) {
-            c = hdr.l8[19].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v19 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[19].v[6:0];
+            if (hdr.l8[19].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[20].isValid()) {
-            c = hdr.l8[20].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v20 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[20].v[6:0];
+            if (hdr.l8[20].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[21].isValid()) {
-            c = hdr.l8[21].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v21 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[21].v[6:0];
+            if (hdr.l8[21].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[22].isValid()) {
-            c = hdr.l8[22].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v22 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[22].v[6:0];
+            if (hdr.l8[22].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[23].isValid()) {
-            c = hdr.l8[23].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v23 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[23].v[6:0];
+            if (hdr.l8[23].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[24].isValid()) {
-            c = hdr.l8[24].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v24 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[24].v[6:0];
+            if (hdr.l8[24].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[25].isValid()) {
-            c = hdr.l8[25].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v25 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[25].v[6:0];
+            if (hdr.l8[25].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[26].isValid()) {
-            c = hdr.l8[26].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v26 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[26].v[6:0];
+            if (hdr.l8[26].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[27].isValid()) {
-            c = hdr.l8[27].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v27 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[27].v[6:0];
+            if (hdr.l8[27].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[28].isValid()) {
-            c = hdr.l8[28].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v28 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[28].v[6:0];
+            if (hdr.l8[28].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[29].isValid()) {
-            c = hdr.l8[29].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v29 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[29].v[6:0];
+            if (hdr.l8[29].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[30].isValid()) {
-            c = hdr.l8[30].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v30 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[30].v[6:0];
+            if (hdr.l8[30].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[31].isValid()) {
-            c = hdr.l8[31].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v31 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[31].v[6:0];
+            if (hdr.l8[31].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[32].isValid()) {
-            c = hdr.l8[32].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v32 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[32].v[6:0];
+            if (hdr.l8[32].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[33].isValid()) {
-            c = hdr.l8[33].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v33 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[33].v[6:0];
+            if (hdr.l8[33].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[34].isValid()) {
-            c = hdr.l8[34].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v34 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[34].v[6:0];
+            if (hdr.l8[34].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[35].isValid()) {
-            c = hdr.l8[35].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v35 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[35].v[6:0];
+            if (hdr.l8[35].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[36].isValid()) {
-            c = hdr.l8[36].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v36 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[36].v[6:0];
+            if (hdr.l8[36].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[37].isValid()) {
-            c = hdr.l8[37].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v37 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[37].v[6:0];
+            if (hdr.l8[37].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[38].isValid()) {
-            c = hdr.l8[38].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v38 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[38].v[6:0];
+            if (hdr.l8[38].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[39].isValid()) {
-            c = hdr.l8[39].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v39 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[39].v[6:0];
+            if (hdr.l8[39].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[40].isValid()) {
-            c = hdr.l8[40].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v40 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[40].v[6:0];
+            if (hdr.l8[40].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[41].isValid()) {
-            c = hdr.l8[41].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v41 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[41].v[6:0];
+            if (hdr.l8[41].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[42].isValid()) {
-            c = hdr.l8[42].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v42 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[42].v[6:0];
+            if (hdr.l8[42].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[43].isValid()) {
-            c = hdr.l8[43].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v43 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[43].v[6:0];
+            if (hdr.l8[43].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[44].isValid()) {
-            c = hdr.l8[44].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v44 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[44].v[6:0];
+            if (hdr.l8[44].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[45].isValid()) {
-            c = hdr.l8[45].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v45 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[45].v[6:0];
+            if (hdr.l8[45].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[46].isValid()) {
-            c = hdr.l8[46].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v46 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[46].v[6:0];
+            if (hdr.l8[46].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[47].isValid()) {
-            c = hdr.l8[47].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v47 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[47].v[6:0];
+            if (hdr.l8[47].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[48].isValid()) {
-            c = hdr.l8[48].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v48 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[48].v[6:0];
+            if (hdr.l8[48].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[49].isValid()) {
-            c = hdr.l8[49].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v49 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[49].v[6:0];
+            if (hdr.l8[49].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[50].isValid()) {
-            c = hdr.l8[50].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v50 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[50].v[6:0];
+            if (hdr.l8[50].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[51].isValid()) {
-            c = hdr.l8[51].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v51 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[51].v[6:0];
+            if (hdr.l8[51].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[52].isValid()) {
-            c = hdr.l8[52].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v52 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[52].v[6:0];
+            if (hdr.l8[52].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[53].isValid()) {
-            c = hdr.l8[53].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v53 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[53].v[6:0];
+            if (hdr.l8[53].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[54].isValid()) {
-            c = hdr.l8[54].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v54 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[54].v[6:0];
+            if (hdr.l8[54].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[55].isValid()) {
-            c = hdr.l8[55].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v55 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[55].v[6:0];
+            if (hdr.l8[55].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[56].isValid()) {
-            c = hdr.l8[56].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v56 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[56].v[6:0];
+            if (hdr.l8[56].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[57].isValid()) {
-            c = hdr.l8[57].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v57 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[57].v[6:0];
+            if (hdr.l8[57].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[58].isValid()) {
-            c = hdr.l8[58].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v58 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[58].v[6:0];
+            if (hdr.l8[58].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[59].isValid()) {
-            c = hdr.l8[59].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v59 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[59].v[6:0];
+            if (hdr.l8[59].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[60].isValid()) {
-            c = hdr.l8[60].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v60 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[60].v[6:0];
+            if (hdr.l8[60].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[61].isValid()) {
-            c = hdr.l8[61].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v61 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[61].v[6:0];
+            if (hdr.l8[61].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[62].isValid()) {
-            c = hdr.l8[62].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v62 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[62].v[6:0];
+            if (hdr.l8[62].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
         if (hdr.l8[63].isValid()) {
-            c = hdr.l8[63].v; m = (bit<16>)c[6:0];
-            mag = (bit<64>)1 << (bit<8>)(m - meta.nc_lo);
-            meta.v.v63 = c == 0 ? 64w0 : (c[7:7] == 1 ? -mag : mag);
-            if (c != 0 && (m < meta.nc_lo || m > meta.nc_hi)) { bad = 1; }
+            meta.s.m = (bit<16>)hdr.l8[63].v[6:0];
+            if (hdr.l8[63].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
         }
-        meta.bad_codes = bad;
     }
 
     // ------------------------------------------------------------------ the (slot, set) state machine
@@ -1128,1765 +936,2973 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     }
 
     action write32() {
-        acc0.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[0].v);
-        acc1.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[1].v);
-        acc2.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[2].v);
-        acc3.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[3].v);
-        acc4.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[4].v);
-        acc5.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[5].v);
-        acc6.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[6].v);
-        acc7.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[7].v);
-        acc8.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[8].v);
-        acc9.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[9].v);
-        acc10.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[10].v);
-        acc11.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[11].v);
-        acc12.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[12].v);
-        acc13.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[13].v);
-        acc14.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[14].v);
-        acc15.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[15].v);
-        acc16.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[16].v);
-        acc17.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[17].v);
-        acc18.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[18].v);
-        acc19.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[19].v);
-        acc20.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[20].v);
-        acc21.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[21].v);
-        acc22.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[22].v);
-        acc23.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[23].v);
-        acc24.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[24].v);
-        acc25.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[25].v);
-        acc26.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[26].v);
-        acc27.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[27].v);
-        acc28.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[28].v);
-        acc29.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[29].v);
-        acc30.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[30].v);
-        acc31.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[31].v);
-        acc32.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[32].v);
-        acc33.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[33].v);
-        acc34.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[34].v);
-        acc35.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[35].v);
-        acc36.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[36].v);
-        acc37.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[37].v);
-        acc38.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[38].v);
-        acc39.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[39].v);
-        acc40.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[40].v);
-        acc41.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[41].v);
-        acc42.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[42].v);
-        acc43.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[43].v);
-        acc44.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[44].v);
-        acc45.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[45].v);
-        acc46.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[46].v);
-        acc47.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[47].v);
-        acc48.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[48].v);
-        acc49.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[49].v);
-        acc50.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[50].v);
-        acc51.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[51].v);
-        acc52.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[52].v);
-        acc53.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[53].v);
-        acc54.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[54].v);
-        acc55.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[55].v);
-        acc56.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[56].v);
-        acc57.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[57].v);
-        acc58.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[58].v);
-        acc59.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[59].v);
-        acc60.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[60].v);
-        acc61.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[61].v);
-        acc62.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[62].v);
-        acc63.write(meta.idx, (bit<64>)(int<64>)(int<32>)hdr.l32[63].v);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[0].v; acc0.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[1].v; acc1.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[2].v; acc2.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[3].v; acc3.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[4].v; acc4.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[5].v; acc5.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[6].v; acc6.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[7].v; acc7.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[8].v; acc8.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[9].v; acc9.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[10].v; acc10.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[11].v; acc11.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[12].v; acc12.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[13].v; acc13.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[14].v; acc14.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[15].v; acc15.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[16].v; acc16.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[17].v; acc17.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[18].v; acc18.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[19].v; acc19.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[20].v; acc20.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[21].v; acc21.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[22].v; acc22.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[23].v; acc23.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[24].v; acc24.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[25].v; acc25.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[26].v; acc26.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[27].v; acc27.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[28].v; acc28.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[29].v; acc29.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[30].v; acc30.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[31].v; acc31.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[32].v; acc32.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[33].v; acc33.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[34].v; acc34.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[35].v; acc35.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[36].v; acc36.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[37].v; acc37.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[38].v; acc38.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[39].v; acc39.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[40].v; acc40.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[41].v; acc41.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[42].v; acc42.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[43].v; acc43.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[44].v; acc44.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[45].v; acc45.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[46].v; acc46.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[47].v; acc47.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[48].v; acc48.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[49].v; acc49.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[50].v; acc50.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[51].v; acc51.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[52].v; acc52.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[53].v; acc53.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[54].v; acc54.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[55].v; acc55.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[56].v; acc56.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[57].v; acc57.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[58].v; acc58.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[59].v; acc59.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[60].v; acc60.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[61].v; acc61.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[62].v; acc62.write(meta.idx, meta.s.t);
+        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[63].v; acc63.write(meta.idx, meta.s.t);
     }
 
     action add32() {
-        bit<64> t;
-        acc0.read(t, meta.idx); acc0.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[0].v);
-        acc1.read(t, meta.idx); acc1.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[1].v);
-        acc2.read(t, meta.idx); acc2.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[2].v);
-        acc3.read(t, meta.idx); acc3.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[3].v);
-        acc4.read(t, meta.idx); acc4.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[4].v);
-        acc5.read(t, meta.idx); acc5.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[5].v);
-        acc6.read(t, meta.idx); acc6.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[6].v);
-        acc7.read(t, meta.idx); acc7.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[7].v);
-        acc8.read(t, meta.idx); acc8.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[8].v);
-        acc9.read(t, meta.idx); acc9.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[9].v);
-        acc10.read(t, meta.idx); acc10.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[10].v);
-        acc11.read(t, meta.idx); acc11.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[11].v);
-        acc12.read(t, meta.idx); acc12.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[12].v);
-        acc13.read(t, meta.idx); acc13.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[13].v);
-        acc14.read(t, meta.idx); acc14.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[14].v);
-        acc15.read(t, meta.idx); acc15.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[15].v);
-        acc16.read(t, meta.idx); acc16.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[16].v);
-        acc17.read(t, meta.idx); acc17.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[17].v);
-        acc18.read(t, meta.idx); acc18.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[18].v);
-        acc19.read(t, meta.idx); acc19.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[19].v);
-        acc20.read(t, meta.idx); acc20.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[20].v);
-        acc21.read(t, meta.idx); acc21.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[21].v);
-        acc22.read(t, meta.idx); acc22.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[22].v);
-        acc23.read(t, meta.idx); acc23.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[23].v);
-        acc24.read(t, meta.idx); acc24.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[24].v);
-        acc25.read(t, meta.idx); acc25.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[25].v);
-        acc26.read(t, meta.idx); acc26.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[26].v);
-        acc27.read(t, meta.idx); acc27.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[27].v);
-        acc28.read(t, meta.idx); acc28.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[28].v);
-        acc29.read(t, meta.idx); acc29.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[29].v);
-        acc30.read(t, meta.idx); acc30.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[30].v);
-        acc31.read(t, meta.idx); acc31.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[31].v);
-        acc32.read(t, meta.idx); acc32.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[32].v);
-        acc33.read(t, meta.idx); acc33.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[33].v);
-        acc34.read(t, meta.idx); acc34.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[34].v);
-        acc35.read(t, meta.idx); acc35.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[35].v);
-        acc36.read(t, meta.idx); acc36.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[36].v);
-        acc37.read(t, meta.idx); acc37.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[37].v);
-        acc38.read(t, meta.idx); acc38.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[38].v);
-        acc39.read(t, meta.idx); acc39.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[39].v);
-        acc40.read(t, meta.idx); acc40.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[40].v);
-        acc41.read(t, meta.idx); acc41.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[41].v);
-        acc42.read(t, meta.idx); acc42.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[42].v);
-        acc43.read(t, meta.idx); acc43.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[43].v);
-        acc44.read(t, meta.idx); acc44.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[44].v);
-        acc45.read(t, meta.idx); acc45.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[45].v);
-        acc46.read(t, meta.idx); acc46.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[46].v);
-        acc47.read(t, meta.idx); acc47.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[47].v);
-        acc48.read(t, meta.idx); acc48.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[48].v);
-        acc49.read(t, meta.idx); acc49.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[49].v);
-        acc50.read(t, meta.idx); acc50.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[50].v);
-        acc51.read(t, meta.idx); acc51.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[51].v);
-        acc52.read(t, meta.idx); acc52.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[52].v);
-        acc53.read(t, meta.idx); acc53.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[53].v);
-        acc54.read(t, meta.idx); acc54.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[54].v);
-        acc55.read(t, meta.idx); acc55.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[55].v);
-        acc56.read(t, meta.idx); acc56.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[56].v);
-        acc57.read(t, meta.idx); acc57.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[57].v);
-        acc58.read(t, meta.idx); acc58.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[58].v);
-        acc59.read(t, meta.idx); acc59.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[59].v);
-        acc60.read(t, meta.idx); acc60.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[60].v);
-        acc61.read(t, meta.idx); acc61.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[61].v);
-        acc62.read(t, meta.idx); acc62.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[62].v);
-        acc63.read(t, meta.idx); acc63.write(meta.idx, t + (bit<64>)(int<64>)(int<32>)hdr.l32[63].v);
+        acc0.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[0].v; acc0.write(meta.idx, meta.s.t);
+        acc1.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[1].v; acc1.write(meta.idx, meta.s.t);
+        acc2.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[2].v; acc2.write(meta.idx, meta.s.t);
+        acc3.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[3].v; acc3.write(meta.idx, meta.s.t);
+        acc4.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[4].v; acc4.write(meta.idx, meta.s.t);
+        acc5.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[5].v; acc5.write(meta.idx, meta.s.t);
+        acc6.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[6].v; acc6.write(meta.idx, meta.s.t);
+        acc7.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[7].v; acc7.write(meta.idx, meta.s.t);
+        acc8.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[8].v; acc8.write(meta.idx, meta.s.t);
+        acc9.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[9].v; acc9.write(meta.idx, meta.s.t);
+        acc10.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[10].v; acc10.write(meta.idx, meta.s.t);
+        acc11.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[11].v; acc11.write(meta.idx, meta.s.t);
+        acc12.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[12].v; acc12.write(meta.idx, meta.s.t);
+        acc13.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[13].v; acc13.write(meta.idx, meta.s.t);
+        acc14.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[14].v; acc14.write(meta.idx, meta.s.t);
+        acc15.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[15].v; acc15.write(meta.idx, meta.s.t);
+        acc16.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[16].v; acc16.write(meta.idx, meta.s.t);
+        acc17.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[17].v; acc17.write(meta.idx, meta.s.t);
+        acc18.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[18].v; acc18.write(meta.idx, meta.s.t);
+        acc19.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[19].v; acc19.write(meta.idx, meta.s.t);
+        acc20.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[20].v; acc20.write(meta.idx, meta.s.t);
+        acc21.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[21].v; acc21.write(meta.idx, meta.s.t);
+        acc22.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[22].v; acc22.write(meta.idx, meta.s.t);
+        acc23.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[23].v; acc23.write(meta.idx, meta.s.t);
+        acc24.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[24].v; acc24.write(meta.idx, meta.s.t);
+        acc25.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[25].v; acc25.write(meta.idx, meta.s.t);
+        acc26.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[26].v; acc26.write(meta.idx, meta.s.t);
+        acc27.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[27].v; acc27.write(meta.idx, meta.s.t);
+        acc28.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[28].v; acc28.write(meta.idx, meta.s.t);
+        acc29.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[29].v; acc29.write(meta.idx, meta.s.t);
+        acc30.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[30].v; acc30.write(meta.idx, meta.s.t);
+        acc31.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[31].v; acc31.write(meta.idx, meta.s.t);
+        acc32.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[32].v; acc32.write(meta.idx, meta.s.t);
+        acc33.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[33].v; acc33.write(meta.idx, meta.s.t);
+        acc34.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[34].v; acc34.write(meta.idx, meta.s.t);
+        acc35.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[35].v; acc35.write(meta.idx, meta.s.t);
+        acc36.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[36].v; acc36.write(meta.idx, meta.s.t);
+        acc37.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[37].v; acc37.write(meta.idx, meta.s.t);
+        acc38.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[38].v; acc38.write(meta.idx, meta.s.t);
+        acc39.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[39].v; acc39.write(meta.idx, meta.s.t);
+        acc40.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[40].v; acc40.write(meta.idx, meta.s.t);
+        acc41.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[41].v; acc41.write(meta.idx, meta.s.t);
+        acc42.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[42].v; acc42.write(meta.idx, meta.s.t);
+        acc43.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[43].v; acc43.write(meta.idx, meta.s.t);
+        acc44.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[44].v; acc44.write(meta.idx, meta.s.t);
+        acc45.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[45].v; acc45.write(meta.idx, meta.s.t);
+        acc46.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[46].v; acc46.write(meta.idx, meta.s.t);
+        acc47.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[47].v; acc47.write(meta.idx, meta.s.t);
+        acc48.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[48].v; acc48.write(meta.idx, meta.s.t);
+        acc49.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[49].v; acc49.write(meta.idx, meta.s.t);
+        acc50.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[50].v; acc50.write(meta.idx, meta.s.t);
+        acc51.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[51].v; acc51.write(meta.idx, meta.s.t);
+        acc52.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[52].v; acc52.write(meta.idx, meta.s.t);
+        acc53.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[53].v; acc53.write(meta.idx, meta.s.t);
+        acc54.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[54].v; acc54.write(meta.idx, meta.s.t);
+        acc55.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[55].v; acc55.write(meta.idx, meta.s.t);
+        acc56.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[56].v; acc56.write(meta.idx, meta.s.t);
+        acc57.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[57].v; acc57.write(meta.idx, meta.s.t);
+        acc58.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[58].v; acc58.write(meta.idx, meta.s.t);
+        acc59.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[59].v; acc59.write(meta.idx, meta.s.t);
+        acc60.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[60].v; acc60.write(meta.idx, meta.s.t);
+        acc61.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[61].v; acc61.write(meta.idx, meta.s.t);
+        acc62.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[62].v; acc62.write(meta.idx, meta.s.t);
+        acc63.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[63].v; acc63.write(meta.idx, meta.s.t);
     }
 
     action write_nc() {
-        acc0.write(meta.idx, meta.v.v0);
-        acc1.write(meta.idx, meta.v.v1);
-        acc2.write(meta.idx, meta.v.v2);
-        acc3.write(meta.idx, meta.v.v3);
-        acc4.write(meta.idx, meta.v.v4);
-        acc5.write(meta.idx, meta.v.v5);
-        acc6.write(meta.idx, meta.v.v6);
-        acc7.write(meta.idx, meta.v.v7);
-        acc8.write(meta.idx, meta.v.v8);
-        acc9.write(meta.idx, meta.v.v9);
-        acc10.write(meta.idx, meta.v.v10);
-        acc11.write(meta.idx, meta.v.v11);
-        acc12.write(meta.idx, meta.v.v12);
-        acc13.write(meta.idx, meta.v.v13);
-        acc14.write(meta.idx, meta.v.v14);
-        acc15.write(meta.idx, meta.v.v15);
-        acc16.write(meta.idx, meta.v.v16);
-        acc17.write(meta.idx, meta.v.v17);
-        acc18.write(meta.idx, meta.v.v18);
-        acc19.write(meta.idx, meta.v.v19);
-        acc20.write(meta.idx, meta.v.v20);
-        acc21.write(meta.idx, meta.v.v21);
-        acc22.write(meta.idx, meta.v.v22);
-        acc23.write(meta.idx, meta.v.v23);
-        acc24.write(meta.idx, meta.v.v24);
-        acc25.write(meta.idx, meta.v.v25);
-        acc26.write(meta.idx, meta.v.v26);
-        acc27.write(meta.idx, meta.v.v27);
-        acc28.write(meta.idx, meta.v.v28);
-        acc29.write(meta.idx, meta.v.v29);
-        acc30.write(meta.idx, meta.v.v30);
-        acc31.write(meta.idx, meta.v.v31);
-        acc32.write(meta.idx, meta.v.v32);
-        acc33.write(meta.idx, meta.v.v33);
-        acc34.write(meta.idx, meta.v.v34);
-        acc35.write(meta.idx, meta.v.v35);
-        acc36.write(meta.idx, meta.v.v36);
-        acc37.write(meta.idx, meta.v.v37);
-        acc38.write(meta.idx, meta.v.v38);
-        acc39.write(meta.idx, meta.v.v39);
-        acc40.write(meta.idx, meta.v.v40);
-        acc41.write(meta.idx, meta.v.v41);
-        acc42.write(meta.idx, meta.v.v42);
-        acc43.write(meta.idx, meta.v.v43);
-        acc44.write(meta.idx, meta.v.v44);
-        acc45.write(meta.idx, meta.v.v45);
-        acc46.write(meta.idx, meta.v.v46);
-        acc47.write(meta.idx, meta.v.v47);
-        acc48.write(meta.idx, meta.v.v48);
-        acc49.write(meta.idx, meta.v.v49);
-        acc50.write(meta.idx, meta.v.v50);
-        acc51.write(meta.idx, meta.v.v51);
-        acc52.write(meta.idx, meta.v.v52);
-        acc53.write(meta.idx, meta.v.v53);
-        acc54.write(meta.idx, meta.v.v54);
-        acc55.write(meta.idx, meta.v.v55);
-        acc56.write(meta.idx, meta.v.v56);
-        acc57.write(meta.idx, meta.v.v57);
-        acc58.write(meta.idx, meta.v.v58);
-        acc59.write(meta.idx, meta.v.v59);
-        acc60.write(meta.idx, meta.v.v60);
-        acc61.write(meta.idx, meta.v.v61);
-        acc62.write(meta.idx, meta.v.v62);
-        acc63.write(meta.idx, meta.v.v63);
+        meta.s.t = 0;
+        if (hdr.l8[0].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[0].v[6:0] - meta.nc_lo);
+            if (hdr.l8[0].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc0.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[1].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[1].v[6:0] - meta.nc_lo);
+            if (hdr.l8[1].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc1.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[2].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[2].v[6:0] - meta.nc_lo);
+            if (hdr.l8[2].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc2.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[3].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[3].v[6:0] - meta.nc_lo);
+            if (hdr.l8[3].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc3.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[4].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[4].v[6:0] - meta.nc_lo);
+            if (hdr.l8[4].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc4.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[5].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[5].v[6:0] - meta.nc_lo);
+            if (hdr.l8[5].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc5.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[6].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[6].v[6:0] - meta.nc_lo);
+            if (hdr.l8[6].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc6.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[7].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[7].v[6:0] - meta.nc_lo);
+            if (hdr.l8[7].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc7.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[8].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[8].v[6:0] - meta.nc_lo);
+            if (hdr.l8[8].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc8.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[9].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[9].v[6:0] - meta.nc_lo);
+            if (hdr.l8[9].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc9.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[10].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[10].v[6:0] - meta.nc_lo);
+            if (hdr.l8[10].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc10.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[11].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[11].v[6:0] - meta.nc_lo);
+            if (hdr.l8[11].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc11.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[12].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[12].v[6:0] - meta.nc_lo);
+            if (hdr.l8[12].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc12.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[13].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[13].v[6:0] - meta.nc_lo);
+            if (hdr.l8[13].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc13.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[14].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[14].v[6:0] - meta.nc_lo);
+            if (hdr.l8[14].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc14.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[15].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[15].v[6:0] - meta.nc_lo);
+            if (hdr.l8[15].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc15.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[16].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[16].v[6:0] - meta.nc_lo);
+            if (hdr.l8[16].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc16.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[17].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[17].v[6:0] - meta.nc_lo);
+            if (hdr.l8[17].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc17.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[18].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[18].v[6:0] - meta.nc_lo);
+            if (hdr.l8[18].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc18.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[19].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[19].v[6:0] - meta.nc_lo);
+            if (hdr.l8[19].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc19.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[20].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[20].v[6:0] - meta.nc_lo);
+            if (hdr.l8[20].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc20.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[21].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[21].v[6:0] - meta.nc_lo);
+            if (hdr.l8[21].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc21.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[22].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[22].v[6:0] - meta.nc_lo);
+            if (hdr.l8[22].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc22.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[23].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[23].v[6:0] - meta.nc_lo);
+            if (hdr.l8[23].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc23.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[24].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[24].v[6:0] - meta.nc_lo);
+            if (hdr.l8[24].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc24.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[25].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[25].v[6:0] - meta.nc_lo);
+            if (hdr.l8[25].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc25.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[26].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[26].v[6:0] - meta.nc_lo);
+            if (hdr.l8[26].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc26.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[27].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[27].v[6:0] - meta.nc_lo);
+            if (hdr.l8[27].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc27.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[28].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[28].v[6:0] - meta.nc_lo);
+            if (hdr.l8[28].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc28.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[29].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[29].v[6:0] - meta.nc_lo);
+            if (hdr.l8[29].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc29.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[30].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[30].v[6:0] - meta.nc_lo);
+            if (hdr.l8[30].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc30.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[31].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[31].v[6:0] - meta.nc_lo);
+            if (hdr.l8[31].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc31.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[32].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[32].v[6:0] - meta.nc_lo);
+            if (hdr.l8[32].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc32.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[33].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[33].v[6:0] - meta.nc_lo);
+            if (hdr.l8[33].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc33.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[34].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[34].v[6:0] - meta.nc_lo);
+            if (hdr.l8[34].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc34.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[35].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[35].v[6:0] - meta.nc_lo);
+            if (hdr.l8[35].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc35.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[36].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[36].v[6:0] - meta.nc_lo);
+            if (hdr.l8[36].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc36.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[37].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[37].v[6:0] - meta.nc_lo);
+            if (hdr.l8[37].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc37.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[38].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[38].v[6:0] - meta.nc_lo);
+            if (hdr.l8[38].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc38.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[39].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[39].v[6:0] - meta.nc_lo);
+            if (hdr.l8[39].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc39.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[40].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[40].v[6:0] - meta.nc_lo);
+            if (hdr.l8[40].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc40.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[41].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[41].v[6:0] - meta.nc_lo);
+            if (hdr.l8[41].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc41.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[42].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[42].v[6:0] - meta.nc_lo);
+            if (hdr.l8[42].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc42.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[43].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[43].v[6:0] - meta.nc_lo);
+            if (hdr.l8[43].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc43.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[44].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[44].v[6:0] - meta.nc_lo);
+            if (hdr.l8[44].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc44.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[45].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[45].v[6:0] - meta.nc_lo);
+            if (hdr.l8[45].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc45.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[46].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[46].v[6:0] - meta.nc_lo);
+            if (hdr.l8[46].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc46.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[47].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[47].v[6:0] - meta.nc_lo);
+            if (hdr.l8[47].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc47.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[48].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[48].v[6:0] - meta.nc_lo);
+            if (hdr.l8[48].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc48.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[49].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[49].v[6:0] - meta.nc_lo);
+            if (hdr.l8[49].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc49.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[50].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[50].v[6:0] - meta.nc_lo);
+            if (hdr.l8[50].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc50.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[51].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[51].v[6:0] - meta.nc_lo);
+            if (hdr.l8[51].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc51.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[52].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[52].v[6:0] - meta.nc_lo);
+            if (hdr.l8[52].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc52.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[53].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[53].v[6:0] - meta.nc_lo);
+            if (hdr.l8[53].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc53.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[54].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[54].v[6:0] - meta.nc_lo);
+            if (hdr.l8[54].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc54.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[55].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[55].v[6:0] - meta.nc_lo);
+            if (hdr.l8[55].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc55.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[56].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[56].v[6:0] - meta.nc_lo);
+            if (hdr.l8[56].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc56.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[57].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[57].v[6:0] - meta.nc_lo);
+            if (hdr.l8[57].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc57.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[58].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[58].v[6:0] - meta.nc_lo);
+            if (hdr.l8[58].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc58.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[59].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[59].v[6:0] - meta.nc_lo);
+            if (hdr.l8[59].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc59.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[60].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[60].v[6:0] - meta.nc_lo);
+            if (hdr.l8[60].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc60.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[61].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[61].v[6:0] - meta.nc_lo);
+            if (hdr.l8[61].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc61.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[62].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[62].v[6:0] - meta.nc_lo);
+            if (hdr.l8[62].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc62.write(meta.idx, meta.s.t);
+        meta.s.t = 0;
+        if (hdr.l8[63].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[63].v[6:0] - meta.nc_lo);
+            if (hdr.l8[63].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc63.write(meta.idx, meta.s.t);
     }
 
     action add_nc() {
-        bit<64> t;
-        acc0.read(t, meta.idx); acc0.write(meta.idx, t + meta.v.v0);
-        acc1.read(t, meta.idx); acc1.write(meta.idx, t + meta.v.v1);
-        acc2.read(t, meta.idx); acc2.write(meta.idx, t + meta.v.v2);
-        acc3.read(t, meta.idx); acc3.write(meta.idx, t + meta.v.v3);
-        acc4.read(t, meta.idx); acc4.write(meta.idx, t + meta.v.v4);
-        acc5.read(t, meta.idx); acc5.write(meta.idx, t + meta.v.v5);
-        acc6.read(t, meta.idx); acc6.write(meta.idx, t + meta.v.v6);
-        acc7.read(t, meta.idx); acc7.write(meta.idx, t + meta.v.v7);
-        acc8.read(t, meta.idx); acc8.write(meta.idx, t + meta.v.v8);
-        acc9.read(t, meta.idx); acc9.write(meta.idx, t + meta.v.v9);
-        acc10.read(t, meta.idx); acc10.write(meta.idx, t + meta.v.v10);
-        acc11.read(t, meta.idx); acc11.write(meta.idx, t + meta.v.v11);
-        acc12.read(t, meta.idx); acc12.write(meta.idx, t + meta.v.v12);
-        acc13.read(t, meta.idx); acc13.write(meta.idx, t + meta.v.v13);
-        acc14.read(t, meta.idx); acc14.write(meta.idx, t + meta.v.v14);
-        acc15.read(t, meta.idx); acc15.write(meta.idx, t + meta.v.v15);
-        acc16.read(t, meta.idx); acc16.write(meta.idx, t + meta.v.v16);
-        acc17.read(t, meta.idx); acc17.write(meta.idx, t + meta.v.v17);
-        acc18.read(t, meta.idx); acc18.write(meta.idx, t + meta.v.v18);
-        acc19.read(t, meta.idx); acc19.write(meta.idx, t + meta.v.v19);
-        acc20.read(t, meta.idx); acc20.write(meta.idx, t + meta.v.v20);
-        acc21.read(t, meta.idx); acc21.write(meta.idx, t + meta.v.v21);
-        acc22.read(t, meta.idx); acc22.write(meta.idx, t + meta.v.v22);
-        acc23.read(t, meta.idx); acc23.write(meta.idx, t + meta.v.v23);
-        acc24.read(t, meta.idx); acc24.write(meta.idx, t + meta.v.v24);
-        acc25.read(t, meta.idx); acc25.write(meta.idx, t + meta.v.v25);
-        acc26.read(t, meta.idx); acc26.write(meta.idx, t + meta.v.v26);
-        acc27.read(t, meta.idx); acc27.write(meta.idx, t + meta.v.v27);
-        acc28.read(t, meta.idx); acc28.write(meta.idx, t + meta.v.v28);
-        acc29.read(t, meta.idx); acc29.write(meta.idx, t + meta.v.v29);
-        acc30.read(t, meta.idx); acc30.write(meta.idx, t + meta.v.v30);
-        acc31.read(t, meta.idx); acc31.write(meta.idx, t + meta.v.v31);
-        acc32.read(t, meta.idx); acc32.write(meta.idx, t + meta.v.v32);
-        acc33.read(t, meta.idx); acc33.write(meta.idx, t + meta.v.v33);
-        acc34.read(t, meta.idx); acc34.write(meta.idx, t + meta.v.v34);
-        acc35.read(t, meta.idx); acc35.write(meta.idx, t + meta.v.v35);
-        acc36.read(t, meta.idx); acc36.write(meta.idx, t + meta.v.v36);
-        acc37.read(t, meta.idx); acc37.write(meta.idx, t + meta.v.v37);
-        acc38.read(t, meta.idx); acc38.write(meta.idx, t + meta.v.v38);
-        acc39.read(t, meta.idx); acc39.write(meta.idx, t + meta.v.v39);
-        acc40.read(t, meta.idx); acc40.write(meta.idx, t + meta.v.v40);
-        acc41.read(t, meta.idx); acc41.write(meta.idx, t + meta.v.v41);
-        acc42.read(t, meta.idx); acc42.write(meta.idx, t + meta.v.v42);
-        acc43.read(t, meta.idx); acc43.write(meta.idx, t + meta.v.v43);
-        acc44.read(t, meta.idx); acc44.write(meta.idx, t + meta.v.v44);
-        acc45.read(t, meta.idx); acc45.write(meta.idx, t + meta.v.v45);
-        acc46.read(t, meta.idx); acc46.write(meta.idx, t + meta.v.v46);
-        acc47.read(t, meta.idx); acc47.write(meta.idx, t + meta.v.v47);
-        acc48.read(t, meta.idx); acc48.write(meta.idx, t + meta.v.v48);
-        acc49.read(t, meta.idx); acc49.write(meta.idx, t + meta.v.v49);
-        acc50.read(t, meta.idx); acc50.write(meta.idx, t + meta.v.v50);
-        acc51.read(t, meta.idx); acc51.write(meta.idx, t + meta.v.v51);
-        acc52.read(t, meta.idx); acc52.write(meta.idx, t + meta.v.v52);
-        acc53.read(t, meta.idx); acc53.write(meta.idx, t + meta.v.v53);
-        acc54.read(t, meta.idx); acc54.write(meta.idx, t + meta.v.v54);
-        acc55.read(t, meta.idx); acc55.write(meta.idx, t + meta.v.v55);
-        acc56.read(t, meta.idx); acc56.write(meta.idx, t + meta.v.v56);
-        acc57.read(t, meta.idx); acc57.write(meta.idx, t + meta.v.v57);
-        acc58.read(t, meta.idx); acc58.write(meta.idx, t + meta.v.v58);
-        acc59.read(t, meta.idx); acc59.write(meta.idx, t + meta.v.v59);
-        acc60.read(t, meta.idx); acc60.write(meta.idx, t + meta.v.v60);
-        acc61.read(t, meta.idx); acc61.write(meta.idx, t + meta.v.v61);
-        acc62.read(t, meta.idx); acc62.write(meta.idx, t + meta.v.v62);
-        acc63.read(t, meta.idx); acc63.write(meta.idx, t + meta.v.v63);
+        acc0.read(meta.s.t, meta.idx);
+        if (hdr.l8[0].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[0].v[6:0] - meta.nc_lo);
+            if (hdr.l8[0].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc0.write(meta.idx, meta.s.t);
+        acc1.read(meta.s.t, meta.idx);
+        if (hdr.l8[1].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[1].v[6:0] - meta.nc_lo);
+            if (hdr.l8[1].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc1.write(meta.idx, meta.s.t);
+        acc2.read(meta.s.t, meta.idx);
+        if (hdr.l8[2].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[2].v[6:0] - meta.nc_lo);
+            if (hdr.l8[2].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc2.write(meta.idx, meta.s.t);
+        acc3.read(meta.s.t, meta.idx);
+        if (hdr.l8[3].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[3].v[6:0] - meta.nc_lo);
+            if (hdr.l8[3].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc3.write(meta.idx, meta.s.t);
+        acc4.read(meta.s.t, meta.idx);
+        if (hdr.l8[4].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[4].v[6:0] - meta.nc_lo);
+            if (hdr.l8[4].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc4.write(meta.idx, meta.s.t);
+        acc5.read(meta.s.t, meta.idx);
+        if (hdr.l8[5].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[5].v[6:0] - meta.nc_lo);
+            if (hdr.l8[5].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc5.write(meta.idx, meta.s.t);
+        acc6.read(meta.s.t, meta.idx);
+        if (hdr.l8[6].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[6].v[6:0] - meta.nc_lo);
+            if (hdr.l8[6].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc6.write(meta.idx, meta.s.t);
+        acc7.read(meta.s.t, meta.idx);
+        if (hdr.l8[7].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[7].v[6:0] - meta.nc_lo);
+            if (hdr.l8[7].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc7.write(meta.idx, meta.s.t);
+        acc8.read(meta.s.t, meta.idx);
+        if (hdr.l8[8].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[8].v[6:0] - meta.nc_lo);
+            if (hdr.l8[8].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc8.write(meta.idx, meta.s.t);
+        acc9.read(meta.s.t, meta.idx);
+        if (hdr.l8[9].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[9].v[6:0] - meta.nc_lo);
+            if (hdr.l8[9].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc9.write(meta.idx, meta.s.t);
+        acc10.read(meta.s.t, meta.idx);
+        if (hdr.l8[10].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[10].v[6:0] - meta.nc_lo);
+            if (hdr.l8[10].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc10.write(meta.idx, meta.s.t);
+        acc11.read(meta.s.t, meta.idx);
+        if (hdr.l8[11].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[11].v[6:0] - meta.nc_lo);
+            if (hdr.l8[11].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc11.write(meta.idx, meta.s.t);
+        acc12.read(meta.s.t, meta.idx);
+        if (hdr.l8[12].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[12].v[6:0] - meta.nc_lo);
+            if (hdr.l8[12].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc12.write(meta.idx, meta.s.t);
+        acc13.read(meta.s.t, meta.idx);
+        if (hdr.l8[13].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[13].v[6:0] - meta.nc_lo);
+            if (hdr.l8[13].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc13.write(meta.idx, meta.s.t);
+        acc14.read(meta.s.t, meta.idx);
+        if (hdr.l8[14].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[14].v[6:0] - meta.nc_lo);
+            if (hdr.l8[14].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc14.write(meta.idx, meta.s.t);
+        acc15.read(meta.s.t, meta.idx);
+        if (hdr.l8[15].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[15].v[6:0] - meta.nc_lo);
+            if (hdr.l8[15].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc15.write(meta.idx, meta.s.t);
+        acc16.read(meta.s.t, meta.idx);
+        if (hdr.l8[16].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[16].v[6:0] - meta.nc_lo);
+            if (hdr.l8[16].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc16.write(meta.idx, meta.s.t);
+        acc17.read(meta.s.t, meta.idx);
+        if (hdr.l8[17].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[17].v[6:0] - meta.nc_lo);
+            if (hdr.l8[17].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc17.write(meta.idx, meta.s.t);
+        acc18.read(meta.s.t, meta.idx);
+        if (hdr.l8[18].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[18].v[6:0] - meta.nc_lo);
+            if (hdr.l8[18].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc18.write(meta.idx, meta.s.t);
+        acc19.read(meta.s.t, meta.idx);
+        if (hdr.l8[19].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[19].v[6:0] - meta.nc_lo);
+            if (hdr.l8[19].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc19.write(meta.idx, meta.s.t);
+        acc20.read(meta.s.t, meta.idx);
+        if (hdr.l8[20].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[20].v[6:0] - meta.nc_lo);
+            if (hdr.l8[20].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc20.write(meta.idx, meta.s.t);
+        acc21.read(meta.s.t, meta.idx);
+        if (hdr.l8[21].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[21].v[6:0] - meta.nc_lo);
+            if (hdr.l8[21].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc21.write(meta.idx, meta.s.t);
+        acc22.read(meta.s.t, meta.idx);
+        if (hdr.l8[22].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[22].v[6:0] - meta.nc_lo);
+            if (hdr.l8[22].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc22.write(meta.idx, meta.s.t);
+        acc23.read(meta.s.t, meta.idx);
+        if (hdr.l8[23].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[23].v[6:0] - meta.nc_lo);
+            if (hdr.l8[23].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc23.write(meta.idx, meta.s.t);
+        acc24.read(meta.s.t, meta.idx);
+        if (hdr.l8[24].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[24].v[6:0] - meta.nc_lo);
+            if (hdr.l8[24].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc24.write(meta.idx, meta.s.t);
+        acc25.read(meta.s.t, meta.idx);
+        if (hdr.l8[25].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[25].v[6:0] - meta.nc_lo);
+            if (hdr.l8[25].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc25.write(meta.idx, meta.s.t);
+        acc26.read(meta.s.t, meta.idx);
+        if (hdr.l8[26].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[26].v[6:0] - meta.nc_lo);
+            if (hdr.l8[26].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc26.write(meta.idx, meta.s.t);
+        acc27.read(meta.s.t, meta.idx);
+        if (hdr.l8[27].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[27].v[6:0] - meta.nc_lo);
+            if (hdr.l8[27].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc27.write(meta.idx, meta.s.t);
+        acc28.read(meta.s.t, meta.idx);
+        if (hdr.l8[28].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[28].v[6:0] - meta.nc_lo);
+            if (hdr.l8[28].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc28.write(meta.idx, meta.s.t);
+        acc29.read(meta.s.t, meta.idx);
+        if (hdr.l8[29].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[29].v[6:0] - meta.nc_lo);
+            if (hdr.l8[29].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc29.write(meta.idx, meta.s.t);
+        acc30.read(meta.s.t, meta.idx);
+        if (hdr.l8[30].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[30].v[6:0] - meta.nc_lo);
+            if (hdr.l8[30].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc30.write(meta.idx, meta.s.t);
+        acc31.read(meta.s.t, meta.idx);
+        if (hdr.l8[31].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[31].v[6:0] - meta.nc_lo);
+            if (hdr.l8[31].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc31.write(meta.idx, meta.s.t);
+        acc32.read(meta.s.t, meta.idx);
+        if (hdr.l8[32].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[32].v[6:0] - meta.nc_lo);
+            if (hdr.l8[32].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc32.write(meta.idx, meta.s.t);
+        acc33.read(meta.s.t, meta.idx);
+        if (hdr.l8[33].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[33].v[6:0] - meta.nc_lo);
+            if (hdr.l8[33].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc33.write(meta.idx, meta.s.t);
+        acc34.read(meta.s.t, meta.idx);
+        if (hdr.l8[34].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[34].v[6:0] - meta.nc_lo);
+            if (hdr.l8[34].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc34.write(meta.idx, meta.s.t);
+        acc35.read(meta.s.t, meta.idx);
+        if (hdr.l8[35].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[35].v[6:0] - meta.nc_lo);
+            if (hdr.l8[35].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc35.write(meta.idx, meta.s.t);
+        acc36.read(meta.s.t, meta.idx);
+        if (hdr.l8[36].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[36].v[6:0] - meta.nc_lo);
+            if (hdr.l8[36].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc36.write(meta.idx, meta.s.t);
+        acc37.read(meta.s.t, meta.idx);
+        if (hdr.l8[37].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[37].v[6:0] - meta.nc_lo);
+            if (hdr.l8[37].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc37.write(meta.idx, meta.s.t);
+        acc38.read(meta.s.t, meta.idx);
+        if (hdr.l8[38].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[38].v[6:0] - meta.nc_lo);
+            if (hdr.l8[38].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc38.write(meta.idx, meta.s.t);
+        acc39.read(meta.s.t, meta.idx);
+        if (hdr.l8[39].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[39].v[6:0] - meta.nc_lo);
+            if (hdr.l8[39].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc39.write(meta.idx, meta.s.t);
+        acc40.read(meta.s.t, meta.idx);
+        if (hdr.l8[40].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[40].v[6:0] - meta.nc_lo);
+            if (hdr.l8[40].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc40.write(meta.idx, meta.s.t);
+        acc41.read(meta.s.t, meta.idx);
+        if (hdr.l8[41].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[41].v[6:0] - meta.nc_lo);
+            if (hdr.l8[41].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc41.write(meta.idx, meta.s.t);
+        acc42.read(meta.s.t, meta.idx);
+        if (hdr.l8[42].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[42].v[6:0] - meta.nc_lo);
+            if (hdr.l8[42].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc42.write(meta.idx, meta.s.t);
+        acc43.read(meta.s.t, meta.idx);
+        if (hdr.l8[43].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[43].v[6:0] - meta.nc_lo);
+            if (hdr.l8[43].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc43.write(meta.idx, meta.s.t);
+        acc44.read(meta.s.t, meta.idx);
+        if (hdr.l8[44].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[44].v[6:0] - meta.nc_lo);
+            if (hdr.l8[44].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc44.write(meta.idx, meta.s.t);
+        acc45.read(meta.s.t, meta.idx);
+        if (hdr.l8[45].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[45].v[6:0] - meta.nc_lo);
+            if (hdr.l8[45].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc45.write(meta.idx, meta.s.t);
+        acc46.read(meta.s.t, meta.idx);
+        if (hdr.l8[46].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[46].v[6:0] - meta.nc_lo);
+            if (hdr.l8[46].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc46.write(meta.idx, meta.s.t);
+        acc47.read(meta.s.t, meta.idx);
+        if (hdr.l8[47].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[47].v[6:0] - meta.nc_lo);
+            if (hdr.l8[47].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc47.write(meta.idx, meta.s.t);
+        acc48.read(meta.s.t, meta.idx);
+        if (hdr.l8[48].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[48].v[6:0] - meta.nc_lo);
+            if (hdr.l8[48].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc48.write(meta.idx, meta.s.t);
+        acc49.read(meta.s.t, meta.idx);
+        if (hdr.l8[49].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[49].v[6:0] - meta.nc_lo);
+            if (hdr.l8[49].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc49.write(meta.idx, meta.s.t);
+        acc50.read(meta.s.t, meta.idx);
+        if (hdr.l8[50].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[50].v[6:0] - meta.nc_lo);
+            if (hdr.l8[50].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc50.write(meta.idx, meta.s.t);
+        acc51.read(meta.s.t, meta.idx);
+        if (hdr.l8[51].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[51].v[6:0] - meta.nc_lo);
+            if (hdr.l8[51].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc51.write(meta.idx, meta.s.t);
+        acc52.read(meta.s.t, meta.idx);
+        if (hdr.l8[52].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[52].v[6:0] - meta.nc_lo);
+            if (hdr.l8[52].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc52.write(meta.idx, meta.s.t);
+        acc53.read(meta.s.t, meta.idx);
+        if (hdr.l8[53].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[53].v[6:0] - meta.nc_lo);
+            if (hdr.l8[53].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc53.write(meta.idx, meta.s.t);
+        acc54.read(meta.s.t, meta.idx);
+        if (hdr.l8[54].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[54].v[6:0] - meta.nc_lo);
+            if (hdr.l8[54].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc54.write(meta.idx, meta.s.t);
+        acc55.read(meta.s.t, meta.idx);
+        if (hdr.l8[55].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[55].v[6:0] - meta.nc_lo);
+            if (hdr.l8[55].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc55.write(meta.idx, meta.s.t);
+        acc56.read(meta.s.t, meta.idx);
+        if (hdr.l8[56].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[56].v[6:0] - meta.nc_lo);
+            if (hdr.l8[56].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc56.write(meta.idx, meta.s.t);
+        acc57.read(meta.s.t, meta.idx);
+        if (hdr.l8[57].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[57].v[6:0] - meta.nc_lo);
+            if (hdr.l8[57].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc57.write(meta.idx, meta.s.t);
+        acc58.read(meta.s.t, meta.idx);
+        if (hdr.l8[58].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[58].v[6:0] - meta.nc_lo);
+            if (hdr.l8[58].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc58.write(meta.idx, meta.s.t);
+        acc59.read(meta.s.t, meta.idx);
+        if (hdr.l8[59].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[59].v[6:0] - meta.nc_lo);
+            if (hdr.l8[59].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc59.write(meta.idx, meta.s.t);
+        acc60.read(meta.s.t, meta.idx);
+        if (hdr.l8[60].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[60].v[6:0] - meta.nc_lo);
+            if (hdr.l8[60].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc60.write(meta.idx, meta.s.t);
+        acc61.read(meta.s.t, meta.idx);
+        if (hdr.l8[61].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[61].v[6:0] - meta.nc_lo);
+            if (hdr.l8[61].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc61.write(meta.idx, meta.s.t);
+        acc62.read(meta.s.t, meta.idx);
+        if (hdr.l8[62].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[62].v[6:0] - meta.nc_lo);
+            if (hdr.l8[62].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc62.write(meta.idx, meta.s.t);
+        acc63.read(meta.s.t, meta.idx);
+        if (hdr.l8[63].v != 0) {
+            meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[63].v[6:0] - meta.nc_lo);
+            if (hdr.l8[63].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
+        }
+        acc63.write(meta.idx, meta.s.t);
     }
 
     action finish32() {
-        bit<64> t;
-        bit<64> ovf = 0;
-        if (meta.n_elems > 0) { acc0.read(t, meta.idx); hdr.l32[0].setValid(); hdr.l32[0].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 1) { acc1.read(t, meta.idx); hdr.l32[1].setValid(); hdr.l32[1].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 2) { acc2.read(t, meta.idx); hdr.l32[2].setValid(); hdr.l32[2].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 3) { acc3.read(t, meta.idx); hdr.l32[3].setValid(); hdr.l32[3].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 4) { acc4.read(t, meta.idx); hdr.l32[4].setValid(); hdr.l32[4].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 5) { acc5.read(t, meta.idx); hdr.l32[5].setValid(); hdr.l32[5].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 6) { acc6.read(t, meta.idx); hdr.l32[6].setValid(); hdr.l32[6].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 7) { acc7.read(t, meta.idx); hdr.l32[7].setValid(); hdr.l32[7].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 8) { acc8.read(t, meta.idx); hdr.l32[8].setValid(); hdr.l32[8].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 9) { acc9.read(t, meta.idx); hdr.l32[9].setValid(); hdr.l32[9].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 10) { acc10.read(t, meta.idx); hdr.l32[10].setValid(); hdr.l32[10].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 11) { acc11.read(t, meta.idx); hdr.l32[11].setValid(); hdr.l32[11].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 12) { acc12.read(t, meta.idx); hdr.l32[12].setValid(); hdr.l32[12].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 13) { acc13.read(t, meta.idx); hdr.l32[13].setValid(); hdr.l32[13].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 14) { acc14.read(t, meta.idx); hdr.l32[14].setValid(); hdr.l32[14].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 15) { acc15.read(t, meta.idx); hdr.l32[15].setValid(); hdr.l32[15].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 16) { acc16.read(t, meta.idx); hdr.l32[16].setValid(); hdr.l32[16].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 17) { acc17.read(t, meta.idx); hdr.l32[17].setValid(); hdr.l32[17].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 18) { acc18.read(t, meta.idx); hdr.l32[18].setValid(); hdr.l32[18].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 19) { acc19.read(t, meta.idx); hdr.l32[19].setValid(); hdr.l32[19].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 20) { acc20.read(t, meta.idx); hdr.l32[20].setValid(); hdr.l32[20].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 21) { acc21.read(t, meta.idx); hdr.l32[21].setValid(); hdr.l32[21].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 22) { acc22.read(t, meta.idx); hdr.l32[22].setValid(); hdr.l32[22].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 23) { acc23.read(t, meta.idx); hdr.l32[23].setValid(); hdr.l32[23].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 24) { acc24.read(t, meta.idx); hdr.l32[24].setValid(); hdr.l32[24].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 25) { acc25.read(t, meta.idx); hdr.l32[25].setValid(); hdr.l32[25].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 26) { acc26.read(t, meta.idx); hdr.l32[26].setValid(); hdr.l32[26].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 27) { acc27.read(t, meta.idx); hdr.l32[27].setValid(); hdr.l32[27].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 28) { acc28.read(t, meta.idx); hdr.l32[28].setValid(); hdr.l32[28].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 29) { acc29.read(t, meta.idx); hdr.l32[29].setValid(); hdr.l32[29].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 30) { acc30.read(t, meta.idx); hdr.l32[30].setValid(); hdr.l32[30].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 31) { acc31.read(t, meta.idx); hdr.l32[31].setValid(); hdr.l32[31].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 32) { acc32.read(t, meta.idx); hdr.l32[32].setValid(); hdr.l32[32].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 33) { acc33.read(t, meta.idx); hdr.l32[33].setValid(); hdr.l32[33].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 34) { acc34.read(t, meta.idx); hdr.l32[34].setValid(); hdr.l32[34].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 35) { acc35.read(t, meta.idx); hdr.l32[35].setValid(); hdr.l32[35].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 36) { acc36.read(t, meta.idx); hdr.l32[36].setValid(); hdr.l32[36].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 37) { acc37.read(t, meta.idx); hdr.l32[37].setValid(); hdr.l32[37].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 38) { acc38.read(t, meta.idx); hdr.l32[38].setValid(); hdr.l32[38].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 39) { acc39.read(t, meta.idx); hdr.l32[39].setValid(); hdr.l32[39].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 40) { acc40.read(t, meta.idx); hdr.l32[40].setValid(); hdr.l32[40].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 41) { acc41.read(t, meta.idx); hdr.l32[41].setValid(); hdr.l32[41].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 42) { acc42.read(t, meta.idx); hdr.l32[42].setValid(); hdr.l32[42].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 43) { acc43.read(t, meta.idx); hdr.l32[43].setValid(); hdr.l32[43].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 44) { acc44.read(t, meta.idx); hdr.l32[44].setValid(); hdr.l32[44].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 45) { acc45.read(t, meta.idx); hdr.l32[45].setValid(); hdr.l32[45].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 46) { acc46.read(t, meta.idx); hdr.l32[46].setValid(); hdr.l32[46].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 47) { acc47.read(t, meta.idx); hdr.l32[47].setValid(); hdr.l32[47].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 48) { acc48.read(t, meta.idx); hdr.l32[48].setValid(); hdr.l32[48].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 49) { acc49.read(t, meta.idx); hdr.l32[49].setValid(); hdr.l32[49].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 50) { acc50.read(t, meta.idx); hdr.l32[50].setValid(); hdr.l32[50].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 51) { acc51.read(t, meta.idx); hdr.l32[51].setValid(); hdr.l32[51].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 52) { acc52.read(t, meta.idx); hdr.l32[52].setValid(); hdr.l32[52].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 53) { acc53.read(t, meta.idx); hdr.l32[53].setValid(); hdr.l32[53].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 54) { acc54.read(t, meta.idx); hdr.l32[54].setValid(); hdr.l32[54].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 55) { acc55.read(t, meta.idx); hdr.l32[55].setValid(); hdr.l32[55].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 56) { acc56.read(t, meta.idx); hdr.l32[56].setValid(); hdr.l32[56].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 57) { acc57.read(t, meta.idx); hdr.l32[57].setValid(); hdr.l32[57].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 58) { acc58.read(t, meta.idx); hdr.l32[58].setValid(); hdr.l32[58].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 59) { acc59.read(t, meta.idx); hdr.l32[59].setValid(); hdr.l32[59].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 60) { acc60.read(t, meta.idx); hdr.l32[60].setValid(); hdr.l32[60].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 61) { acc61.read(t, meta.idx); hdr.l32[61].setValid(); hdr.l32[61].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 62) { acc62.read(t, meta.idx); hdr.l32[62].setValid(); hdr.l32[62].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        if (meta.n_elems > 63) { acc63.read(t, meta.idx); hdr.l32[63].setValid(); hdr.l32[63].v = t[31:0]; ovf = ovf | ((t + 0x80000000) >> 32); }
-        meta.overflow = (bit<1>)(ovf != 0);
+        meta.s.ovf = 0;
+        if (meta.n_elems > 0) { acc0.read(meta.s.t, meta.idx); hdr.l32[0].setValid(); hdr.l32[0].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 1) { acc1.read(meta.s.t, meta.idx); hdr.l32[1].setValid(); hdr.l32[1].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 2) { acc2.read(meta.s.t, meta.idx); hdr.l32[2].setValid(); hdr.l32[2].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 3) { acc3.read(meta.s.t, meta.idx); hdr.l32[3].setValid(); hdr.l32[3].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 4) { acc4.read(meta.s.t, meta.idx); hdr.l32[4].setValid(); hdr.l32[4].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 5) { acc5.read(meta.s.t, meta.idx); hdr.l32[5].setValid(); hdr.l32[5].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 6) { acc6.read(meta.s.t, meta.idx); hdr.l32[6].setValid(); hdr.l32[6].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 7) { acc7.read(meta.s.t, meta.idx); hdr.l32[7].setValid(); hdr.l32[7].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 8) { acc8.read(meta.s.t, meta.idx); hdr.l32[8].setValid(); hdr.l32[8].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 9) { acc9.read(meta.s.t, meta.idx); hdr.l32[9].setValid(); hdr.l32[9].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 10) { acc10.read(meta.s.t, meta.idx); hdr.l32[10].setValid(); hdr.l32[10].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 11) { acc11.read(meta.s.t, meta.idx); hdr.l32[11].setValid(); hdr.l32[11].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 12) { acc12.read(meta.s.t, meta.idx); hdr.l32[12].setValid(); hdr.l32[12].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 13) { acc13.read(meta.s.t, meta.idx); hdr.l32[13].setValid(); hdr.l32[13].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 14) { acc14.read(meta.s.t, meta.idx); hdr.l32[14].setValid(); hdr.l32[14].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 15) { acc15.read(meta.s.t, meta.idx); hdr.l32[15].setValid(); hdr.l32[15].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 16) { acc16.read(meta.s.t, meta.idx); hdr.l32[16].setValid(); hdr.l32[16].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 17) { acc17.read(meta.s.t, meta.idx); hdr.l32[17].setValid(); hdr.l32[17].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 18) { acc18.read(meta.s.t, meta.idx); hdr.l32[18].setValid(); hdr.l32[18].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 19) { acc19.read(meta.s.t, meta.idx); hdr.l32[19].setValid(); hdr.l32[19].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 20) { acc20.read(meta.s.t, meta.idx); hdr.l32[20].setValid(); hdr.l32[20].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 21) { acc21.read(meta.s.t, meta.idx); hdr.l32[21].setValid(); hdr.l32[21].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 22) { acc22.read(meta.s.t, meta.idx); hdr.l32[22].setValid(); hdr.l32[22].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 23) { acc23.read(meta.s.t, meta.idx); hdr.l32[23].setValid(); hdr.l32[23].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 24) { acc24.read(meta.s.t, meta.idx); hdr.l32[24].setValid(); hdr.l32[24].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 25) { acc25.read(meta.s.t, meta.idx); hdr.l32[25].setValid(); hdr.l32[25].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 26) { acc26.read(meta.s.t, meta.idx); hdr.l32[26].setValid(); hdr.l32[26].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 27) { acc27.read(meta.s.t, meta.idx); hdr.l32[27].setValid(); hdr.l32[27].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 28) { acc28.read(meta.s.t, meta.idx); hdr.l32[28].setValid(); hdr.l32[28].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 29) { acc29.read(meta.s.t, meta.idx); hdr.l32[29].setValid(); hdr.l32[29].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 30) { acc30.read(meta.s.t, meta.idx); hdr.l32[30].setValid(); hdr.l32[30].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 31) { acc31.read(meta.s.t, meta.idx); hdr.l32[31].setValid(); hdr.l32[31].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 32) { acc32.read(meta.s.t, meta.idx); hdr.l32[32].setValid(); hdr.l32[32].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 33) { acc33.read(meta.s.t, meta.idx); hdr.l32[33].setValid(); hdr.l32[33].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 34) { acc34.read(meta.s.t, meta.idx); hdr.l32[34].setValid(); hdr.l32[34].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 35) { acc35.read(meta.s.t, meta.idx); hdr.l32[35].setValid(); hdr.l32[35].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 36) { acc36.read(meta.s.t, meta.idx); hdr.l32[36].setValid(); hdr.l32[36].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 37) { acc37.read(meta.s.t, meta.idx); hdr.l32[37].setValid(); hdr.l32[37].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 38) { acc38.read(meta.s.t, meta.idx); hdr.l32[38].setValid(); hdr.l32[38].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 39) { acc39.read(meta.s.t, meta.idx); hdr.l32[39].setValid(); hdr.l32[39].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 40) { acc40.read(meta.s.t, meta.idx); hdr.l32[40].setValid(); hdr.l32[40].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 41) { acc41.read(meta.s.t, meta.idx); hdr.l32[41].setValid(); hdr.l32[41].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 42) { acc42.read(meta.s.t, meta.idx); hdr.l32[42].setValid(); hdr.l32[42].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 43) { acc43.read(meta.s.t, meta.idx); hdr.l32[43].setValid(); hdr.l32[43].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 44) { acc44.read(meta.s.t, meta.idx); hdr.l32[44].setValid(); hdr.l32[44].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 45) { acc45.read(meta.s.t, meta.idx); hdr.l32[45].setValid(); hdr.l32[45].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 46) { acc46.read(meta.s.t, meta.idx); hdr.l32[46].setValid(); hdr.l32[46].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 47) { acc47.read(meta.s.t, meta.idx); hdr.l32[47].setValid(); hdr.l32[47].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 48) { acc48.read(meta.s.t, meta.idx); hdr.l32[48].setValid(); hdr.l32[48].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 49) { acc49.read(meta.s.t, meta.idx); hdr.l32[49].setValid(); hdr.l32[49].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 50) { acc50.read(meta.s.t, meta.idx); hdr.l32[50].setValid(); hdr.l32[50].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 51) { acc51.read(meta.s.t, meta.idx); hdr.l32[51].setValid(); hdr.l32[51].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 52) { acc52.read(meta.s.t, meta.idx); hdr.l32[52].setValid(); hdr.l32[52].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 53) { acc53.read(meta.s.t, meta.idx); hdr.l32[53].setValid(); hdr.l32[53].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 54) { acc54.read(meta.s.t, meta.idx); hdr.l32[54].setValid(); hdr.l32[54].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 55) { acc55.read(meta.s.t, meta.idx); hdr.l32[55].setValid(); hdr.l32[55].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 56) { acc56.read(meta.s.t, meta.idx); hdr.l32[56].setValid(); hdr.l32[56].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 57) { acc57.read(meta.s.t, meta.idx); hdr.l32[57].setValid(); hdr.l32[57].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 58) { acc58.read(meta.s.t, meta.idx); hdr.l32[58].setValid(); hdr.l32[58].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 59) { acc59.read(meta.s.t, meta.idx); hdr.l32[59].setValid(); hdr.l32[59].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 60) { acc60.read(meta.s.t, meta.idx); hdr.l32[60].setValid(); hdr.l32[60].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 61) { acc61.read(meta.s.t, meta.idx); hdr.l32[61].setValid(); hdr.l32[61].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 62) { acc62.read(meta.s.t, meta.idx); hdr.l32[62].setValid(); hdr.l32[62].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.n_elems > 63) { acc63.read(meta.s.t, meta.idx); hdr.l32[63].setValid(); hdr.l32[63].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
+        if (meta.s.ovf != 0) { meta.overflow = 1; }
     }
 
     action resend32() {
-        bit<64> t;
-        if (meta.n_elems > 0) { acc0.read(t, meta.idx); hdr.l32[0].setValid(); hdr.l32[0].v = t[31:0]; }
-        if (meta.n_elems > 1) { acc1.read(t, meta.idx); hdr.l32[1].setValid(); hdr.l32[1].v = t[31:0]; }
-        if (meta.n_elems > 2) { acc2.read(t, meta.idx); hdr.l32[2].setValid(); hdr.l32[2].v = t[31:0]; }
-        if (meta.n_elems > 3) { acc3.read(t, meta.idx); hdr.l32[3].setValid(); hdr.l32[3].v = t[31:0]; }
-        if (meta.n_elems > 4) { acc4.read(t, meta.idx); hdr.l32[4].setValid(); hdr.l32[4].v = t[31:0]; }
-        if (meta.n_elems > 5) { acc5.read(t, meta.idx); hdr.l32[5].setValid(); hdr.l32[5].v = t[31:0]; }
-        if (meta.n_elems > 6) { acc6.read(t, meta.idx); hdr.l32[6].setValid(); hdr.l32[6].v = t[31:0]; }
-        if (meta.n_elems > 7) { acc7.read(t, meta.idx); hdr.l32[7].setValid(); hdr.l32[7].v = t[31:0]; }
-        if (meta.n_elems > 8) { acc8.read(t, meta.idx); hdr.l32[8].setValid(); hdr.l32[8].v = t[31:0]; }
-        if (meta.n_elems > 9) { acc9.read(t, meta.idx); hdr.l32[9].setValid(); hdr.l32[9].v = t[31:0]; }
-        if (meta.n_elems > 10) { acc10.read(t, meta.idx); hdr.l32[10].setValid(); hdr.l32[10].v = t[31:0]; }
-        if (meta.n_elems > 11) { acc11.read(t, meta.idx); hdr.l32[11].setValid(); hdr.l32[11].v = t[31:0]; }
-        if (meta.n_elems > 12) { acc12.read(t, meta.idx); hdr.l32[12].setValid(); hdr.l32[12].v = t[31:0]; }
-        if (meta.n_elems > 13) { acc13.read(t, meta.idx); hdr.l32[13].setValid(); hdr.l32[13].v = t[31:0]; }
-        if (meta.n_elems > 14) { acc14.read(t, meta.idx); hdr.l32[14].setValid(); hdr.l32[14].v = t[31:0]; }
-        if (meta.n_elems > 15) { acc15.read(t, meta.idx); hdr.l32[15].setValid(); hdr.l32[15].v = t[31:0]; }
-        if (meta.n_elems > 16) { acc16.read(t, meta.idx); hdr.l32[16].setValid(); hdr.l32[16].v = t[31:0]; }
-        if (meta.n_elems > 17) { acc17.read(t, meta.idx); hdr.l32[17].setValid(); hdr.l32[17].v = t[31:0]; }
-        if (meta.n_elems > 18) { acc18.read(t, meta.idx); hdr.l32[18].setValid(); hdr.l32[18].v = t[31:0]; }
-        if (meta.n_elems > 19) { acc19.read(t, meta.idx); hdr.l32[19].setValid(); hdr.l32[19].v = t[31:0]; }
-        if (meta.n_elems > 20) { acc20.read(t, meta.idx); hdr.l32[20].setValid(); hdr.l32[20].v = t[31:0]; }
-        if (meta.n_elems > 21) { acc21.read(t, meta.idx); hdr.l32[21].setValid(); hdr.l32[21].v = t[31:0]; }
-        if (meta.n_elems > 22) { acc22.read(t, meta.idx); hdr.l32[22].setValid(); hdr.l32[22].v = t[31:0]; }
-        if (meta.n_elems > 23) { acc23.read(t, meta.idx); hdr.l32[23].setValid(); hdr.l32[23].v = t[31:0]; }
-        if (meta.n_elems > 24) { acc24.read(t, meta.idx); hdr.l32[24].setValid(); hdr.l32[24].v = t[31:0]; }
-        if (meta.n_elems > 25) { acc25.read(t, meta.idx); hdr.l32[25].setValid(); hdr.l32[25].v = t[31:0]; }
-        if (meta.n_elems > 26) { acc26.read(t, meta.idx); hdr.l32[26].setValid(); hdr.l32[26].v = t[31:0]; }
-        if (meta.n_elems > 27) { acc27.read(t, meta.idx); hdr.l32[27].setValid(); hdr.l32[27].v = t[31:0]; }
-        if (meta.n_elems > 28) { acc28.read(t, meta.idx); hdr.l32[28].setValid(); hdr.l32[28].v = t[31:0]; }
-        if (meta.n_elems > 29) { acc29.read(t, meta.idx); hdr.l32[29].setValid(); hdr.l32[29].v = t[31:0]; }
-        if (meta.n_elems > 30) { acc30.read(t, meta.idx); hdr.l32[30].setValid(); hdr.l32[30].v = t[31:0]; }
-        if (meta.n_elems > 31) { acc31.read(t, meta.idx); hdr.l32[31].setValid(); hdr.l32[31].v = t[31:0]; }
-        if (meta.n_elems > 32) { acc32.read(t, meta.idx); hdr.l32[32].setValid(); hdr.l32[32].v = t[31:0]; }
-        if (meta.n_elems > 33) { acc33.read(t, meta.idx); hdr.l32[33].setValid(); hdr.l32[33].v = t[31:0]; }
-        if (meta.n_elems > 34) { acc34.read(t, meta.idx); hdr.l32[34].setValid(); hdr.l32[34].v = t[31:0]; }
-        if (meta.n_elems > 35) { acc35.read(t, meta.idx); hdr.l32[35].setValid(); hdr.l32[35].v = t[31:0]; }
-        if (meta.n_elems > 36) { acc36.read(t, meta.idx); hdr.l32[36].setValid(); hdr.l32[36].v = t[31:0]; }
-        if (meta.n_elems > 37) { acc37.read(t, meta.idx); hdr.l32[37].setValid(); hdr.l32[37].v = t[31:0]; }
-        if (meta.n_elems > 38) { acc38.read(t, meta.idx); hdr.l32[38].setValid(); hdr.l32[38].v = t[31:0]; }
-        if (meta.n_elems > 39) { acc39.read(t, meta.idx); hdr.l32[39].setValid(); hdr.l32[39].v = t[31:0]; }
-        if (meta.n_elems > 40) { acc40.read(t, meta.idx); hdr.l32[40].setValid(); hdr.l32[40].v = t[31:0]; }
-        if (meta.n_elems > 41) { acc41.read(t, meta.idx); hdr.l32[41].setValid(); hdr.l32[41].v = t[31:0]; }
-        if (meta.n_elems > 42) { acc42.read(t, meta.idx); hdr.l32[42].setValid(); hdr.l32[42].v = t[31:0]; }
-        if (meta.n_elems > 43) { acc43.read(t, meta.idx); hdr.l32[43].setValid(); hdr.l32[43].v = t[31:0]; }
-        if (meta.n_elems > 44) { acc44.read(t, meta.idx); hdr.l32[44].setValid(); hdr.l32[44].v = t[31:0]; }
-        if (meta.n_elems > 45) { acc45.read(t, meta.idx); hdr.l32[45].setValid(); hdr.l32[45].v = t[31:0]; }
-        if (meta.n_elems > 46) { acc46.read(t, meta.idx); hdr.l32[46].setValid(); hdr.l32[46].v = t[31:0]; }
-        if (meta.n_elems > 47) { acc47.read(t, meta.idx); hdr.l32[47].setValid(); hdr.l32[47].v = t[31:0]; }
-        if (meta.n_elems > 48) { acc48.read(t, meta.idx); hdr.l32[48].setValid(); hdr.l32[48].v = t[31:0]; }
-        if (meta.n_elems > 49) { acc49.read(t, meta.idx); hdr.l32[49].setValid(); hdr.l32[49].v = t[31:0]; }
-        if (meta.n_elems > 50) { acc50.read(t, meta.idx); hdr.l32[50].setValid(); hdr.l32[50].v = t[31:0]; }
-        if (meta.n_elems > 51) { acc51.read(t, meta.idx); hdr.l32[51].setValid(); hdr.l32[51].v = t[31:0]; }
-        if (meta.n_elems > 52) { acc52.read(t, meta.idx); hdr.l32[52].setValid(); hdr.l32[52].v = t[31:0]; }
-        if (meta.n_elems > 53) { acc53.read(t, meta.idx); hdr.l32[53].setValid(); hdr.l32[53].v = t[31:0]; }
-        if (meta.n_elems > 54) { acc54.read(t, meta.idx); hdr.l32[54].setValid(); hdr.l32[54].v = t[31:0]; }
-        if (meta.n_elems > 55) { acc55.read(t, meta.idx); hdr.l32[55].setValid(); hdr.l32[55].v = t[31:0]; }
-        if (meta.n_elems > 56) { acc56.read(t, meta.idx); hdr.l32[56].setValid(); hdr.l32[56].v = t[31:0]; }
-        if (meta.n_elems > 57) { acc57.read(t, meta.idx); hdr.l32[57].setValid(); hdr.l32[57].v = t[31:0]; }
-        if (meta.n_elems > 58) { acc58.read(t, meta.idx); hdr.l32[58].setValid(); hdr.l32[58].v = t[31:0]; }
-        if (meta.n_elems > 59) { acc59.read(t, meta.idx); hdr.l32[59].setValid(); hdr.l32[59].v = t[31:0]; }
-        if (meta.n_elems > 60) { acc60.read(t, meta.idx); hdr.l32[60].setValid(); hdr.l32[60].v = t[31:0]; }
-        if (meta.n_elems > 61) { acc61.read(t, meta.idx); hdr.l32[61].setValid(); hdr.l32[61].v = t[31:0]; }
-        if (meta.n_elems > 62) { acc62.read(t, meta.idx); hdr.l32[62].setValid(); hdr.l32[62].v = t[31:0]; }
-        if (meta.n_elems > 63) { acc63.read(t, meta.idx); hdr.l32[63].setValid(); hdr.l32[63].v = t[31:0]; }
+        if (meta.n_elems > 0) { acc0.read(meta.s.t, meta.idx); hdr.l32[0].setValid(); hdr.l32[0].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 1) { acc1.read(meta.s.t, meta.idx); hdr.l32[1].setValid(); hdr.l32[1].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 2) { acc2.read(meta.s.t, meta.idx); hdr.l32[2].setValid(); hdr.l32[2].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 3) { acc3.read(meta.s.t, meta.idx); hdr.l32[3].setValid(); hdr.l32[3].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 4) { acc4.read(meta.s.t, meta.idx); hdr.l32[4].setValid(); hdr.l32[4].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 5) { acc5.read(meta.s.t, meta.idx); hdr.l32[5].setValid(); hdr.l32[5].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 6) { acc6.read(meta.s.t, meta.idx); hdr.l32[6].setValid(); hdr.l32[6].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 7) { acc7.read(meta.s.t, meta.idx); hdr.l32[7].setValid(); hdr.l32[7].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 8) { acc8.read(meta.s.t, meta.idx); hdr.l32[8].setValid(); hdr.l32[8].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 9) { acc9.read(meta.s.t, meta.idx); hdr.l32[9].setValid(); hdr.l32[9].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 10) { acc10.read(meta.s.t, meta.idx); hdr.l32[10].setValid(); hdr.l32[10].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 11) { acc11.read(meta.s.t, meta.idx); hdr.l32[11].setValid(); hdr.l32[11].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 12) { acc12.read(meta.s.t, meta.idx); hdr.l32[12].setValid(); hdr.l32[12].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 13) { acc13.read(meta.s.t, meta.idx); hdr.l32[13].setValid(); hdr.l32[13].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 14) { acc14.read(meta.s.t, meta.idx); hdr.l32[14].setValid(); hdr.l32[14].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 15) { acc15.read(meta.s.t, meta.idx); hdr.l32[15].setValid(); hdr.l32[15].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 16) { acc16.read(meta.s.t, meta.idx); hdr.l32[16].setValid(); hdr.l32[16].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 17) { acc17.read(meta.s.t, meta.idx); hdr.l32[17].setValid(); hdr.l32[17].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 18) { acc18.read(meta.s.t, meta.idx); hdr.l32[18].setValid(); hdr.l32[18].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 19) { acc19.read(meta.s.t, meta.idx); hdr.l32[19].setValid(); hdr.l32[19].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 20) { acc20.read(meta.s.t, meta.idx); hdr.l32[20].setValid(); hdr.l32[20].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 21) { acc21.read(meta.s.t, meta.idx); hdr.l32[21].setValid(); hdr.l32[21].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 22) { acc22.read(meta.s.t, meta.idx); hdr.l32[22].setValid(); hdr.l32[22].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 23) { acc23.read(meta.s.t, meta.idx); hdr.l32[23].setValid(); hdr.l32[23].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 24) { acc24.read(meta.s.t, meta.idx); hdr.l32[24].setValid(); hdr.l32[24].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 25) { acc25.read(meta.s.t, meta.idx); hdr.l32[25].setValid(); hdr.l32[25].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 26) { acc26.read(meta.s.t, meta.idx); hdr.l32[26].setValid(); hdr.l32[26].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 27) { acc27.read(meta.s.t, meta.idx); hdr.l32[27].setValid(); hdr.l32[27].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 28) { acc28.read(meta.s.t, meta.idx); hdr.l32[28].setValid(); hdr.l32[28].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 29) { acc29.read(meta.s.t, meta.idx); hdr.l32[29].setValid(); hdr.l32[29].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 30) { acc30.read(meta.s.t, meta.idx); hdr.l32[30].setValid(); hdr.l32[30].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 31) { acc31.read(meta.s.t, meta.idx); hdr.l32[31].setValid(); hdr.l32[31].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 32) { acc32.read(meta.s.t, meta.idx); hdr.l32[32].setValid(); hdr.l32[32].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 33) { acc33.read(meta.s.t, meta.idx); hdr.l32[33].setValid(); hdr.l32[33].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 34) { acc34.read(meta.s.t, meta.idx); hdr.l32[34].setValid(); hdr.l32[34].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 35) { acc35.read(meta.s.t, meta.idx); hdr.l32[35].setValid(); hdr.l32[35].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 36) { acc36.read(meta.s.t, meta.idx); hdr.l32[36].setValid(); hdr.l32[36].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 37) { acc37.read(meta.s.t, meta.idx); hdr.l32[37].setValid(); hdr.l32[37].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 38) { acc38.read(meta.s.t, meta.idx); hdr.l32[38].setValid(); hdr.l32[38].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 39) { acc39.read(meta.s.t, meta.idx); hdr.l32[39].setValid(); hdr.l32[39].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 40) { acc40.read(meta.s.t, meta.idx); hdr.l32[40].setValid(); hdr.l32[40].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 41) { acc41.read(meta.s.t, meta.idx); hdr.l32[41].setValid(); hdr.l32[41].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 42) { acc42.read(meta.s.t, meta.idx); hdr.l32[42].setValid(); hdr.l32[42].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 43) { acc43.read(meta.s.t, meta.idx); hdr.l32[43].setValid(); hdr.l32[43].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 44) { acc44.read(meta.s.t, meta.idx); hdr.l32[44].setValid(); hdr.l32[44].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 45) { acc45.read(meta.s.t, meta.idx); hdr.l32[45].setValid(); hdr.l32[45].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 46) { acc46.read(meta.s.t, meta.idx); hdr.l32[46].setValid(); hdr.l32[46].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 47) { acc47.read(meta.s.t, meta.idx); hdr.l32[47].setValid(); hdr.l32[47].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 48) { acc48.read(meta.s.t, meta.idx); hdr.l32[48].setValid(); hdr.l32[48].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 49) { acc49.read(meta.s.t, meta.idx); hdr.l32[49].setValid(); hdr.l32[49].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 50) { acc50.read(meta.s.t, meta.idx); hdr.l32[50].setValid(); hdr.l32[50].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 51) { acc51.read(meta.s.t, meta.idx); hdr.l32[51].setValid(); hdr.l32[51].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 52) { acc52.read(meta.s.t, meta.idx); hdr.l32[52].setValid(); hdr.l32[52].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 53) { acc53.read(meta.s.t, meta.idx); hdr.l32[53].setValid(); hdr.l32[53].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 54) { acc54.read(meta.s.t, meta.idx); hdr.l32[54].setValid(); hdr.l32[54].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 55) { acc55.read(meta.s.t, meta.idx); hdr.l32[55].setValid(); hdr.l32[55].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 56) { acc56.read(meta.s.t, meta.idx); hdr.l32[56].setValid(); hdr.l32[56].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 57) { acc57.read(meta.s.t, meta.idx); hdr.l32[57].setValid(); hdr.l32[57].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 58) { acc58.read(meta.s.t, meta.idx); hdr.l32[58].setValid(); hdr.l32[58].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 59) { acc59.read(meta.s.t, meta.idx); hdr.l32[59].setValid(); hdr.l32[59].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 60) { acc60.read(meta.s.t, meta.idx); hdr.l32[60].setValid(); hdr.l32[60].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 61) { acc61.read(meta.s.t, meta.idx); hdr.l32[61].setValid(); hdr.l32[61].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 62) { acc62.read(meta.s.t, meta.idx); hdr.l32[62].setValid(); hdr.l32[62].v = meta.s.t[31:0]; }
+        if (meta.n_elems > 63) { acc63.read(meta.s.t, meta.idx); hdr.l32[63].setValid(); hdr.l32[63].v = meta.s.t[31:0]; }
     }
 
     action resend_nc() {
-        bit<64> t;
-        if (meta.n_elems > 0) { acc0.read(t, meta.idx); hdr.l8[0].setValid(); hdr.l8[0].v = t[7:0]; }
-        if (meta.n_elems > 1) { acc1.read(t, meta.idx); hdr.l8[1].setValid(); hdr.l8[1].v = t[7:0]; }
-        if (meta.n_elems > 2) { acc2.read(t, meta.idx); hdr.l8[2].setValid(); hdr.l8[2].v = t[7:0]; }
-        if (meta.n_elems > 3) { acc3.read(t, meta.idx); hdr.l8[3].setValid(); hdr.l8[3].v = t[7:0]; }
-        if (meta.n_elems > 4) { acc4.read(t, meta.idx); hdr.l8[4].setValid(); hdr.l8[4].v = t[7:0]; }
-        if (meta.n_elems > 5) { acc5.read(t, meta.idx); hdr.l8[5].setValid(); hdr.l8[5].v = t[7:0]; }
-        if (meta.n_elems > 6) { acc6.read(t, meta.idx); hdr.l8[6].setValid(); hdr.l8[6].v = t[7:0]; }
-        if (meta.n_elems > 7) { acc7.read(t, meta.idx); hdr.l8[7].setValid(); hdr.l8[7].v = t[7:0]; }
-        if (meta.n_elems > 8) { acc8.read(t, meta.idx); hdr.l8[8].setValid(); hdr.l8[8].v = t[7:0]; }
-        if (meta.n_elems > 9) { acc9.read(t, meta.idx); hdr.l8[9].setValid(); hdr.l8[9].v = t[7:0]; }
-        if (meta.n_elems > 10) { acc10.read(t, meta.idx); hdr.l8[10].setValid(); hdr.l8[10].v = t[7:0]; }
-        if (meta.n_elems > 11) { acc11.read(t, meta.idx); hdr.l8[11].setValid(); hdr.l8[11].v = t[7:0]; }
-        if (meta.n_elems > 12) { acc12.read(t, meta.idx); hdr.l8[12].setValid(); hdr.l8[12].v = t[7:0]; }
-        if (meta.n_elems > 13) { acc13.read(t, meta.idx); hdr.l8[13].setValid(); hdr.l8[13].v = t[7:0]; }
-        if (meta.n_elems > 14) { acc14.read(t, meta.idx); hdr.l8[14].setValid(); hdr.l8[14].v = t[7:0]; }
-        if (meta.n_elems > 15) { acc15.read(t, meta.idx); hdr.l8[15].setValid(); hdr.l8[15].v = t[7:0]; }
-        if (meta.n_elems > 16) { acc16.read(t, meta.idx); hdr.l8[16].setValid(); hdr.l8[16].v = t[7:0]; }
-        if (meta.n_elems > 17) { acc17.read(t, meta.idx); hdr.l8[17].setValid(); hdr.l8[17].v = t[7:0]; }
-        if (meta.n_elems > 18) { acc18.read(t, meta.idx); hdr.l8[18].setValid(); hdr.l8[18].v = t[7:0]; }
-        if (meta.n_elems > 19) { acc19.read(t, meta.idx); hdr.l8[19].setValid(); hdr.l8[19].v = t[7:0]; }
-        if (meta.n_elems > 20) { acc20.read(t, meta.idx); hdr.l8[20].setValid(); hdr.l8[20].v = t[7:0]; }
-        if (meta.n_elems > 21) { acc21.read(t, meta.idx); hdr.l8[21].setValid(); hdr.l8[21].v = t[7:0]; }
-        if (meta.n_elems > 22) { acc22.read(t, meta.idx); hdr.l8[22].setValid(); hdr.l8[22].v = t[7:0]; }
-        if (meta.n_elems > 23) { acc23.read(t, meta.idx); hdr.l8[23].setValid(); hdr.l8[23].v = t[7:0]; }
-        if (meta.n_elems > 24) { acc24.read(t, meta.idx); hdr.l8[24].setValid(); hdr.l8[24].v = t[7:0]; }
-        if (meta.n_elems > 25) { acc25.read(t, meta.idx); hdr.l8[25].setValid(); hdr.l8[25].v = t[7:0]; }
-        if (meta.n_elems > 26) { acc26.read(t, meta.idx); hdr.l8[26].setValid(); hdr.l8[26].v = t[7:0]; }
-        if (meta.n_elems > 27) { acc27.read(t, meta.idx); hdr.l8[27].setValid(); hdr.l8[27].v = t[7:0]; }
-        if (meta.n_elems > 28) { acc28.read(t, meta.idx); hdr.l8[28].setValid(); hdr.l8[28].v = t[7:0]; }
-        if (meta.n_elems > 29) { acc29.read(t, meta.idx); hdr.l8[29].setValid(); hdr.l8[29].v = t[7:0]; }
-        if (meta.n_elems > 30) { acc30.read(t, meta.idx); hdr.l8[30].setValid(); hdr.l8[30].v = t[7:0]; }
-        if (meta.n_elems > 31) { acc31.read(t, meta.idx); hdr.l8[31].setValid(); hdr.l8[31].v = t[7:0]; }
-        if (meta.n_elems > 32) { acc32.read(t, meta.idx); hdr.l8[32].setValid(); hdr.l8[32].v = t[7:0]; }
-        if (meta.n_elems > 33) { acc33.read(t, meta.idx); hdr.l8[33].setValid(); hdr.l8[33].v = t[7:0]; }
-        if (meta.n_elems > 34) { acc34.read(t, meta.idx); hdr.l8[34].setValid(); hdr.l8[34].v = t[7:0]; }
-        if (meta.n_elems > 35) { acc35.read(t, meta.idx); hdr.l8[35].setValid(); hdr.l8[35].v = t[7:0]; }
-        if (meta.n_elems > 36) { acc36.read(t, meta.idx); hdr.l8[36].setValid(); hdr.l8[36].v = t[7:0]; }
-        if (meta.n_elems > 37) { acc37.read(t, meta.idx); hdr.l8[37].setValid(); hdr.l8[37].v = t[7:0]; }
-        if (meta.n_elems > 38) { acc38.read(t, meta.idx); hdr.l8[38].setValid(); hdr.l8[38].v = t[7:0]; }
-        if (meta.n_elems > 39) { acc39.read(t, meta.idx); hdr.l8[39].setValid(); hdr.l8[39].v = t[7:0]; }
-        if (meta.n_elems > 40) { acc40.read(t, meta.idx); hdr.l8[40].setValid(); hdr.l8[40].v = t[7:0]; }
-        if (meta.n_elems > 41) { acc41.read(t, meta.idx); hdr.l8[41].setValid(); hdr.l8[41].v = t[7:0]; }
-        if (meta.n_elems > 42) { acc42.read(t, meta.idx); hdr.l8[42].setValid(); hdr.l8[42].v = t[7:0]; }
-        if (meta.n_elems > 43) { acc43.read(t, meta.idx); hdr.l8[43].setValid(); hdr.l8[43].v = t[7:0]; }
-        if (meta.n_elems > 44) { acc44.read(t, meta.idx); hdr.l8[44].setValid(); hdr.l8[44].v = t[7:0]; }
-        if (meta.n_elems > 45) { acc45.read(t, meta.idx); hdr.l8[45].setValid(); hdr.l8[45].v = t[7:0]; }
-        if (meta.n_elems > 46) { acc46.read(t, meta.idx); hdr.l8[46].setValid(); hdr.l8[46].v = t[7:0]; }
-        if (meta.n_elems > 47) { acc47.read(t, meta.idx); hdr.l8[47].setValid(); hdr.l8[47].v = t[7:0]; }
-        if (meta.n_elems > 48) { acc48.read(t, meta.idx); hdr.l8[48].setValid(); hdr.l8[48].v = t[7:0]; }
-        if (meta.n_elems > 49) { acc49.read(t, meta.idx); hdr.l8[49].setValid(); hdr.l8[49].v = t[7:0]; }
-        if (meta.n_elems > 50) { acc50.read(t, meta.idx); hdr.l8[50].setValid(); hdr.l8[50].v = t[7:0]; }
-        if (meta.n_elems > 51) { acc51.read(t, meta.idx); hdr.l8[51].setValid(); hdr.l8[51].v = t[7:0]; }
-        if (meta.n_elems > 52) { acc52.read(t, meta.idx); hdr.l8[52].setValid(); hdr.l8[52].v = t[7:0]; }
-        if (meta.n_elems > 53) { acc53.read(t, meta.idx); hdr.l8[53].setValid(); hdr.l8[53].v = t[7:0]; }
-        if (meta.n_elems > 54) { acc54.read(t, meta.idx); hdr.l8[54].setValid(); hdr.l8[54].v = t[7:0]; }
-        if (meta.n_elems > 55) { acc55.read(t, meta.idx); hdr.l8[55].setValid(); hdr.l8[55].v = t[7:0]; }
-        if (meta.n_elems > 56) { acc56.read(t, meta.idx); hdr.l8[56].setValid(); hdr.l8[56].v = t[7:0]; }
-        if (meta.n_elems > 57) { acc57.read(t, meta.idx); hdr.l8[57].setValid(); hdr.l8[57].v = t[7:0]; }
-        if (meta.n_elems > 58) { acc58.read(t, meta.idx); hdr.l8[58].setValid(); hdr.l8[58].v = t[7:0]; }
-        if (meta.n_elems > 59) { acc59.read(t, meta.idx); hdr.l8[59].setValid(); hdr.l8[59].v = t[7:0]; }
-        if (meta.n_elems > 60) { acc60.read(t, meta.idx); hdr.l8[60].setValid(); hdr.l8[60].v = t[7:0]; }
-        if (meta.n_elems > 61) { acc61.read(t, meta.idx); hdr.l8[61].setValid(); hdr.l8[61].v = t[7:0]; }
-        if (meta.n_elems > 62) { acc62.read(t, meta.idx); hdr.l8[62].setValid(); hdr.l8[62].v = t[7:0]; }
-        if (meta.n_elems > 63) { acc63.read(t, meta.idx); hdr.l8[63].setValid(); hdr.l8[63].v = t[7:0]; }
+        if (meta.n_elems > 0) { acc0.read(meta.s.t, meta.idx); hdr.l8[0].setValid(); hdr.l8[0].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 1) { acc1.read(meta.s.t, meta.idx); hdr.l8[1].setValid(); hdr.l8[1].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 2) { acc2.read(meta.s.t, meta.idx); hdr.l8[2].setValid(); hdr.l8[2].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 3) { acc3.read(meta.s.t, meta.idx); hdr.l8[3].setValid(); hdr.l8[3].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 4) { acc4.read(meta.s.t, meta.idx); hdr.l8[4].setValid(); hdr.l8[4].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 5) { acc5.read(meta.s.t, meta.idx); hdr.l8[5].setValid(); hdr.l8[5].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 6) { acc6.read(meta.s.t, meta.idx); hdr.l8[6].setValid(); hdr.l8[6].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 7) { acc7.read(meta.s.t, meta.idx); hdr.l8[7].setValid(); hdr.l8[7].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 8) { acc8.read(meta.s.t, meta.idx); hdr.l8[8].setValid(); hdr.l8[8].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 9) { acc9.read(meta.s.t, meta.idx); hdr.l8[9].setValid(); hdr.l8[9].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 10) { acc10.read(meta.s.t, meta.idx); hdr.l8[10].setValid(); hdr.l8[10].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 11) { acc11.read(meta.s.t, meta.idx); hdr.l8[11].setValid(); hdr.l8[11].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 12) { acc12.read(meta.s.t, meta.idx); hdr.l8[12].setValid(); hdr.l8[12].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 13) { acc13.read(meta.s.t, meta.idx); hdr.l8[13].setValid(); hdr.l8[13].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 14) { acc14.read(meta.s.t, meta.idx); hdr.l8[14].setValid(); hdr.l8[14].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 15) { acc15.read(meta.s.t, meta.idx); hdr.l8[15].setValid(); hdr.l8[15].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 16) { acc16.read(meta.s.t, meta.idx); hdr.l8[16].setValid(); hdr.l8[16].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 17) { acc17.read(meta.s.t, meta.idx); hdr.l8[17].setValid(); hdr.l8[17].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 18) { acc18.read(meta.s.t, meta.idx); hdr.l8[18].setValid(); hdr.l8[18].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 19) { acc19.read(meta.s.t, meta.idx); hdr.l8[19].setValid(); hdr.l8[19].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 20) { acc20.read(meta.s.t, meta.idx); hdr.l8[20].setValid(); hdr.l8[20].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 21) { acc21.read(meta.s.t, meta.idx); hdr.l8[21].setValid(); hdr.l8[21].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 22) { acc22.read(meta.s.t, meta.idx); hdr.l8[22].setValid(); hdr.l8[22].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 23) { acc23.read(meta.s.t, meta.idx); hdr.l8[23].setValid(); hdr.l8[23].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 24) { acc24.read(meta.s.t, meta.idx); hdr.l8[24].setValid(); hdr.l8[24].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 25) { acc25.read(meta.s.t, meta.idx); hdr.l8[25].setValid(); hdr.l8[25].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 26) { acc26.read(meta.s.t, meta.idx); hdr.l8[26].setValid(); hdr.l8[26].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 27) { acc27.read(meta.s.t, meta.idx); hdr.l8[27].setValid(); hdr.l8[27].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 28) { acc28.read(meta.s.t, meta.idx); hdr.l8[28].setValid(); hdr.l8[28].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 29) { acc29.read(meta.s.t, meta.idx); hdr.l8[29].setValid(); hdr.l8[29].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 30) { acc30.read(meta.s.t, meta.idx); hdr.l8[30].setValid(); hdr.l8[30].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 31) { acc31.read(meta.s.t, meta.idx); hdr.l8[31].setValid(); hdr.l8[31].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 32) { acc32.read(meta.s.t, meta.idx); hdr.l8[32].setValid(); hdr.l8[32].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 33) { acc33.read(meta.s.t, meta.idx); hdr.l8[33].setValid(); hdr.l8[33].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 34) { acc34.read(meta.s.t, meta.idx); hdr.l8[34].setValid(); hdr.l8[34].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 35) { acc35.read(meta.s.t, meta.idx); hdr.l8[35].setValid(); hdr.l8[35].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 36) { acc36.read(meta.s.t, meta.idx); hdr.l8[36].setValid(); hdr.l8[36].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 37) { acc37.read(meta.s.t, meta.idx); hdr.l8[37].setValid(); hdr.l8[37].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 38) { acc38.read(meta.s.t, meta.idx); hdr.l8[38].setValid(); hdr.l8[38].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 39) { acc39.read(meta.s.t, meta.idx); hdr.l8[39].setValid(); hdr.l8[39].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 40) { acc40.read(meta.s.t, meta.idx); hdr.l8[40].setValid(); hdr.l8[40].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 41) { acc41.read(meta.s.t, meta.idx); hdr.l8[41].setValid(); hdr.l8[41].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 42) { acc42.read(meta.s.t, meta.idx); hdr.l8[42].setValid(); hdr.l8[42].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 43) { acc43.read(meta.s.t, meta.idx); hdr.l8[43].setValid(); hdr.l8[43].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 44) { acc44.read(meta.s.t, meta.idx); hdr.l8[44].setValid(); hdr.l8[44].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 45) { acc45.read(meta.s.t, meta.idx); hdr.l8[45].setValid(); hdr.l8[45].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 46) { acc46.read(meta.s.t, meta.idx); hdr.l8[46].setValid(); hdr.l8[46].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 47) { acc47.read(meta.s.t, meta.idx); hdr.l8[47].setValid(); hdr.l8[47].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 48) { acc48.read(meta.s.t, meta.idx); hdr.l8[48].setValid(); hdr.l8[48].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 49) { acc49.read(meta.s.t, meta.idx); hdr.l8[49].setValid(); hdr.l8[49].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 50) { acc50.read(meta.s.t, meta.idx); hdr.l8[50].setValid(); hdr.l8[50].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 51) { acc51.read(meta.s.t, meta.idx); hdr.l8[51].setValid(); hdr.l8[51].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 52) { acc52.read(meta.s.t, meta.idx); hdr.l8[52].setValid(); hdr.l8[52].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 53) { acc53.read(meta.s.t, meta.idx); hdr.l8[53].setValid(); hdr.l8[53].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 54) { acc54.read(meta.s.t, meta.idx); hdr.l8[54].setValid(); hdr.l8[54].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 55) { acc55.read(meta.s.t, meta.idx); hdr.l8[55].setValid(); hdr.l8[55].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 56) { acc56.read(meta.s.t, meta.idx); hdr.l8[56].setValid(); hdr.l8[56].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 57) { acc57.read(meta.s.t, meta.idx); hdr.l8[57].setValid(); hdr.l8[57].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 58) { acc58.read(meta.s.t, meta.idx); hdr.l8[58].setValid(); hdr.l8[58].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 59) { acc59.read(meta.s.t, meta.idx); hdr.l8[59].setValid(); hdr.l8[59].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 60) { acc60.read(meta.s.t, meta.idx); hdr.l8[60].setValid(); hdr.l8[60].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 61) { acc61.read(meta.s.t, meta.idx); hdr.l8[61].setValid(); hdr.l8[61].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 62) { acc62.read(meta.s.t, meta.idx); hdr.l8[62].setValid(); hdr.l8[62].v = meta.s.t[7:0]; }
+        if (meta.n_elems > 63) { acc63.read(meta.s.t, meta.idx); hdr.l8[63].setValid(); hdr.l8[63].v = meta.s.t[7:0]; }
     }
 
     action finish_nc() {
-        bit<64> t; bit<64> mag; bit<64> x; bit<64> rem; bit<64> r;
-        bit<8> hb; bit<16> up; bit<16> lvl; bit<8> code; bit<1> ovf = 0;
         if (meta.n_elems > 0) {
-            acc0.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc0.write(meta.idx, (bit<64>)code);
-            hdr.l8[0].setValid(); hdr.l8[0].v = code;
+            acc0.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc0.write(meta.idx, meta.s.x);
+            hdr.l8[0].setValid(); hdr.l8[0].v = meta.s.code;
         }
         if (meta.n_elems > 1) {
-            acc1.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc1.write(meta.idx, (bit<64>)code);
-            hdr.l8[1].setValid(); hdr.l8[1].v = code;
+            acc1.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc1.write(meta.idx, meta.s.x);
+            hdr.l8[1].setValid(); hdr.l8[1].v = meta.s.code;
         }
         if (meta.n_elems > 2) {
-            acc2.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc2.write(meta.idx, (bit<64>)code);
-            hdr.l8[2].setValid(); hdr.l8[2].v = code;
+            acc2.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc2.write(meta.idx, meta.s.x);
+            hdr.l8[2].setValid(); hdr.l8[2].v = meta.s.code;
         }
         if (meta.n_elems > 3) {
-            acc3.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc3.write(meta.idx, (bit<64>)code);
-            hdr.l8[3].setValid(); hdr.l8[3].v = code;
+            acc3.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc3.write(meta.idx, meta.s.x);
+            hdr.l8[3].setValid(); hdr.l8[3].v = meta.s.code;
         }
         if (meta.n_elems > 4) {
-            acc4.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc4.write(meta.idx, (bit<64>)code);
-            hdr.l8[4].setValid(); hdr.l8[4].v = code;
+            acc4.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc4.write(meta.idx, meta.s.x);
+            hdr.l8[4].setValid(); hdr.l8[4].v = meta.s.code;
         }
         if (meta.n_elems > 5) {
-            acc5.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc5.write(meta.idx, (bit<64>)code);
-            hdr.l8[5].setValid(); hdr.l8[5].v = code;
+            acc5.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc5.write(meta.idx, meta.s.x);
+            hdr.l8[5].setValid(); hdr.l8[5].v = meta.s.code;
         }
         if (meta.n_elems > 6) {
-            acc6.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc6.write(meta.idx, (bit<64>)code);
-            hdr.l8[6].setValid(); hdr.l8[6].v = code;
+            acc6.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc6.write(meta.idx, meta.s.x);
+            hdr.l8[6].setValid(); hdr.l8[6].v = meta.s.code;
         }
         if (meta.n_elems > 7) {
-            acc7.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc7.write(meta.idx, (bit<64>)code);
-            hdr.l8[7].setValid(); hdr.l8[7].v = code;
+            acc7.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc7.write(meta.idx, meta.s.x);
+            hdr.l8[7].setValid(); hdr.l8[7].v = meta.s.code;
         }
         if (meta.n_elems > 8) {
-            acc8.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc8.write(meta.idx, (bit<64>)code);
-            hdr.l8[8].setValid(); hdr.l8[8].v = code;
+            acc8.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc8.write(meta.idx, meta.s.x);
+            hdr.l8[8].setValid(); hdr.l8[8].v = meta.s.code;
         }
         if (meta.n_elems > 9) {
-            acc9.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc9.write(meta.idx, (bit<64>)code);
-            hdr.l8[9].setValid(); hdr.l8[9].v = code;
+            acc9.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc9.write(meta.idx, meta.s.x);
+            hdr.l8[9].setValid(); hdr.l8[9].v = meta.s.code;
         }
         if (meta.n_elems > 10) {
-            acc10.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc10.write(meta.idx, (bit<64>)code);
-            hdr.l8[10].setValid(); hdr.l8[10].v = code;
+            acc10.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc10.write(meta.idx, meta.s.x);
+            hdr.l8[10].setValid(); hdr.l8[10].v = meta.s.code;
         }
         if (meta.n_elems > 11) {
-            acc11.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc11.write(meta.idx, (bit<64>)code);
-            hdr.l8[11].setValid(); hdr.l8[11].v = code;
+            acc11.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc11.write(meta.idx, meta.s.x);
+            hdr.l8[11].setValid(); hdr.l8[11].v = meta.s.code;
         }
         if (meta.n_elems > 12) {
-            acc12.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc12.write(meta.idx, (bit<64>)code);
-            hdr.l8[12].setValid(); hdr.l8[12].v = code;
+            acc12.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc12.write(meta.idx, meta.s.x);
+            hdr.l8[12].setValid(); hdr.l8[12].v = meta.s.code;
         }
         if (meta.n_elems > 13) {
-            acc13.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc13.write(meta.idx, (bit<64>)code);
-            hdr.l8[13].setValid(); hdr.l8[13].v = code;
+            acc13.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc13.write(meta.idx, meta.s.x);
+            hdr.l8[13].setValid(); hdr.l8[13].v = meta.s.code;
         }
         if (meta.n_elems > 14) {
-            acc14.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc14.write(meta.idx, (bit<64>)code);
-            hdr.l8[14].setValid(); hdr.l8[14].v = code;
+            acc14.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc14.write(meta.idx, meta.s.x);
+            hdr.l8[14].setValid(); hdr.l8[14].v = meta.s.code;
         }
         if (meta.n_elems > 15) {
-            acc15.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc15.write(meta.idx, (bit<64>)code);
-            hdr.l8[15].setValid(); hdr.l8[15].v = code;
+            acc15.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc15.write(meta.idx, meta.s.x);
+            hdr.l8[15].setValid(); hdr.l8[15].v = meta.s.code;
         }
         if (meta.n_elems > 16) {
-            acc16.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc16.write(meta.idx, (bit<64>)code);
-            hdr.l8[16].setValid(); hdr.l8[16].v = code;
+            acc16.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc16.write(meta.idx, meta.s.x);
+            hdr.l8[16].setValid(); hdr.l8[16].v = meta.s.code;
         }
         if (meta.n_elems > 17) {
-            acc17.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc17.write(meta.idx, (bit<64>)code);
-            hdr.l8[17].setValid(); hdr.l8[17].v = code;
+            acc17.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc17.write(meta.idx, meta.s.x);
+            hdr.l8[17].setValid(); hdr.l8[17].v = meta.s.code;
         }
         if (meta.n_elems > 18) {
-            acc18.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc18.write(meta.idx, (bit<64>)code);
-            hdr.l8[18].setValid(); hdr.l8[18].v = code;
+            acc18.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc18.write(meta.idx, meta.s.x);
+            hdr.l8[18].setValid(); hdr.l8[18].v = meta.s.code;
         }
         if (meta.n_elems > 19) {
-            acc19.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc19.write(meta.idx, (bit<64>)code);
-            hdr.l8[19].setValid(); hdr.l8[19].v = code;
+            acc19.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc19.write(meta.idx, meta.s.x);
+            hdr.l8[19].setValid(); hdr.l8[19].v = meta.s.code;
         }
         if (meta.n_elems > 20) {
-            acc20.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc20.write(meta.idx, (bit<64>)code);
-            hdr.l8[20].setValid(); hdr.l8[20].v = code;
+            acc20.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc20.write(meta.idx, meta.s.x);
+            hdr.l8[20].setValid(); hdr.l8[20].v = meta.s.code;
         }
         if (meta.n_elems > 21) {
-            acc21.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc21.write(meta.idx, (bit<64>)code);
-            hdr.l8[21].setValid(); hdr.l8[21].v = code;
+            acc21.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc21.write(meta.idx, meta.s.x);
+            hdr.l8[21].setValid(); hdr.l8[21].v = meta.s.code;
         }
         if (meta.n_elems > 22) {
-            acc22.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc22.write(meta.idx, (bit<64>)code);
-            hdr.l8[22].setValid(); hdr.l8[22].v = code;
+            acc22.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc22.write(meta.idx, meta.s.x);
+            hdr.l8[22].setValid(); hdr.l8[22].v = meta.s.code;
         }
         if (meta.n_elems > 23) {
-            acc23.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc23.write(meta.idx, (bit<64>)code);
-            hdr.l8[23].setValid(); hdr.l8[23].v = code;
+            acc23.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc23.write(meta.idx, meta.s.x);
+            hdr.l8[23].setValid(); hdr.l8[23].v = meta.s.code;
         }
         if (meta.n_elems > 24) {
-            acc24.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc24.write(meta.idx, (bit<64>)code);
-            hdr.l8[24].setValid(); hdr.l8[24].v = code;
+            acc24.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc24.write(meta.idx, meta.s.x);
+            hdr.l8[24].setValid(); hdr.l8[24].v = meta.s.code;
         }
         if (meta.n_elems > 25) {
-            acc25.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc25.write(meta.idx, (bit<64>)code);
-            hdr.l8[25].setValid(); hdr.l8[25].v = code;
+            acc25.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc25.write(meta.idx, meta.s.x);
+            hdr.l8[25].setValid(); hdr.l8[25].v = meta.s.code;
         }
         if (meta.n_elems > 26) {
-            acc26.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc26.write(meta.idx, (bit<64>)code);
-            hdr.l8[26].setValid(); hdr.l8[26].v = code;
+            acc26.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc26.write(meta.idx, meta.s.x);
+            hdr.l8[26].setValid(); hdr.l8[26].v = meta.s.code;
         }
         if (meta.n_elems > 27) {
-            acc27.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc27.write(meta.idx, (bit<64>)code);
-            hdr.l8[27].setValid(); hdr.l8[27].v = code;
+            acc27.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc27.write(meta.idx, meta.s.x);
+            hdr.l8[27].setValid(); hdr.l8[27].v = meta.s.code;
         }
         if (meta.n_elems > 28) {
-            acc28.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc28.write(meta.idx, (bit<64>)code);
-            hdr.l8[28].setValid(); hdr.l8[28].v = code;
+            acc28.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc28.write(meta.idx, meta.s.x);
+            hdr.l8[28].setValid(); hdr.l8[28].v = meta.s.code;
         }
         if (meta.n_elems > 29) {
-            acc29.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc29.write(meta.idx, (bit<64>)code);
-            hdr.l8[29].setValid(); hdr.l8[29].v = code;
+            acc29.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc29.write(meta.idx, meta.s.x);
+            hdr.l8[29].setValid(); hdr.l8[29].v = meta.s.code;
         }
         if (meta.n_elems > 30) {
-            acc30.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc30.write(meta.idx, (bit<64>)code);
-            hdr.l8[30].setValid(); hdr.l8[30].v = code;
+            acc30.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc30.write(meta.idx, meta.s.x);
+            hdr.l8[30].setValid(); hdr.l8[30].v = meta.s.code;
         }
         if (meta.n_elems > 31) {
-            acc31.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc31.write(meta.idx, (bit<64>)code);
-            hdr.l8[31].setValid(); hdr.l8[31].v = code;
+            acc31.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc31.write(meta.idx, meta.s.x);
+            hdr.l8[31].setValid(); hdr.l8[31].v = meta.s.code;
         }
         if (meta.n_elems > 32) {
-            acc32.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc32.write(meta.idx, (bit<64>)code);
-            hdr.l8[32].setValid(); hdr.l8[32].v = code;
+            acc32.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc32.write(meta.idx, meta.s.x);
+            hdr.l8[32].setValid(); hdr.l8[32].v = meta.s.code;
         }
         if (meta.n_elems > 33) {
-            acc33.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc33.write(meta.idx, (bit<64>)code);
-            hdr.l8[33].setValid(); hdr.l8[33].v = code;
+            acc33.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc33.write(meta.idx, meta.s.x);
+            hdr.l8[33].setValid(); hdr.l8[33].v = meta.s.code;
         }
         if (meta.n_elems > 34) {
-            acc34.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc34.write(meta.idx, (bit<64>)code);
-            hdr.l8[34].setValid(); hdr.l8[34].v = code;
+            acc34.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc34.write(meta.idx, meta.s.x);
+            hdr.l8[34].setValid(); hdr.l8[34].v = meta.s.code;
         }
         if (meta.n_elems > 35) {
-            acc35.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc35.write(meta.idx, (bit<64>)code);
-            hdr.l8[35].setValid(); hdr.l8[35].v = code;
+            acc35.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc35.write(meta.idx, meta.s.x);
+            hdr.l8[35].setValid(); hdr.l8[35].v = meta.s.code;
         }
         if (meta.n_elems > 36) {
-            acc36.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc36.write(meta.idx, (bit<64>)code);
-            hdr.l8[36].setValid(); hdr.l8[36].v = code;
+            acc36.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc36.write(meta.idx, meta.s.x);
+            hdr.l8[36].setValid(); hdr.l8[36].v = meta.s.code;
         }
         if (meta.n_elems > 37) {
-            acc37.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc37.write(meta.idx, (bit<64>)code);
-            hdr.l8[37].setValid(); hdr.l8[37].v = code;
+            acc37.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc37.write(meta.idx, meta.s.x);
+            hdr.l8[37].setValid(); hdr.l8[37].v = meta.s.code;
         }
         if (meta.n_elems > 38) {
-            acc38.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc38.write(meta.idx, (bit<64>)code);
-            hdr.l8[38].setValid(); hdr.l8[38].v = code;
+            acc38.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc38.write(meta.idx, meta.s.x);
+            hdr.l8[38].setValid(); hdr.l8[38].v = meta.s.code;
         }
         if (meta.n_elems > 39) {
-            acc39.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc39.write(meta.idx, (bit<64>)code);
-            hdr.l8[39].setValid(); hdr.l8[39].v = code;
+            acc39.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc39.write(meta.idx, meta.s.x);
+            hdr.l8[39].setValid(); hdr.l8[39].v = meta.s.code;
         }
         if (meta.n_elems > 40) {
-            acc40.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc40.write(meta.idx, (bit<64>)code);
-            hdr.l8[40].setValid(); hdr.l8[40].v = code;
+            acc40.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc40.write(meta.idx, meta.s.x);
+            hdr.l8[40].setValid(); hdr.l8[40].v = meta.s.code;
         }
         if (meta.n_elems > 41) {
-            acc41.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc41.write(meta.idx, (bit<64>)code);
-            hdr.l8[41].setValid(); hdr.l8[41].v = code;
+            acc41.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc41.write(meta.idx, meta.s.x);
+            hdr.l8[41].setValid(); hdr.l8[41].v = meta.s.code;
         }
         if (meta.n_elems > 42) {
-            acc42.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc42.write(meta.idx, (bit<64>)code);
-            hdr.l8[42].setValid(); hdr.l8[42].v = code;
+            acc42.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc42.write(meta.idx, meta.s.x);
+            hdr.l8[42].setValid(); hdr.l8[42].v = meta.s.code;
         }
         if (meta.n_elems > 43) {
-            acc43.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc43.write(meta.idx, (bit<64>)code);
-            hdr.l8[43].setValid(); hdr.l8[43].v = code;
+            acc43.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc43.write(meta.idx, meta.s.x);
+            hdr.l8[43].setValid(); hdr.l8[43].v = meta.s.code;
         }
         if (meta.n_elems > 44) {
-            acc44.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc44.write(meta.idx, (bit<64>)code);
-            hdr.l8[44].setValid(); hdr.l8[44].v = code;
+            acc44.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc44.write(meta.idx, meta.s.x);
+            hdr.l8[44].setValid(); hdr.l8[44].v = meta.s.code;
         }
         if (meta.n_elems > 45) {
-            acc45.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc45.write(meta.idx, (bit<64>)code);
-            hdr.l8[45].setValid(); hdr.l8[45].v = code;
+            acc45.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc45.write(meta.idx, meta.s.x);
+            hdr.l8[45].setValid(); hdr.l8[45].v = meta.s.code;
         }
         if (meta.n_elems > 46) {
-            acc46.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc46.write(meta.idx, (bit<64>)code);
-            hdr.l8[46].setValid(); hdr.l8[46].v = code;
+            acc46.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc46.write(meta.idx, meta.s.x);
+            hdr.l8[46].setValid(); hdr.l8[46].v = meta.s.code;
         }
         if (meta.n_elems > 47) {
-            acc47.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc47.write(meta.idx, (bit<64>)code);
-            hdr.l8[47].setValid(); hdr.l8[47].v = code;
+            acc47.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc47.write(meta.idx, meta.s.x);
+            hdr.l8[47].setValid(); hdr.l8[47].v = meta.s.code;
         }
         if (meta.n_elems > 48) {
-            acc48.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc48.write(meta.idx, (bit<64>)code);
-            hdr.l8[48].setValid(); hdr.l8[48].v = code;
+            acc48.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc48.write(meta.idx, meta.s.x);
+            hdr.l8[48].setValid(); hdr.l8[48].v = meta.s.code;
         }
         if (meta.n_elems > 49) {
-            acc49.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc49.write(meta.idx, (bit<64>)code);
-            hdr.l8[49].setValid(); hdr.l8[49].v = code;
+            acc49.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc49.write(meta.idx, meta.s.x);
+            hdr.l8[49].setValid(); hdr.l8[49].v = meta.s.code;
         }
         if (meta.n_elems > 50) {
-            acc50.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc50.write(meta.idx, (bit<64>)code);
-            hdr.l8[50].setValid(); hdr.l8[50].v = code;
+            acc50.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc50.write(meta.idx, meta.s.x);
+            hdr.l8[50].setValid(); hdr.l8[50].v = meta.s.code;
         }
         if (meta.n_elems > 51) {
-            acc51.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc51.write(meta.idx, (bit<64>)code);
-            hdr.l8[51].setValid(); hdr.l8[51].v = code;
+            acc51.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc51.write(meta.idx, meta.s.x);
+            hdr.l8[51].setValid(); hdr.l8[51].v = meta.s.code;
         }
         if (meta.n_elems > 52) {
-            acc52.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc52.write(meta.idx, (bit<64>)code);
-            hdr.l8[52].setValid(); hdr.l8[52].v = code;
+            acc52.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc52.write(meta.idx, meta.s.x);
+            hdr.l8[52].setValid(); hdr.l8[52].v = meta.s.code;
         }
         if (meta.n_elems > 53) {
-            acc53.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc53.write(meta.idx, (bit<64>)code);
-            hdr.l8[53].setValid(); hdr.l8[53].v = code;
+            acc53.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc53.write(meta.idx, meta.s.x);
+            hdr.l8[53].setValid(); hdr.l8[53].v = meta.s.code;
         }
         if (meta.n_elems > 54) {
-            acc54.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc54.write(meta.idx, (bit<64>)code);
-            hdr.l8[54].setValid(); hdr.l8[54].v = code;
+            acc54.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc54.write(meta.idx, meta.s.x);
+            hdr.l8[54].setValid(); hdr.l8[54].v = meta.s.code;
         }
         if (meta.n_elems > 55) {
-            acc55.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc55.write(meta.idx, (bit<64>)code);
-            hdr.l8[55].setValid(); hdr.l8[55].v = code;
+            acc55.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc55.write(meta.idx, meta.s.x);
+            hdr.l8[55].setValid(); hdr.l8[55].v = meta.s.code;
         }
         if (meta.n_elems > 56) {
-            acc56.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc56.write(meta.idx, (bit<64>)code);
-            hdr.l8[56].setValid(); hdr.l8[56].v = code;
+            acc56.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc56.write(meta.idx, meta.s.x);
+            hdr.l8[56].setValid(); hdr.l8[56].v = meta.s.code;
         }
         if (meta.n_elems > 57) {
-            acc57.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc57.write(meta.idx, (bit<64>)code);
-            hdr.l8[57].setValid(); hdr.l8[57].v = code;
+            acc57.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc57.write(meta.idx, meta.s.x);
+            hdr.l8[57].setValid(); hdr.l8[57].v = meta.s.code;
         }
         if (meta.n_elems > 58) {
-            acc58.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc58.write(meta.idx, (bit<64>)code);
-            hdr.l8[58].setValid(); hdr.l8[58].v = code;
+            acc58.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc58.write(meta.idx, meta.s.x);
+            hdr.l8[58].setValid(); hdr.l8[58].v = meta.s.code;
         }
         if (meta.n_elems > 59) {
-            acc59.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc59.write(meta.idx, (bit<64>)code);
-            hdr.l8[59].setValid(); hdr.l8[59].v = code;
+            acc59.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc59.write(meta.idx, meta.s.x);
+            hdr.l8[59].setValid(); hdr.l8[59].v = meta.s.code;
         }
         if (meta.n_elems > 60) {
-            acc60.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc60.write(meta.idx, (bit<64>)code);
-            hdr.l8[60].setValid(); hdr.l8[60].v = code;
+            acc60.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc60.write(meta.idx, meta.s.x);
+            hdr.l8[60].setValid(); hdr.l8[60].v = meta.s.code;
         }
         if (meta.n_elems > 61) {
-            acc61.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc61.write(meta.idx, (bit<64>)code);
-            hdr.l8[61].setValid(); hdr.l8[61].v = code;
+            acc61.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc61.write(meta.idx, meta.s.x);
+            hdr.l8[61].setValid(); hdr.l8[61].v = meta.s.code;
         }
         if (meta.n_elems > 62) {
-            acc62.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc62.write(meta.idx, (bit<64>)code);
-            hdr.l8[62].setValid(); hdr.l8[62].v = code;
+            acc62.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc62.write(meta.idx, meta.s.x);
+            hdr.l8[62].setValid(); hdr.l8[62].v = meta.s.code;
         }
         if (meta.n_elems > 63) {
-            acc63.read(t, meta.idx);
-            mag = t[63:63] == 1 ? -t : t;
-            x = mag; hb = 0;
-            if (x[63:32] != 0) { hb = hb + 32; x = x >> 32; }
-            if (x[31:16] != 0) { hb = hb + 16; x = x >> 16; }
-            if (x[15:8] != 0) { hb = hb + 8; x = x >> 8; }
-            if (x[7:4] != 0) { hb = hb + 4; x = x >> 4; }
-            if (x[3:2] != 0) { hb = hb + 2; x = x >> 2; }
-            if (x[1:1] != 0) { hb = hb + 1; }
-            rem = mag - ((bit<64>)1 << hb);
-            random(r, 64w0, ((bit<64>)1 << hb) - 1);
-            up = (bit<16>)(bit<1>)(r < rem);
-            if (meta.nc_det == 1) { up = (bit<16>)(bit<1>)(hb > 0 && rem >= ((bit<64>)1 << (hb - 1))); }
-            lvl = meta.nc_lo + (bit<16>)hb + up;
-            if (lvl > 127) { lvl = 127; if (mag != 0) { ovf = 1; } }
-            code = mag == 0 ? 8w0 : (t[63:63] ++ lvl[6:0]);
-            acc63.write(meta.idx, (bit<64>)code);
-            hdr.l8[63].setValid(); hdr.l8[63].v = code;
+            acc63.read(meta.s.t, meta.idx);
+            meta.s.mag = meta.s.t;
+            if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
+            meta.s.x = meta.s.mag; meta.s.hb = 0;
+            if (meta.s.x[63:32] != 0) { meta.s.hb = meta.s.hb + 32; meta.s.x = meta.s.x >> 32; }
+            if (meta.s.x[31:16] != 0) { meta.s.hb = meta.s.hb + 16; meta.s.x = meta.s.x >> 16; }
+            if (meta.s.x[15:8] != 0) { meta.s.hb = meta.s.hb + 8; meta.s.x = meta.s.x >> 8; }
+            if (meta.s.x[7:4] != 0) { meta.s.hb = meta.s.hb + 4; meta.s.x = meta.s.x >> 4; }
+            if (meta.s.x[3:2] != 0) { meta.s.hb = meta.s.hb + 2; meta.s.x = meta.s.x >> 2; }
+            if (meta.s.x[1:1] != 0) { meta.s.hb = meta.s.hb + 1; }
+            meta.s.top = (bit<64>)1 << meta.s.hb;
+            meta.s.rem = meta.s.mag - meta.s.top;
+            meta.s.up = 0;
+            if (meta.nc_det == 1) {
+                if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
+            } else {
+                meta.s.x = meta.s.top - 1;
+                random(meta.s.r, 64w0, meta.s.x);
+                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+            }
+            meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
+            if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
+            meta.s.code = 0;
+            if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
+            meta.s.x = (bit<64>)meta.s.code;
+            acc63.write(meta.idx, meta.s.x);
+            hdr.l8[63].setValid(); hdr.l8[63].v = meta.s.code;
         }
-        meta.overflow = ovf;
     }
 
     // ------------------------------------------------------------------ results
@@ -2979,7 +3995,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         }
         heard.count(meta.member_index);
         received.count(meta.counter_index);
-        if (hdr.ina.codec == CODEC_NC8) { nc_range(); decode_nc(); }
+        if (hdr.ina.codec == CODEC_NC8) { nc_range(); check_nc(); }
         slot_step();
         if (meta.op == OP_DROP) {
             drops.count((bit<32>)meta.reason);

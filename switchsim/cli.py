@@ -326,9 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser("all", "every benchmark below with its defaults (what `switchsim bench` runs)")
     sp = bench_parser("codecs", "NC/fixed kernels (C and numpy) as a ratio to np.copyto of the same buffer")
     sp.add_argument("--mib", type=int, default=64, help="buffer size in MiB (default %(default)s)")
-    sp = bench_parser("switch", "aggregator packets/s: C core against the Python reference model")
+    sp = bench_parser("switch", "aggregator packets/s: C core against the Python reference model; with "
+                                "--backend bmv2, the P4 program on BMv2 against a forwarding and a bare-add program")
     sp.add_argument("--packets", type=int, default=200_000, metavar="N",
                     help="packets per measurement (default %(default)s)")
+    sp.add_argument("--backend", choices=("core", "bmv2"), default="core",
+                    help="core: the C core and the Python model in this process; bmv2: p4/ina.p4 on "
+                         "simple_switch_grpc (root, p4c-bm2-ss and simple_switch_grpc on PATH)")
+    sp.add_argument("--rates", type=csv(int), default="2000,5000,10000,20000,40000", metavar="LIST",
+                    help="bmv2: offered packets/s (comma list; default %(default)s)")
+    sp.add_argument("--seconds", type=float, default=1.0, help="bmv2: seconds of traffic per rate (default %(default)s)")
     sp = bench_parser("allreduce", "allreduce time per backend, codec and payload against torch gloo")
     ina_runs(sp)
     sp.add_argument("--payloads", type=csv(int), default="1024", metavar="LIST",
