@@ -27,6 +27,9 @@ from .netns import VethNamespace
 CPU_PORT = 255
 MAX_ELEMENTS = gen_p4.LANES
 SWITCH_MAC = "02:49:4e:41:00:01"  # locally administered: "INA"
+# BMv2 takes bursts of about 30 packets on a port before it drops (measured here, 64-lane packets): a job's
+# agreed window keeps its packets in flight below that (the control plane divides it among the workers)
+IN_FLIGHT = 24
 
 
 def find_switch() -> str | None:
@@ -154,7 +157,7 @@ class BMv2Server:
         except BaseException:
             self.close()
             raise
-        self.control = ControlPlane(self, config, stats=self.stats)
+        self.control = ControlPlane(self, config, stats=self.stats, in_flight=IN_FLIGHT)
         self.jobs = self.control.jobs
 
     # ------------------------------------------------------------------ configuration

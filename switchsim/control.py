@@ -88,9 +88,11 @@ def derive_session(secret: int, job: int, generation: int, nonces: list[int]) ->
 
 class ControlPlane:
     def __init__(self, dataplane, config, secret: int | None = None, clock=None, join_expiry=JOIN_EXPIRY,
-                 member_idle=MEMBER_IDLE, stats=None):
+                 member_idle=MEMBER_IDLE, stats=None, in_flight: int | None = None):
         """dataplane: what to admit into (config.DataPlane); config: its SwitchConfig; secret: the key of
-        the session values (random by default); clock, join_expiry, member_idle: for tests."""
+        the session values (random by default); clock, join_expiry, member_idle: for tests; in_flight: the
+        packets a job may have in flight over all its workers (the agreed window is at most this divided
+        by the world size; None: no limit but the slots), for a switch that drops bursts (BMv2)."""
         self.dataplane, self.slots, self.max_elements = dataplane, config.slots, config.max_elements
         self.jobs = {j: JobControl(j, n, config.keys.get(j)) for j, n in config.jobs.items()}
         self.secret = secrets.randbits(64) if secret is None else secret
@@ -99,6 +101,7 @@ class ControlPlane:
         self.join_expiry, self.member_idle = join_expiry, member_idle
         self.stats = stats or dataplane.stats
         self.first_packet_id = config.first_packet_id
+        self.in_flight = in_flight
         self.requests = TokenBucket(*CONTROL_RATE, self.clock)
         self.errors = TokenBucket(*ERROR_RATE, self.clock)
         self.stats_replies = TokenBucket(*STATS_RATE, self.clock)
@@ -152,10 +155,15 @@ class ControlPlane:
         elif p is not None and p.confirmed and p.address != src:
             return [self._join_wait(job, h, src)]  # a confirmed claim holds the rank until it expires
         else:
-            job.pending[h.rank] = Pending(src, nonce, min(window, self.slots), now)
+            job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)), now)
         if len(job.pending) < job.world_size or not all(q.confirmed for q in job.pending.values()):
             return [self._join_wait(job, h, src)]
         return self._start_generation(job, now)
+
+    def _window_cap(self, job) -> int:
+        if self.in_flight is None:
+            return self.slots
+        return max(1, min(self.slots, self.in_flight // job.world_size))
 
     def _live(self, job, rank, m: Member, now) -> bool:
         if m.left:

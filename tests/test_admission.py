@@ -270,3 +270,18 @@ def test_stats_answer_is_the_same_message_on_every_server(switch_process):
     assert list(stats["dropped"]) == list(wire.DROP_REASONS)
     assert stats["jobs"]["1"]["members"] == 0 and stats["jobs"]["1"]["generation"] == 0
 
+
+
+def test_switch_that_drops_bursts_grants_a_window_within_its_limit():
+    """A switch told how many packets a job may have in flight (BMv2: ~30-packet bursts) agrees on a window
+    of at most that divided by the world size, however large the workers ask."""
+    from switchsim.model import Switch
+
+    sw = Switch({1: 4, 2: 40}, in_flight=24, first_packet_id=0)
+    for job, n, expected in ((1, 4, 6), (2, 40, 1)):
+        acks = []
+        for r in range(n):
+            join = wire.pack_join(job, r, 100 + r, n, 64)
+            acks += [d for _ in range(2) for d, _ in sw.process(join, (job, r)) if d[1] == wire.MSG_JOIN_ACK]
+        windows = {wire.JOIN_ACK_PAYLOAD.unpack_from(d, wire.HEADER_SIZE)[3] for d in acks}
+        assert len(acks) == n and windows == {expected}
