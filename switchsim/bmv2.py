@@ -119,10 +119,12 @@ class BMv2Server:
         host: the switch's IPv4 address; ignored without ifaces (the namespace's SWITCH_IP).
         port: its UDP port, in DEFAULT_PORT .. DEFAULT_PORT + 15 (0: DEFAULT_PORT).
         ifaces: BMv2's ports, in the current namespace; None: a namespace and veth pair of its own.
+        grpc_addr: a simple_switch_grpc already running (with --cpu-port 255) to control instead of one
+            started here; host is then the switch's IP.
     """
 
     def __init__(self, config: SwitchConfig, host: str = "", port: int = 0, ifaces: list[str] | None = None,
-                 json_path: str = gen_p4.JSON, p4info_path: str = gen_p4.P4INFO):
+                 json_path: str = gen_p4.JSON, p4info_path: str = gen_p4.P4INFO, grpc_addr: str | None = None):
         from . import p4rt
 
         port = port or wire.DEFAULT_PORT
@@ -133,8 +135,10 @@ class BMv2Server:
         reason = why_not()
         if reason:
             raise RuntimeError(reason)
-        self.ns = None
-        if ifaces is None:
+        self.ns = self.process = None
+        if grpc_addr and not host:
+            raise ValueError("--grpc needs --host: the switch's IPv4 address")
+        if ifaces is None and grpc_addr is None:
             self.ns = BMv2Namespace()
             if self.ns.error:
                 raise RuntimeError(self.ns.error)
@@ -149,9 +153,11 @@ class BMv2Server:
         self._stopped = threading.Event()
         self.started = time.monotonic()
         try:
-            self.process = SwitchProcess(ifaces, self.ns.ns if self.ns else None)
+            if grpc_addr is None:
+                self.process = SwitchProcess(ifaces, self.ns.ns if self.ns else None)
+                grpc_addr = f"unix:{self.process.socket}"
             self.p4info = p4rt.P4Info(p4info_path)
-            self.sw = p4rt.Switch(f"unix:{self.process.socket}")
+            self.sw = p4rt.Switch(grpc_addr)
             self.sw.set_pipeline(self.p4info, json_path)
             self._configure()
         except BaseException:

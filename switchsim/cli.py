@@ -93,7 +93,8 @@ def make_server(args):
 
         if args.loss or args.dup or args.reorder:
             raise ValueError("the BMv2 backend has no impairment stage: impair its links (switchsim topo) instead")
-        server = BMv2Server(config, args.host, args.port, ifaces=args.iface.split(",") if args.iface else None)
+        server = BMv2Server(config, args.host, args.port, ifaces=args.iface.split(",") if args.iface else None,
+                            grpc_addr=args.grpc)
         return server, server
     if args.backend == "c":
         from .native import CoreSwitch, CUDPServer
@@ -164,6 +165,28 @@ def cmd_serve(args) -> int:
         print(f"switchsim: {stats['packets_in']} packets in, {stats['packets_out']} out, {drops} dropped "
               f"({', '.join(f'{k} {v}' for k, v in stats['dropped'].items() if v) or 'none'})", flush=True)
     return 0
+
+
+def cmd_p4(args) -> int:
+    """`switchsim p4 build|check|info`."""
+    from inaproto import gen_p4
+
+    if args.action == "info":
+        from . import p4rt
+
+        info = p4rt.P4Info(gen_p4.P4INFO).message
+        print(f"p4/ina.p4: {gen_p4.LANES} lanes, {gen_p4.SLOT_CAPACITY} slots, {gen_p4.MEMBER_CAPACITY} ranks, "
+              f"{gen_p4.JOB_CAPACITY} jobs; UDP ports {wire.DEFAULT_PORT}..{wire.DEFAULT_PORT + 15}")
+        for t in info.tables:
+            print(f"table   {t.preamble.name} ({', '.join(m.name for m in t.match_fields)}) size {t.size}")
+        for c in info.counters:
+            print(f"counter {c.preamble.name} size {c.size}")
+        return 0
+    try:
+        return gen_p4.main(["--check"] if args.action == "check" else ["--compile"])
+    except RuntimeError as e:
+        print(f"switchsim: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_stats(args) -> int:
@@ -263,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
     s.add_argument("--iface", help="dpdk: drive this kernel interface with net_af_packet (e.g. a veth); "
                                     "bmv2: its ports, comma-separated (default: a namespace and veth of its own)")
+    s.add_argument("--grpc", metavar="ADDR",
+                   help="bmv2: control a simple_switch_grpc that is already running (started with --cpu-port 255; "
+                        "HOST:PORT or unix:PATH) instead of starting one; --host is the switch's IP")
     s.add_argument("--vdev", action="append", help="dpdk: an EAL virtual device, e.g. net_memif0,role=server")
     s.add_argument("--eal", help=f"dpdk: EAL arguments replacing the defaults ({'--no-huge ...'}), e.g. for a NIC")
     s.add_argument("--dpdk-port", type=int, default=0, help="dpdk: port id to serve on")
@@ -277,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a host besides loopback that may read the counters (switchsim stats) (repeatable)")
     network(s)
     s.set_defaults(func=cmd_serve)
+
+    p4 = sub.add_parser("p4", help="the P4 program (p4/ina.p4): regenerate and compile it, or describe it")
+    p4.add_argument("action", choices=("build", "check", "info"),
+                    help="build: regenerate p4/ina.p4 from wire.py and compile it with p4c-bm2-ss into p4/build/; "
+                         "check: exit 1 if p4/ina.p4 is out of date; info: its tables, counters and limits")
+    p4.set_defaults(func=cmd_p4)
 
     d = sub.add_parser("demo", help="switch + N worker processes on loopback, checked against numpy")
     d.add_argument("--workers", type=int, default=4)
