@@ -125,8 +125,8 @@ class Communicator:
     def _send(self, data: bytes):
         try:
             self.sock.send(data)
-        except (ConnectionRefusedError, BlockingIOError):
-            pass  # counted as sent: the protocol recovers by timeout like any loss
+        except (ConnectionRefusedError, BlockingIOError, PermissionError):
+            pass  # counted as sent (a full buffer, a firewall's drop): the protocol recovers by timeout like any loss
         self.stats.packets_sent += 1
         self.stats.bytes_sent += len(data)
 

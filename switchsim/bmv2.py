@@ -11,6 +11,7 @@ address into `members` and `replicas`, and the job's multicast group (docs/p4.md
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -256,7 +257,13 @@ class BMv2Server:
         self._stopped.set()
 
     def close(self):
+        """Stop BMv2 and remove its namespace; the counters read last stay readable (serve prints them)."""
         self._stopped.set()
+        if getattr(self, "sw", None) is not None and getattr(self, "control", None) is not None:
+            try:
+                self._last_stats = self.stats(per_slot=True)
+            except Exception:  # noqa: BLE001 - a switch that died has no counters to keep
+                pass
         for part in ("sw", "process", "ns"):
             obj = getattr(self, part, None)
             if obj is not None:
@@ -266,6 +273,12 @@ class BMv2Server:
     # ------------------------------------------------------------------ counters
     def stats(self, per_slot: bool = False) -> dict:
         """The model's counters (Switch.stats), read from the P4 counters, plus the control plane's drops."""
+        if self.sw is None:  # closed: what it counted last
+            last = json.loads(json.dumps(getattr(self, "_last_stats", {"dropped": {}, "jobs": {}})))
+            for job in last.get("jobs", {}).values():
+                if not per_slot:
+                    job.pop("per_slot", None)
+            return last
         slots = [i for j in self.config.jobs for i in range(self.slot_base[j], self.slot_base[j] + self.config.slots)]
         read = {name: self._read_counter(name, slots) for name in wire.SLOT_COUNTERS}
         read["drops"] = self._read_counter("drops", range(len(wire.DROP_REASONS)))
