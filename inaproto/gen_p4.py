@@ -44,7 +44,7 @@ def constants() -> list[str]:
           ("bit<16>", "BLOCK_EXT_SIZE", w.BLOCK_EXT_SIZE), ("bit<32>", "BLOCK_NONE", w.BLOCK_NONE),
           ("bit<16>", "JOIN_SIZE", w.JOIN_SIZE)]
     c += [("bit<8>", f"DROP_{r.upper()}", i) for i, r in enumerate(w.DROP_REASONS)]
-    c += [("bit<32>", "DROP_COUNT", len(w.DROP_REASONS))]
+    c += [("bit<32>", "DROP_COUNT", len(w.DROP_REASONS)), ("bit<16>", "LANES_16", LANES)]
     lines = [f"const {t} {name} = {v};" for t, name, v in c]
     lines += [f"#define LANES {LANES}", f"#define SLOT_CAPACITY {SLOT_CAPACITY}",
               f"#define SET_CAPACITY {2 * SLOT_CAPACITY}", f"#define MEMBER_CAPACITY {MEMBER_CAPACITY}",
@@ -118,6 +118,11 @@ def lane_actions() -> list[str]:
     """Every per-lane action, each a single action so that a lane's read-modify-write is atomic."""
     out = _action("write32", [], "meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v; acc{i}.write(meta.idx, meta.s.t);")
     out += _action("add32", [], "acc{i}.read(meta.s.t, meta.idx); " + SEXT + " acc{i}.write(meta.idx, meta.s.t);")
+    # the packet completing a dense int32 round carries all n_elems lanes: add and write the result in place
+    out += _action("add_finish32", ["meta.s.ovf = 0;"],
+                   "acc{i}.read(meta.s.t, meta.idx); " + SEXT + " acc{i}.write(meta.idx, meta.s.t); "
+                   "hdr.l32[{i}].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);",
+                   ["if (meta.s.ovf != 0) { meta.overflow = 1; }"])
     out += _action("write_nc", [], "meta.s.t = 0;\n" + NC_VALUE + "\nacc{i}.write(meta.idx, meta.s.t);")
     out += _action("add_nc", [], "acc{i}.read(meta.s.t, meta.idx);\n" + NC_VALUE + "\nacc{i}.write(meta.idx, meta.s.t);")
     out += _action("finish32", ["meta.s.ovf = 0;"],

@@ -14,6 +14,8 @@ import ipaddress
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -316,21 +318,31 @@ def _mac(text: str) -> int:
     return int(text.replace(":", ""), 16)
 
 
-def _parse_frame(frame: bytes):
-    """(source MAC, (source IP, UDP port), UDP payload) of an Ethernet/IPv4/UDP frame, else None."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
+ETH_IP_UDP = struct.Struct("!6s6sH BBHHHBBH4s4s HHHH")  # Ethernet, IPv4 without options, UDP
 
-    pkt = Ether(frame)
-    if IP not in pkt or UDP not in pkt:
+
+def _parse_frame(frame: bytes):
+    """(source MAC, (source IP, UDP port), UDP payload) of an Ethernet/IPv4/UDP frame, else None. By hand,
+    not scapy: this is the control plane's per-packet path, and scapy takes about a millisecond a frame."""
+    if len(frame) < ETH_IP_UDP.size:
         return None
-    return pkt[Ether].src, (pkt[IP].src, pkt[UDP].sport), bytes(pkt[UDP].payload)
+    _, src_mac, ethertype, vihl, _, total, _, frag, _, proto, _, src, _, sport, _, length, _ = \
+        ETH_IP_UDP.unpack_from(frame)
+    if ethertype != 0x0800 or vihl != 0x45 or proto != 17 or frag & 0x3FFF or length < 8:
+        return None
+    payload = frame[ETH_IP_UDP.size:ETH_IP_UDP.size + length - 8]
+    if len(payload) != length - 8:
+        return None
+    return ":".join(f"{b:02x}" for b in src_mac), (socket.inet_ntoa(src), sport), payload
 
 
 def _udp_frame(src_mac: str, dst_mac: str, src: tuple, dst: tuple, payload: bytes) -> bytes:
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.packet import Raw
-
-    return bytes(Ether(src=src_mac, dst=dst_mac) / IP(src=src[0], dst=dst[0]) / UDP(sport=src[1], dport=dst[1], chksum=0)
-                 / Raw(payload))
+    """An Ethernet/IPv4/UDP frame (UDP checksum 0, as IPv4 allows)."""
+    ip = [0x45, 0, 28 + len(payload), 0, 0x4000, 64, 17, 0, socket.inet_aton(src[0]), socket.inet_aton(dst[0])]
+    head = struct.pack("!BBHHHBBH4s4s", *ip)
+    words = sum(struct.unpack("!10H", head))
+    while words >> 16:
+        words = (words & 0xFFFF) + (words >> 16)
+    ip[7] = ~words & 0xFFFF
+    return (bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex(src_mac.replace(":", "")) + b"\x08\x00"
+            + struct.pack("!BBHHHBBH4s4s", *ip) + struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload)
