@@ -89,14 +89,19 @@ class Star:
     prefix = "10.215.0"
     _seq = itertools.count()
 
-    def __init__(self, n: int, loss: float = 0.0):
+    def __init__(self, n: int, loss: float = 0.0, rate_mbit: float | None = None, bridge: bool = False):
+        """n workers; loss per packet and direction; rate_mbit: every link's rate both ways (tc tbf on both
+        ends); bridge: join the switch's ends in a Linux bridge holding switch_ip (a switch on a kernel
+        socket, python or c), else they stay separate ports (BMv2, DPDK)."""
         if not 1 <= n <= 253:
             raise ValueError(f"a star has 1..253 workers, not {n}")
+        if rate_mbit is not None and rate_mbit <= 0:
+            raise ValueError(f"link rate must be > 0 Mbit/s, not {rate_mbit}")
         reason = self.why_not(loss)
         if reason:
             raise RuntimeError(reason)
         tag = f"{os.getpid():x}{next(Star._seq) % 16:x}"  # <= 7 characters
-        self.n, self.loss = n, loss
+        self.n, self.loss, self.rate_mbit, self.bridge = n, loss, rate_mbit, bridge
         self.switch_ns, self.worker_ns = f"ina-{tag}-s", [f"ina-{tag}-w{i}" for i in range(n)]
         self.switch_ifs, self.worker_ifs = [f"is{tag}-{i}" for i in range(n)], [f"iw{tag}-{i}" for i in range(n)]
         self.switch_ip, self.worker_ips = f"{self.prefix}.254", [f"{self.prefix}.{i + 1}" for i in range(n)]
@@ -115,6 +120,8 @@ class Star:
             return "a star of network namespaces needs root"
         if not shutil.which("ip"):
             return "a star of network namespaces needs iproute2's ip command"
+        if not shutil.which("tc"):
+            return "link rates need iproute2's tc command"
         if loss and not shutil.which("nft"):
             return "lossy links need nftables' nft command (apt-get install nftables)"
         return ""
@@ -141,6 +148,33 @@ class Star:
             self._ip("-n", self.switch_ns, "link", "set", sif, "up")
             if self.loss:
                 self._lossy(ns, wif)
+            if self.rate_mbit:
+                self._shape(ns, wif)
+                self._shape(self.switch_ns, sif)
+        if self.bridge:
+            self._ip("-n", self.switch_ns, "link", "add", "br0", "type", "bridge")
+            for sif in self.switch_ifs:
+                self._ip("-n", self.switch_ns, "link", "set", sif, "master", "br0")
+            self._ip("-n", self.switch_ns, "addr", "add", f"{self.switch_ip}/24", "dev", "br0")
+            self._ip("-n", self.switch_ns, "link", "set", "br0", "up")
+
+    def _shape(self, ns: str, dev: str):
+        """A token bucket at the link's rate on dev's egress (a burst of 10 ms of traffic, at least 4 frames)."""
+        burst = max(4 * 1514, int(self.rate_mbit * 1e6 / 8 / 100))
+        r = self.run(ns, ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.rate_mbit}mbit",
+                          "burst", str(burst), "latency", "100ms"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"star: tc in {ns}: {r.stderr.strip()}")
+
+    def link_bytes(self) -> list[dict]:
+        """Per link: bytes the worker sent (tx) and received (rx), from its interface's counters."""
+        out = []
+        for ns, dev in zip(self.worker_ns, self.worker_ifs):
+            r = self.run(ns, ["cat", f"/sys/class/net/{dev}/statistics/tx_bytes",
+                              f"/sys/class/net/{dev}/statistics/rx_bytes"], capture_output=True, text=True)
+            tx, rx = (int(v) for v in r.stdout.split())
+            out.append({"link": dev, "tx_bytes": tx, "rx_bytes": rx})
+        return out
 
     def _lossy(self, ns: str, dev: str):
         cut = round(self.loss * 10000)

@@ -17,7 +17,7 @@ from hostlib.codecs import fixed, natural
 from inabench.harness import ROOT, SwitchProcess
 from switchsim.netns import Star
 
-WORKER = os.path.join(ROOT, "tests", "scripts", "allreduce_worker.py")
+WORKER = os.path.join(ROOT, "topologies", "worker.py")
 K = 64  # BMv2's lanes: the switch caps elements per packet at 64 in its join ack
 
 
