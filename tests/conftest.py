@@ -245,10 +245,10 @@ class BMv2Harness(UDPHarness):
     def blast(self, port, packets):
         """Control requests go up to the controller over P4Runtime and back: wait longer for them."""
         control = any(len(p) > 1 and p[1] in wire.CONTROL_REQUESTS for p in packets)
-        if len(packets) > 16:  # BMv2 takes bursts of ~30 packets: a flood arrives at ~3000 packets/s
+        if len(packets) > 16:  # BMv2 takes bursts of ~30 packets: a flood arrives at ~1000 packets/s
             for p in packets[:-1]:
                 self._sock(port).sendto(self.stamp(p), self.server.address)
-                time.sleep(0.0003)
+                time.sleep(0.001)
             packets = packets[-1:]
         self.quiet = 1.0 if control else BMv2Harness.quiet
         try:

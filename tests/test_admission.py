@@ -3,6 +3,8 @@ attack that worked on protocol v1 (spoofed rank, stranger joins, a stray join, t
 far-ahead ids, amplification, stats to anyone), each with the check that the real job is untouched."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -100,9 +102,12 @@ def test_answers_to_strangers_are_small_and_rate_limited(switch_backend):
     out = sw.send(STRANGER, join)
     assert len(out) == 1 and len(out[0][1]) <= len(join)
     assert out[0][1][wire.HEADER_SIZE:] == b"unknown job 9"  # and no list of the jobs served
-    flood = sw.blast(STRANGER, [join] * (control.ERROR_RATE[1] + 100))
-    assert len(flood) <= control.ERROR_RATE[1] + 10  # the burst, and what the rate refilled meanwhile
-    assert sw.stats()["dropped"]["rate_limited"] >= 80
+    n = control.ERROR_RATE[1] + 100
+    t0 = time.monotonic()
+    flood = sw.blast(STRANGER, [join] * n)
+    refill = control.ERROR_RATE[0] * (time.monotonic() - t0)  # a slower switch answers over a longer time
+    assert len(flood) <= control.ERROR_RATE[1] + refill + 5  # the burst, and what the rate refilled meanwhile
+    assert sw.stats()["dropped"]["rate_limited"] >= n - len(flood) - 10  # refused, not lost
     sw.send(0, update(0, 0, 0, 1, 0, 0))
     assert summed(sw.send(1, update(1, 0, 0, 1, 0, 0)), 2)
 
