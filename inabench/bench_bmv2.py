@@ -142,7 +142,7 @@ def _reference_rows(kind: str, lanes: int, rates, seconds: float) -> list[dict]:
             raise RuntimeError(ns.error)
         proc = sw = None
         try:
-            proc = bmv2.SwitchProcess([ns.switch_if], ns.ns)
+            proc = bmv2.BMv2Process([ns.switch_if], ns.ns)
             sw = p4rt.Switch(f"unix:{proc.socket}")
             sw.set_pipeline(p4rt.P4Info(info_path), json_path)
             subprocess.run(["ip", "neigh", "replace", ns.switch_ip, "lladdr", bmv2.SWITCH_MAC, "dev", ns.worker_if],

@@ -43,20 +43,25 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def update(path: str, text: str, check: bool, module: str) -> int:
+    """Write a generated file if it changed; with check, only say whether it is out of date (1) or not (0)."""
+    current = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            current = f.read()
+    if current == text:
+        return 0
+    if check:
+        print(f"{path} is out of date: run python -m {module}", file=sys.stderr)
+        return 1
+    with open(path, "w") as f:
+        f.write(text)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    text = render()
-    with open(PATH) as f:
-        current = f.read()
-    if "--check" in argv:
-        if current != text:
-            print(f"{PATH} is out of date: run python -m inaproto.gen_c", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        with open(PATH, "w") as f:
-            f.write(text)
-    return 0
+    return update(PATH, render(), "--check" in argv, "inaproto.gen_c")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import wire
+from . import gen_c, wire
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "p4", "ina.p4.in")
@@ -176,9 +176,31 @@ def render() -> str:
     return header + text
 
 
+# Where find_tool looks after $VAR and PATH: $P4_TOOLCHAIN_HOME/bin (the toolchain's env.sh sets it), then
+# a prebuilt toolchain next to this checkout (../shared/p4-toolchain).
+TOOL_ENV = {"simple_switch_grpc": "SIMPLE_SWITCH_GRPC", "p4c-bm2-ss": "P4C"}
+TOOLCHAIN_BINS = [os.path.join(os.path.dirname(ROOT), "shared", "p4-toolchain", "bin")]
+
+
+def find_tool(name: str) -> str | None:
+    """A P4 tool (simple_switch_grpc, p4c-bm2-ss): $SIMPLE_SWITCH_GRPC / $P4C if it names an executable,
+    else PATH, else $P4_TOOLCHAIN_HOME/bin, else the prebuilt toolchain (TOOLCHAIN_BINS). None if none has it."""
+    env = os.environ.get(TOOL_ENV.get(name, ""), "")
+    if env and os.path.isfile(env) and os.access(env, os.X_OK):
+        return env
+    found = shutil.which(name)
+    if found:
+        return found
+    home = os.environ.get("P4_TOOLCHAIN_HOME")
+    for d in ([os.path.join(home, "bin")] if home else []) + TOOLCHAIN_BINS:
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def find_p4c() -> str | None:
-    """p4c-bm2-ss from $P4C or PATH."""
-    return os.environ.get("P4C") or shutil.which("p4c-bm2-ss")
+    return find_tool("p4c-bm2-ss")
 
 
 def p4c_command(p4c: str) -> list[str]:
@@ -231,17 +253,8 @@ def compiled_differs(p4c: str | None = None) -> list[str]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    text = render()
-    with open(PATH) if os.path.exists(PATH) else open(os.devnull) as f:
-        current = f.read()
-    if "--check" in argv:
-        if current != text:
-            print(f"{PATH} is out of date: run python -m inaproto.gen_p4", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        with open(PATH, "w") as f:
-            f.write(text)
+    if gen_c.update(PATH, render(), "--check" in argv, "inaproto.gen_p4"):
+        return 1
     if "--compile" in argv:
         os.makedirs(BUILD, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:

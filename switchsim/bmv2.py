@@ -10,8 +10,9 @@ address into `members` and `replicas`, and the job's multicast group (docs/p4.md
 """
 from __future__ import annotations
 
+import copy
 import ipaddress
-import json
+import itertools
 import os
 import shutil
 import socket
@@ -35,14 +36,9 @@ SWITCH_MAC = "02:49:4e:41:00:01"  # locally administered: "INA"
 IN_FLIGHT = 24
 
 
-def find_switch() -> str | None:
-    """simple_switch_grpc from $SIMPLE_SWITCH_GRPC or PATH."""
-    return os.environ.get("SIMPLE_SWITCH_GRPC") or shutil.which("simple_switch_grpc")
-
-
 def why_not() -> str:
     """Why this machine cannot run the BMv2 backend ("" if it can)."""
-    if find_switch() is None:
+    if gen_p4.find_tool("simple_switch_grpc") is None:
         return ("simple_switch_grpc not found (BMv2 with P4Runtime: set $SIMPLE_SWITCH_GRPC or put it on PATH; "
                 "see p4/README.md)")
     try:
@@ -79,13 +75,13 @@ class BMv2Namespace(VethNamespace):
         return why_not()
 
 
-class SwitchProcess:
+class BMv2Process:
     """simple_switch_grpc with no program yet, P4Runtime on a unix socket (reachable from any namespace)."""
 
     def __init__(self, ifaces: list[str], netns: str | None = None, timeout: float = 30.0):
         self.dir = tempfile.mkdtemp(prefix="ina-bmv2-")
         self.socket = os.path.join(self.dir, "p4rt.sock")
-        cmd = [find_switch(), "--no-p4", *[a for i, name in enumerate(ifaces) for a in ("-i", f"{i}@{name}")],
+        cmd = [gen_p4.find_tool("simple_switch_grpc"), "--no-p4", *[a for i, name in enumerate(ifaces) for a in ("-i", f"{i}@{name}")],
                "--", "--grpc-server-addr", f"unix:{self.socket}", "--cpu-port", str(CPU_PORT)]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
@@ -151,13 +147,13 @@ class BMv2Server:
         self.ports: dict[tuple, tuple[str, int]] = {}  # (ip, udp port) -> (MAC, switch port), from packet-ins
         self.control_drops = dict.fromkeys(wire.DROP_REASONS, 0)
         self.slot_base = {j: i * config.slots for i, j in enumerate(sorted(config.jobs))}
-        self.member_base = dict(zip(sorted(config.jobs), _cumsum([config.jobs[j] for j in sorted(config.jobs)])))
+        self.member_base = dict(zip(sorted(config.jobs), itertools.accumulate((config.jobs[j] for j in sorted(config.jobs)), initial=0)))
         self.admitted: dict[int, list] = {}
         self._stopped = threading.Event()
         self.started = time.monotonic()
         try:
             if grpc_addr is None:
-                self.process = SwitchProcess(ifaces, self.ns.ns if self.ns else None)
+                self.process = BMv2Process(ifaces, self.ns.ns if self.ns else None)
                 grpc_addr = f"unix:{self.process.socket}"
             self.p4info = p4rt.P4Info(p4info_path)
             self.sw = p4rt.Switch(grpc_addr)
@@ -276,7 +272,7 @@ class BMv2Server:
     def stats(self, per_slot: bool = False) -> dict:
         """The model's counters (Switch.stats), read from the P4 counters, plus the control plane's drops."""
         if self.sw is None:  # closed: what it counted last
-            last = json.loads(json.dumps(getattr(self, "_last_stats", {"dropped": {}, "jobs": {}})))
+            last = copy.deepcopy(getattr(self, "_last_stats", {"dropped": {}, "jobs": {}}))
             for job in last.get("jobs", {}).values():
                 if not per_slot:
                     job.pop("per_slot", None)
@@ -304,14 +300,6 @@ class BMv2Server:
              "jobs": jobs, "bmv2": {"not_ina": packets("io", 3), "mac": SWITCH_MAC,
                                     "uptime_s": round(time.monotonic() - self.started, 3)}}
         return self.control.annotate(s)
-
-
-def _cumsum(values):
-    out, total = [], 0
-    for v in values:
-        out.append(total)
-        total += v
-    return out
 
 
 def _mac(text: str) -> int:

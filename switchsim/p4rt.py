@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import os
 import queue
-import shutil
 import threading
 
 import grpc
@@ -23,15 +22,10 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from inaproto.gen_p4 import TOOL_ENV, TOOLCHAIN_BINS, find_tool  # noqa: F401 - the P4 tool lookup, here too
+
 MatchField = p4info_pb2.MatchField
 ActionRef = p4info_pb2.ActionRef
-
-# Where find_tool looks after $VAR and PATH: $P4_TOOLCHAIN_HOME/bin (the toolchain's env.sh sets it), then
-# the shared prebuilt toolchain next to this checkout (../shared/p4-toolchain) or at /work/shared.
-TOOL_ENV = {"simple_switch_grpc": "SIMPLE_SWITCH_GRPC", "p4c-bm2-ss": "P4C"}
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOLCHAIN_BINS = list(dict.fromkeys([os.path.join(os.path.dirname(_REPO), "shared", "p4-toolchain", "bin"),
-                                     "/work/shared/p4-toolchain/bin"]))
 
 _UPDATES = {"insert": p4runtime_pb2.Update.INSERT, "modify": p4runtime_pb2.Update.MODIFY,
             "delete": p4runtime_pb2.Update.DELETE}
@@ -41,23 +35,6 @@ _ENTITY_FIELDS = {f.message_type.full_name: f.name
 _KINDS = {"table": "tables", "action": "actions", "counter": "counters", "meter": "meters",
           "register": "registers", "direct_counter": "direct_counters", "direct_meter": "direct_meters",
           "controller_packet_metadata": "controller_packet_metadata"}
-
-
-def find_tool(name: str) -> str | None:
-    """A P4 tool (simple_switch_grpc, p4c-bm2-ss): $SIMPLE_SWITCH_GRPC / $P4C if it names an executable,
-    else PATH, else $P4_TOOLCHAIN_HOME/bin, else the prebuilt toolchain (TOOLCHAIN_BINS). None if none has it."""
-    env = os.environ.get(TOOL_ENV.get(name, ""), "")
-    if env and os.path.isfile(env) and os.access(env, os.X_OK):
-        return env
-    found = shutil.which(name)
-    if found:
-        return found
-    home = os.environ.get("P4_TOOLCHAIN_HOME")
-    for d in ([os.path.join(home, "bin")] if home else []) + TOOLCHAIN_BINS:
-        path = os.path.join(d, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def encode(value: int | bytes, bitwidth: int, what: str = "value") -> bytes:

@@ -177,13 +177,14 @@ def pytest_sessionfinish(session, exitstatus):
         _dpdk_net.close()
 
 
-class DPDKHarness(UDPHarness):
-    """The C core on DPDK (af_packet on a veth), in its own process inside the test's namespace."""
+class ServedHarness(UDPHarness):
+    """A `switchsim serve` process (dpdk, bmv2) with the job, key and switch flags of the other harnesses;
+    subclasses say how to start it (`serve`) and what to do before the joins (`warm`)."""
 
     quiet = 0.1
+    max_elements = 1024
 
-    def __init__(self, jobs, join=True, slots=512, max_elements=1024, nc_rounding="stochastic", seed=0, keys=None):
-        net = dpdk_net()
+    def __init__(self, jobs, join=True, slots=512, max_elements=None, nc_rounding="stochastic", seed=0, keys=None):
         args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")]
         self.keydir = tempfile.TemporaryDirectory()
         for j, key in (keys or {}).items():
@@ -191,18 +192,24 @@ class DPDKHarness(UDPHarness):
             with open(path, "wb") as f:
                 f.write(key)
             args += ["--key-file", f"{j}:{path}"]
-        args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed,
-                 "--first-packet-id", 0]
-        self.proc = SwitchProcess(*args, cmd=net.serve_args(net.port()))
+        args += ["--slots", slots, "--elements-per-packet", max_elements or self.max_elements,
+                 "--nc-rounding", nc_rounding, "--seed", seed, "--first-packet-id", 0]
+        self.proc = self.serve(args)
         host, port = self.proc.address.split(":")
         self.server = SimpleNamespace(address=(host, int(port)))
-        self.bind_ip = net.worker_ip
         self.socks = {}
         try:
+            self.warm()
             self.start(jobs, join, keys)
         except BaseException:
             self.close()  # the fixture only closes harnesses that were made
             raise
+
+    def serve(self, args) -> SwitchProcess:
+        raise NotImplementedError
+
+    def warm(self):
+        pass
 
     def stats(self):
         return query_stats(self.server.address)
@@ -214,33 +221,27 @@ class DPDKHarness(UDPHarness):
             s.close()
 
 
-class BMv2Harness(UDPHarness):
+class DPDKHarness(ServedHarness):
+    """The C core on DPDK (af_packet on a veth), in its own process inside the test's namespace."""
+
+    def serve(self, args):
+        net = dpdk_net()
+        self.bind_ip = net.worker_ip
+        return SwitchProcess(*args, cmd=net.serve_args(net.port()))
+
+
+class BMv2Harness(ServedHarness):
     """p4/ina.p4 on simple_switch_grpc: `switchsim serve --backend bmv2` makes its namespace and veth pair;
     the sockets here reach it through the veth (the kernel picks the source address)."""
 
-    quiet = 0.1
+    max_elements = 64  # the program's lanes
+    bind_ip = "0.0.0.0"
 
-    def __init__(self, jobs, join=True, slots=512, max_elements=64, nc_rounding="stochastic", seed=0, keys=None):
-        args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")]
-        self.keydir = tempfile.TemporaryDirectory()
-        for j, key in (keys or {}).items():
-            path = os.path.join(self.keydir.name, f"job{j}.key")
-            with open(path, "wb") as f:
-                f.write(key)
-            args += ["--key-file", f"{j}:{path}"]
-        args += ["--slots", slots, "--elements-per-packet", max_elements, "--nc-rounding", nc_rounding, "--seed", seed,
-                 "--first-packet-id", 0]
-        self.proc = SwitchProcess(*args, backend="bmv2")
-        host, port = self.proc.address.split(":")
-        self.server = SimpleNamespace(address=(host, int(port)))
-        self.bind_ip = "0.0.0.0"
-        self.socks = {}
-        try:
-            query_stats(self.server.address, timeout=10)  # the first packet waits for ARP: not a test's
-            self.start(jobs, join, keys)
-        except BaseException:
-            self.close()  # the fixture only closes harnesses that were made
-            raise
+    def serve(self, args):
+        return SwitchProcess(*args, backend="bmv2")
+
+    def warm(self):
+        query_stats(self.server.address, timeout=10)  # the first packet waits for ARP: not a test's
 
     def blast(self, port, packets):
         """Control requests go up to the controller over P4Runtime and back: wait longer for them."""
@@ -255,8 +256,6 @@ class BMv2Harness(UDPHarness):
             return super().blast(port, packets)
         finally:
             self.quiet = BMv2Harness.quiet
-
-    stats, close = DPDKHarness.stats, DPDKHarness.close
 
 
 def bmv2_missing() -> str:

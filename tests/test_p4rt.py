@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from inaproto import gen_p4
+
 pytest.importorskip("p4.v1.p4runtime_pb2", reason="needs the p4 extra (p4runtime, protobuf 3.20, grpcio)")
 
 import grpc  # noqa: E402
@@ -260,7 +262,7 @@ def test_find_tool(tmp_path, monkeypatch):
 
     env, on_path, home, shared = (tool(tmp_path / d / "bin" / "simple_switch_grpc")
                                   for d in ("env", "path", "home", "shared"))
-    monkeypatch.setattr(p4rt, "TOOLCHAIN_BINS", [os.path.dirname(shared)])
+    monkeypatch.setattr(gen_p4, "TOOLCHAIN_BINS", [os.path.dirname(shared)])  # where find_tool lives
     monkeypatch.setenv("SIMPLE_SWITCH_GRPC", env)
     monkeypatch.setenv("PATH", os.path.dirname(on_path))
     monkeypatch.setenv("P4_TOOLCHAIN_HOME", str(tmp_path / "home"))
@@ -407,8 +409,8 @@ class Live:
 @pytest.fixture(scope="module")
 def live():
     reason = live_missing()
-    if reason:
-        pytest.skip(reason)
+    if reason:  # the missing binary, privilege or command, named
+        pytest.skip(f"live P4Runtime test: {reason}")
     tmp = tempfile.mkdtemp(prefix="p4rt-test-")
     try:
         env = Live(tmp)  # removes what it made if it fails
