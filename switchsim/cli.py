@@ -81,6 +81,14 @@ def make_server(args):
     """
     config = config_from_args(args)
     net = dict(loss=args.loss, dup=args.dup, reorder=args.reorder, seed=args.seed)
+    if args.uplink:
+        if args.backend != "python":
+            raise ValueError("a leaf switch (--uplink) runs the reference model: --backend python")
+        from .leaf import make_leaf
+        from .server import UDPServer
+
+        return make_leaf(config, UDPServer, args.host, args.port, args.uplink, args.uplink_rank,
+                         args.uplink_leaves, args.uplink_timeout, **net)
     if args.backend == "dpdk":
         from .dpdk import DPDKServer
 
@@ -164,26 +172,6 @@ def cmd_serve(args) -> int:
         print(f"switchsim: {stats['packets_in']} packets in, {stats['packets_out']} out, {drops} dropped "
               f"({', '.join(f'{k} {v}' for k, v in stats['dropped'].items() if v) or 'none'})", flush=True)
     return 0
-
-
-def cmd_topo(args) -> int:
-    """`switchsim topo run`: one allreduce across a star of namespaces (topologies/run.py)."""
-    import json
-
-    from topologies.run import run_star
-
-    try:
-        report = run_star(args.workers, args.backend, args.bw, args.loss, args.codec, args.size, args.window,
-                          args.timeout)
-    except (RuntimeError, ValueError, OSError) as e:
-        print(f"switchsim topo: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for key, value in report.items():
-            print(f"{key:>16}: {value}")
-    return 0 if report["exact"] is not False else 1
 
 
 def cmd_p4(args) -> int:
@@ -320,23 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "cross the 32-bit wrap")
     s.add_argument("--control", action="append", metavar="HOST",
                    help="a host besides loopback that may read the counters (switchsim stats) (repeatable)")
+    s.add_argument("--uplink", metavar="HOST:PORT",
+                   help="two-level aggregation: be a leaf of the root switch there, as rank --uplink-rank of "
+                        "--uplink-leaves (switchsim/leaf.py; python backend, one job)")
+    s.add_argument("--uplink-rank", type=int, default=0, help="this leaf's rank at the root")
+    s.add_argument("--uplink-leaves", type=int, default=2, help="leaves the root's job has")
+    s.add_argument("--uplink-timeout", type=float, default=60.0, help="seconds to wait for every leaf to join the root")
     network(s)
     s.set_defaults(func=cmd_serve)
 
-    t = sub.add_parser("topo", help="a star of network namespaces on rate-limited, lossy links around a switch")
-    t.add_argument("action", choices=("run",),
-                   help="run: build the star, start the switch on its switch host, allreduce from every worker "
-                        "host, report, tear everything down")
-    t.add_argument("--workers", type=int, default=4)
-    t.add_argument("--backend", choices=("python", "c", "bmv2"), default="python", help="the switch")
-    t.add_argument("--bw", type=float, metavar="MBIT", help="every link's rate in Mbit/s (tc tbf on both ends)")
-    t.add_argument("--loss", type=float, default=0.0, help="drop probability per packet and direction on every link")
-    t.add_argument("--codec", choices=("int32", "fixed", "nc"), default="int32")
-    t.add_argument("--size", type=int, default=1 << 16, help="elements per worker")
-    t.add_argument("--window", type=int, default=32, help="the workers' window (the switch may grant fewer)")
-    t.add_argument("--timeout", type=float, default=60.0)
-    t.add_argument("--json", action="store_true", help="one JSON object instead of lines")
-    t.set_defaults(func=cmd_topo)
+    from topologies.cli import add_parser as add_topo
+
+    add_topo(sub)
 
     p4 = sub.add_parser("p4", help="the P4 program (p4/ina.p4): regenerate and compile it, or describe it")
     p4.add_argument("action", choices=("build", "check", "info"),

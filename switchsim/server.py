@@ -96,6 +96,7 @@ class UDPServer:
         host, port: where to listen (port 0: any free port; see self.address).
         loss, dup, reorder: impairment probabilities, per packet, applied to each direction separately.
         seed: of the impairments' random streams, for repeatable faults.
+        sock: an already bound socket to serve on instead of host, port (a leaf joins its root from it first).
 
     Raises:
         ValueError: a probability outside [0, 1).
@@ -103,9 +104,9 @@ class UDPServer:
     """
 
     def __init__(self, backend: Switch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
-                 reorder=0.0, seed=None):
+                 reorder=0.0, seed=None, sock: socket.socket | None = None):
         self.backend = backend
-        self.sock = bind_udp(host, port)
+        self.sock = sock if sock is not None else bind_udp(host, port)
         self.address = self.sock.getsockname()
         rs = random.Random(seed)
         self.rx = Impairment(loss, dup, reorder, rs.random())

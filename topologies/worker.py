@@ -4,7 +4,7 @@ namespace (switchsim topo run, tests/test_bmv2_e2e.py):
     python -m topologies.worker SWITCH RANK WORLD CODEC IN.npy OUT [KEY=JSON ...]
 
 connects to SWITCH (HOST:PORT) as RANK of WORLD with hostlib.connect(..., KEY=value), allreduces the array
-in IN.npy once, and writes OUT.npy (the result) and OUT.json (its CommStats and the allreduce's seconds); on failure the traceback goes
+in IN.npy once, and writes OUT.npy (the result) and OUT.json (its CommStats, the allreduce's seconds and the smoothed round trip, srtt); on failure the traceback goes
 to stderr and the exit status is 1.
 """
 import json
@@ -23,7 +23,7 @@ def main(argv):
     with hostlib.connect(switch, int(rank), int(world), codec=codec, **kw) as comm:
         t0 = time.perf_counter()
         y = comm.allreduce(x)
-        stats = {**comm.stats.as_dict(), "seconds": time.perf_counter() - t0}
+        stats = {**comm.stats.as_dict(), "seconds": time.perf_counter() - t0, "srtt": comm.rtt.srtt}
     np.save(out + ".npy", y)
     with open(out + ".json", "w") as f:
         json.dump(stats, f)

@@ -1,0 +1,165 @@
+"""`switchsim topo run|up|down|status|exec`: the topologies' command line (switchsim/cli.py adds it)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+STATE_DIR = os.environ.get("INA_TOPO_STATE", "/run/ina-topo")  # one NAME.json (and NAME/ logs) per `topo up`
+
+
+def add_parser(sub):
+    t = sub.add_parser("topo", help="hosts as network namespaces on links with rate, delay and loss, around "
+                                    "switches of any backend (a star, or leaves under a root)")
+    t.add_argument("action", choices=("run", "up", "down", "status", "exec"),
+                   help="run: build, allreduce from every worker host, report, tear down; up: build and start "
+                        "the switches, keep them (NAME); down: remove NAME; status: what is up; exec: run a "
+                        "command in one host of NAME (switch, root, l0.., w0..)")
+    t.add_argument("name", nargs="?", help="up/down/status/exec: the topology's name")
+    t.add_argument("argv", nargs="*", help="exec: HOST COMMAND...")
+    t.add_argument("--file", help="a TOML topology (topologies/examples/); flags given here override it")
+    t.add_argument("--workers", type=int)
+    t.add_argument("--leaves", type=int, help="two-level aggregation: this many leaf switches under a root")
+    t.add_argument("--jobs", type=int, help="jobs sharing the switch, workers split evenly (a star)")
+    t.add_argument("--backend", choices=("python", "c", "bmv2"), help="the switch (a tree's root)")
+    t.add_argument("--bw", type=float, metavar="MBIT", help="every link's rate in Mbit/s (tc tbf on both ends)")
+    t.add_argument("--delay", type=_ms, metavar="D", help="every link's delay each way (e.g. 1ms, 500us; a "
+                                                          "user-space stage: this kernel has no netem)")
+    t.add_argument("--loss", type=float, help="drop probability per packet and direction on every link")
+    t.add_argument("--codec", choices=("int32", "fixed", "nc"), default="int32")
+    t.add_argument("--size", type=int, default=1 << 16, help="elements per worker")
+    t.add_argument("--window", type=int, default=32, help="the workers' window (the switch may grant fewer)")
+    t.add_argument("--timeout", type=float, default=60.0)
+    t.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    t.set_defaults(func=cmd_topo)
+
+
+def _ms(text: str) -> float:
+    """A delay as milliseconds: 1ms, 250us, 0.5 (ms), 1s."""
+    for unit, scale in (("ms", 1.0), ("us", 1e-3), ("s", 1e3)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return float(text)
+
+
+def spec_from_args(args):
+    from topologies.run import Spec
+
+    flags = dict(workers=args.workers, backend=args.backend, bw_mbit=args.bw, delay_ms=args.delay,
+                 loss=args.loss, leaves=args.leaves, jobs=args.jobs)
+    if args.file:
+        return Spec.load(args.file, **flags)
+    return Spec(**{k: v for k, v in flags.items() if v is not None})
+
+
+def cmd_topo(args) -> int:
+    """0 on success, 1 if an int32 result was wrong, 2 if the topology or the run failed."""
+    try:
+        return {"run": _run, "up": _up, "down": _down, "status": _status, "exec": _exec}[args.action](args)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"switchsim topo {args.action}: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    from topologies.run import run
+
+    report = run(spec_from_args(args), args.codec, args.size, args.window, args.timeout)
+    _print(report, args.json)
+    return 1 if report["exact"] is False else 0
+
+
+def _print(obj: dict, as_json: bool):
+    if as_json:
+        print(json.dumps(obj))
+    else:
+        for key, value in obj.items():
+            print(f"{key:>16}: {value}")
+
+
+def _named(args) -> str:
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise ValueError("give the topology a NAME (letters, digits, - and _)")
+    return os.path.join(STATE_DIR, args.name)
+
+
+def _up(args) -> int:
+    """Build and start; the namespaces and switches stay until `topo down NAME` (the state file says what)."""
+    from topologies.run import Deployment
+
+    path = _named(args)
+    if os.path.exists(path + ".json"):
+        raise ValueError(f"{args.name} is up already (switchsim topo down {args.name})")
+    os.makedirs(path, exist_ok=True)
+    dep = Deployment(spec_from_args(args), path)
+    state = {"name": args.name, "spec": vars(dep.spec), "namespaces": dep.topo.made,
+             "hosts": _hosts(dep.topo), "switches": {n: {"pid": p.pid, "log": log, "address": a}
+                                                     for n, (p, log, a) in dep.switches.items()},
+             "members": [vars(m) for m in dep.members]}
+    with open(path + ".json", "w") as f:
+        json.dump(state, f, indent=2)
+    _print({k: state[k] for k in ("name", "switches", "members")}, args.json)
+    return 0
+
+
+def _hosts(topo) -> dict:
+    """Short host names for `topo exec`: switch or root, l0.., w0.. -> namespace."""
+    hosts = {f"w{w}": ns for w, ns in enumerate(topo.worker_ns)}
+    if hasattr(topo, "switch_ns"):
+        hosts["switch"] = topo.switch_ns
+    else:
+        hosts["root"] = topo.root_ns
+        hosts.update({f"l{j}": ns for j, ns in enumerate(topo.leaf_ns)})
+    return hosts
+
+
+def _load(args) -> dict:
+    path = _named(args) + ".json"
+    if not os.path.exists(path):
+        raise ValueError(f"no topology {args.name} is up (switchsim topo status lists them)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _down(args) -> int:
+    from switchsim.netns import remove_namespaces
+
+    state = _load(args)
+    remove_namespaces(state["namespaces"])  # ends the switches and delay stages inside too
+    os.remove(_named(args) + ".json")
+    shutil.rmtree(_named(args), ignore_errors=True)
+    print(f"{args.name}: removed {len(state['namespaces'])} hosts")
+    return 0
+
+
+def _status(args) -> int:
+    names = [args.name] if args.name else sorted(f[:-5] for f in os.listdir(STATE_DIR) if f.endswith(".json")) \
+        if os.path.isdir(STATE_DIR) else []
+    have = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    out = {}
+    for name in names:
+        args.name = name
+        state = _load(args)
+        out[name] = {"spec": state["spec"], "hosts_up": sum(ns in have for ns in state["namespaces"]),
+                     "hosts": len(state["namespaces"]),
+                     "switches": {n: {**s, "running": _alive(s["pid"])} for n, s in state["switches"].items()}}
+    _print(out, args.json) if out else print("no topology is up")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _exec(args) -> int:
+    """`topo exec NAME HOST CMD...`: CMD inside host HOST (its exit status), e.g. a worker or `switchsim stats`."""
+    state = _load(args)
+    if len(args.argv) < 2 or args.argv[0] not in state["hosts"]:
+        raise ValueError(f"usage: topo exec NAME HOST COMMAND... (hosts: {', '.join(state['hosts'])})")
+    return subprocess.call(["ip", "netns", "exec", state["hosts"][args.argv[0]], *args.argv[1:]])
