@@ -18,7 +18,7 @@ def add_parser(sub):
                         "the switches, keep them (NAME); down: remove NAME; status: what is up; exec: run a "
                         "command in one host of NAME (switch, root, l0.., w0..)")
     t.add_argument("name", nargs="?", help="up/down/status/exec: the topology's name")
-    t.add_argument("argv", nargs="*", help="exec: HOST COMMAND...")
+    t.add_argument("argv", nargs="*", help="exec: HOST -- COMMAND...")
     t.add_argument("--file", help="a TOML topology (topologies/examples/); flags given here override it")
     t.add_argument("--workers", type=int)
     t.add_argument("--leaves", type=int, help="two-level aggregation: this many leaf switches under a root")
@@ -145,7 +145,10 @@ def _status(args) -> int:
         out[name] = {"spec": state["spec"], "hosts_up": sum(ns in have for ns in state["namespaces"]),
                      "hosts": len(state["namespaces"]),
                      "switches": {n: {**s, "running": _alive(s["pid"])} for n, s in state["switches"].items()}}
-    _print(out, args.json) if out else print("no topology is up")
+    if not out:
+        print("no topology is up")
+    else:
+        _print(out, args.json)
     return 0
 
 
@@ -158,8 +161,8 @@ def _alive(pid: int) -> bool:
 
 
 def _exec(args) -> int:
-    """`topo exec NAME HOST CMD...`: CMD inside host HOST (its exit status), e.g. a worker or `switchsim stats`."""
+    """`topo exec NAME HOST -- CMD...`: CMD inside host HOST (its exit status), e.g. a worker or `switchsim stats`."""
     state = _load(args)
     if len(args.argv) < 2 or args.argv[0] not in state["hosts"]:
-        raise ValueError(f"usage: topo exec NAME HOST COMMAND... (hosts: {', '.join(state['hosts'])})")
+        raise ValueError(f"usage: topo exec NAME HOST -- COMMAND... (hosts: {', '.join(state['hosts'])})")
     return subprocess.call(["ip", "netns", "exec", state["hosts"][args.argv[0]], *args.argv[1:]])
