@@ -415,6 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--epochs", type=int, default=30,
                     help="epochs over the digits training split (default %(default)s)")
 
+    from topologies.cli import add_bench as add_topo_bench
+
+    add_topo_bench(bench_parser("topo", "allreduce time on emulated links (namespaces, root): INA against gloo's "
+                                        "ring over the same links, vs link rate and loss (not in `all`)"), csv)
+
     t = sub.add_parser("stats", help="print a running switch's counters")
     t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")
     t.add_argument("--timeout", type=float, default=2.0)

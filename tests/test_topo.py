@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from switchsim.netns import Star, Topology
-from topologies.run import Spec, run, run_star
+from topologies.run import Spec, mininet_why_not, run, run_mininet, run_star
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,3 +147,33 @@ def test_up_status_exec_down(tmp_path):
         topo("down", name, check=False)
     assert not set(ns) & namespaces()
     assert "no topology" in topo("status").stdout
+
+
+def mininet_leftovers() -> list[str]:
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [line.split(":")[1].strip() for line in links.splitlines() if "-eth" in line.split(":")[1]]
+
+
+@pytest.mark.skipif(bool(mininet_why_not()), reason=mininet_why_not() or "-")
+def test_mininet_star_exact_under_loss_and_delay():
+    """The same allreduce from mininet hosts (LinuxBridge, TCLink rate; the project's loss and delay)."""
+    before = mininet_leftovers()
+    r = run_mininet(Spec(workers=3, backend="c", bw_mbit=100, loss=0.05, delay_ms=1.0), "int32", size=20_000,
+                    window=16, timeout=30)
+    assert r["exact"] is True and r["retransmissions"] > 0
+    assert r["seconds"] >= 0.002 and len(r["links"]) == 3
+    assert mininet_leftovers() == before  # the bridge and its veths are gone
+
+
+def test_bench_topo_rows_against_gloo_on_the_same_links():
+    """bench topo: gloo's ring and INA over the same lossy links, both correct; with 3 workers a ring moves
+    2(N-1)/N = 4/3 of the tensor each way per worker link, INA one tensor (plus headers)."""
+    pytest.importorskip("torch", reason="the gloo baseline needs torch (pip install -e '.[torch]')")
+    from topologies.bench import bench_topo
+
+    rows = bench_topo(workers=3, size=50_000, rates=(1000,), losses=(0.02,), loss_rate=1000, codecs=("int32",))
+    assert [(r["bw Mbit/s"], r["loss"], r["config"]) for r in rows] == [
+        (1000, 0.0, "gloo"), (1000, 0.0, "ina-int32"), (1000, 0.02, "gloo"), (1000, 0.02, "ina-int32")]
+    assert all(r["correct"] is True for r in rows)
+    assert rows[0]["x gloo"] == 1.0 and rows[1]["x gloo"] == round(rows[1]["time s"] / rows[0]["time s"], 3)
+    assert rows[1]["MB per worker link"] < rows[0]["MB per worker link"]

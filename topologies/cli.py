@@ -32,6 +32,8 @@ def add_parser(sub):
     t.add_argument("--size", type=int, default=1 << 16, help="elements per worker")
     t.add_argument("--window", type=int, default=32, help="the workers' window (the switch may grant fewer)")
     t.add_argument("--timeout", type=float, default=60.0)
+    t.add_argument("--mininet", action="store_true",
+                   help="run: the star as a mininet topology instead (Debian's mininet, under /usr/bin/python3)")
     t.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     t.set_defaults(func=cmd_topo)
 
@@ -64,9 +66,10 @@ def cmd_topo(args) -> int:
 
 
 def _run(args) -> int:
-    from topologies.run import run
+    from topologies.run import run, run_mininet
 
-    report = run(spec_from_args(args), args.codec, args.size, args.window, args.timeout)
+    report = (run_mininet if args.mininet else run)(spec_from_args(args), args.codec, args.size, args.window,
+                                                    args.timeout)
     _print(report, args.json)
     return 1 if report["exact"] is False else 0
 
@@ -166,3 +169,36 @@ def _exec(args) -> int:
     if len(args.argv) < 2 or args.argv[0] not in state["hosts"]:
         raise ValueError(f"usage: topo exec NAME HOST -- COMMAND... (hosts: {', '.join(state['hosts'])})")
     return subprocess.call(["ip", "netns", "exec", state["hosts"][args.argv[0]], *args.argv[1:]])
+
+
+def add_bench(sp, csv):
+    """`switchsim bench topo`'s flags (sp: its sub-parser, made by switchsim/cli.py's bench_parser)."""
+    sp.add_argument("--workers", type=int, default=4)
+    sp.add_argument("--size", type=int, default=1 << 18, help="float32 elements per worker (default %(default)s)")
+    sp.add_argument("--rates", type=csv(float), default="10,100,1000,10000", metavar="LIST",
+                    help="link rates in Mbit/s, no loss (comma list; default %(default)s)")
+    sp.add_argument("--losses", type=csv(float), default="0,0.01,0.05,0.1", metavar="LIST",
+                    help="losses per packet and direction at --loss-rate (comma list; default %(default)s)")
+    sp.add_argument("--loss-rate", type=float, default=100, help="the link rate of the loss runs (Mbit/s)")
+    sp.add_argument("--codecs", type=csv(str), default="int32,fixed,nc", metavar="LIST")
+    sp.add_argument("--backend", choices=("python", "c"), default="c")
+    sp.add_argument("--delay", type=_ms, default=0.0, metavar="D", help="every link's delay each way")
+    sp.set_defaults(func=cmd_bench_topo)
+
+
+def cmd_bench_topo(args) -> int:
+    from inabench.bench import table
+    from topologies.bench import bench_topo, plot
+
+    as_json = getattr(args, "json", False)
+    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
+    try:
+        rows = bench_topo(args.workers, args.size, args.rates, args.losses, args.loss_rate, args.codecs,
+                          args.backend, args.delay, progress=progress)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"switchsim bench topo: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"topo": rows}, indent=2) if as_json else f"\n== topo\n{table(rows)}")
+    if getattr(args, "plot", None):
+        plot(rows, args.plot)
+    return 0

@@ -188,7 +188,7 @@ def allreduce(dep: Deployment, codec: str = "int32", size: int = 1 << 16, window
                                                  os.path.join(tmp, f"in{w}.npy"), os.path.join(tmp, f"out{w}"),
                                                  f"window={window}", f"timeout={json.dumps(timeout)}", f"job={m.job}"],
                                         cwd=ROOT, stderr=open(os.path.join(tmp, f"err{w}"), "w")))
-        _wait(procs, tmp, timeout * 2 + 30)
+        wait_workers(procs, tmp, timeout * 2 + 30)
         outs = [np.load(os.path.join(tmp, f"out{w}.npy")) for w in range(len(procs))]
         stats = [json.load(open(os.path.join(tmp, f"out{w}.json"))) for w in range(len(procs))]
     checks = [_check(codec, [x for x, m in zip(xs, dep.members) if m.job == j],
@@ -230,8 +230,59 @@ def run_star(workers: int = 4, backend: str = "python", bw: float | None = None,
     return run(Spec(workers, backend, bw, delay_ms, loss), codec, size, window, timeout, seed)
 
 
-def _wait(procs, tmp: str, limit: float):
-    """Every worker exits 0 within limit seconds, else RuntimeError with the first failure's stderr."""
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, where the mininet package installs
+
+
+def mininet_why_not() -> str:
+    """Why the mininet star cannot run here ("" if it can)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        return "mininet needs root"
+    if not os.path.exists(SYSTEM_PYTHON):
+        return f"mininet runs under the system Python, and {SYSTEM_PYTHON} is missing"
+    r = subprocess.run([SYSTEM_PYTHON, "-c", "import mininet.nodelib, mininet.link"], capture_output=True, text=True)
+    if r.returncode:
+        return f"{SYSTEM_PYTHON} cannot import mininet (apt-get install mininet): {r.stderr.strip()[-200:]}"
+    if not os.path.exists("/usr/bin/mnexec"):
+        return "mininet's mnexec is missing (apt-get install mininet)"
+    return ""
+
+
+def run_mininet(spec: Spec, codec: str = "int32", size: int = 1 << 16, window: int = 32, timeout: float = 60.0,
+                seed: int = 0) -> dict:
+    """The same allreduce on the mininet star (topologies/mininet_star.py under the system Python)."""
+    import subprocess
+
+    reason = mininet_why_not()
+    if reason:
+        raise RuntimeError(reason)
+    if spec.leaves or spec.jobs != 1 or spec.backend == "bmv2":
+        raise ValueError("the mininet topology is a star of one job around a python or c switch")
+    with tempfile.TemporaryDirectory() as tmp:
+        xs = inputs(codec, spec.workers, size, seed)
+        for w, x in enumerate(xs):
+            np.save(os.path.join(tmp, f"in{w}.npy"), x)
+        argv = [SYSTEM_PYTHON, os.path.join(ROOT, "topologies", "mininet_star.py"), "--python", sys.executable,
+                "--workers", spec.workers, "--loss", spec.loss, "--delay-ms", spec.delay_ms, "--backend", spec.backend,
+                "--codec", codec, "--dir", tmp, "--timeout", timeout * 2, *(["--bw", spec.bw_mbit] if spec.bw_mbit else []),
+                "--", f"window={window}", f"timeout={json.dumps(timeout)}"]
+        r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, timeout=timeout * 2 + 120, cwd=ROOT)
+        if r.returncode or not r.stdout.strip():
+            raise RuntimeError(f"mininet run failed (exit {r.returncode}): {r.stderr[-2000:]}")
+        net = json.loads(r.stdout.strip().splitlines()[-1])
+        bad = [w for w, c in enumerate(net["workers_exit"]) if c != 0]
+        if bad:
+            raise RuntimeError(f"mininet workers {bad} failed: {open(os.path.join(tmp, f'err{bad[0]}')).read()[-2000:]}")
+        outs = [np.load(os.path.join(tmp, f"out{w}.npy")) for w in range(spec.workers)]
+        stats = [json.load(open(os.path.join(tmp, f"out{w}.json"))) for w in range(spec.workers)]
+    return {**asdict(spec), "topology": "mininet", "codec": codec, "size": size, **_check(codec, xs, outs),
+            "seconds": max(s["seconds"] for s in stats), "retransmissions": sum(s["retransmissions"] for s in stats),
+            "links": net["links"], "switch_dropped": {k: v for k, v in net["switch"].get("dropped", {}).items() if v}}
+
+
+def wait_workers(procs, tmp: str, limit: float):
+    """Every worker exits 0 within limit seconds, else RuntimeError with the first failure's stderr (tmp/err{r})."""
     deadline = time.monotonic() + limit
     for r, p in enumerate(procs):
         try:
