@@ -168,12 +168,13 @@ class Topology:
             self._shape(a, a_if)
             self._shape(b, b_if)
 
-    def add_bridge(self, ns: str, ports: list[str], ip: str):
+    def add_bridge(self, ns: str, ports: list[str], ip: str | None):
         """A Linux bridge br0 in ns over ports, holding ip/24 (a switch on a kernel socket listens there)."""
         self._ip("-n", ns, "link", "add", "br0", "type", "bridge")
         for port in ports:
             self._ip("-n", ns, "link", "set", port, "master", "br0")
-        self._ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "br0")
+        if ip:
+            self._ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "br0")
         self._ip("-n", ns, "link", "set", "br0", "up")
 
     def _shape(self, ns: str, dev: str):
@@ -274,12 +275,13 @@ class Star(Topology):
 
     prefix = "10.215.0"
 
-    def __init__(self, n: int, loss: float = 0.0, rate_mbit: float | None = None, bridge: bool = False,
+    def __init__(self, n: int, loss: float = 0.0, rate_mbit: float | None = None, bridge: bool | str = False,
                  delay_ms: float = 0.0):
         """n workers; loss per packet and direction; rate_mbit: every link's rate both ways; delay_ms: every
         link's delay each way; bridge: join the switch's ends in a Linux bridge holding switch_ip (a switch on
         a kernel socket, python or c: worker-to-worker traffic such as gloo's crosses it too), else they stay
-        separate ports (BMv2, DPDK)."""
+        separate ports (BMv2); bridge="port": the bridge holds no address, and one more veth pair joins it,
+        whose far end `switch_port` a switch that drives one interface (DPDK's net_af_packet) takes."""
         if not 1 <= n <= 253:
             raise ValueError(f"a star has 1..253 workers, not {n}")
         super().__init__(rate_mbit, loss, delay_ms)
@@ -293,7 +295,14 @@ class Star(Topology):
                 self.add_host(ns)
             for ns, wif, sif, ip in zip(self.worker_ns, self.worker_ifs, self.switch_ifs, self.worker_ips):
                 self.add_link(ns, wif, self.switch_ns, sif, ip)
-            if bridge:
+            self.switch_port = f"ip{tag}" if bridge == "port" else None
+            if self.switch_port:
+                self._ip("link", "add", f"ib{tag}", "netns", self.switch_ns, "type", "veth", "peer", "name",
+                         self.switch_port, "netns", self.switch_ns)
+                for dev in (self.switch_port, f"ib{tag}"):
+                    self._ip("-n", self.switch_ns, "link", "set", dev, "up")
+                self.add_bridge(self.switch_ns, [*self.switch_ifs, f"ib{tag}"], None)
+            elif bridge:
                 self.add_bridge(self.switch_ns, self.switch_ifs, self.switch_ip)
             self.start_stages()
         except BaseException:

@@ -42,7 +42,14 @@ def nothing_left_behind():
     assert not leftovers()
 
 
-@pytest.mark.parametrize("backend", ["python", "c"])
+def _dpdk_missing() -> str:
+    from switchsim import dpdk
+
+    return "" if dpdk.available() else f"the DPDK backend is not built ({dpdk.IMPORT_ERROR})"
+
+
+@pytest.mark.parametrize("backend", ["python", "c", pytest.param("dpdk", marks=pytest.mark.skipif(
+    bool(_dpdk_missing()), reason=_dpdk_missing() or "-"))])
 def test_four_workers_exact_under_loss_on_every_link(backend):
     r = run_star(4, backend, loss=0.05, codec="int32", size=30_000, window=16, timeout=30)
     assert r["exact"] is True

@@ -23,7 +23,7 @@ def add_parser(sub):
     t.add_argument("--workers", type=int)
     t.add_argument("--leaves", type=int, help="two-level aggregation: this many leaf switches under a root")
     t.add_argument("--jobs", type=int, help="jobs sharing the switch, workers split evenly (a star)")
-    t.add_argument("--backend", choices=("python", "c", "bmv2"), help="the switch (a tree's root)")
+    t.add_argument("--backend", choices=("python", "c", "dpdk", "bmv2"), help="the switch (a tree's root)")
     t.add_argument("--bw", type=float, metavar="MBIT", help="every link's rate in Mbit/s (tc tbf on both ends)")
     t.add_argument("--delay", type=_ms, metavar="D", help="every link's delay each way (e.g. 1ms, 500us; a "
                                                           "user-space stage: this kernel has no netem)")

@@ -21,7 +21,7 @@ from inaproto import wire
 from switchsim.netns import Star, Tree
 
 WORKER = os.path.join(ROOT, "topologies", "worker.py")
-BACKENDS = ("python", "c", "bmv2")
+BACKENDS = ("python", "c", "dpdk", "bmv2")
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Spec:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.workers < 1 or self.jobs < 1 or self.workers % self.jobs:
             raise ValueError(f"{self.workers} workers cannot be split evenly into {self.jobs} jobs")
-        if self.leaves and (self.workers % self.leaves or self.jobs != 1 or self.backend == "bmv2"):
+        if self.leaves and (self.workers % self.leaves or self.jobs != 1 or self.backend not in ("python", "c")):
             raise ValueError("two-level aggregation needs workers divisible by leaves, one job, and a python "
                              "or c root")
 
@@ -87,8 +87,8 @@ class Deployment:
         if spec.leaves:
             self.topo = Tree(spec.leaves, spec.workers // spec.leaves, spec.loss, spec.bw_mbit, spec.delay_ms)
         else:
-            self.topo = Star(spec.workers, spec.loss, spec.bw_mbit, bridge=spec.backend != "bmv2",
-                             delay_ms=spec.delay_ms)
+            bridge = {"bmv2": False, "dpdk": "port"}.get(spec.backend, True)
+            self.topo = Star(spec.workers, spec.loss, spec.bw_mbit, bridge=bridge, delay_ms=spec.delay_ms)
         try:
             self.members = self._start_tree() if spec.leaves else self._start_star()
         except BaseException:
@@ -111,8 +111,10 @@ class Deployment:
         per_job = s.workers // s.jobs
         jobs = [a for j in range(s.jobs) for a in ("--job", f"{j + 1}:{per_job}")]
         args = [*jobs, "--control", t.worker_ips[0]]
-        if s.backend == "bmv2":
+        if s.backend == "bmv2":  # the links are its ports
             args += ["--iface", ",".join(t.switch_ifs)]
+        if s.backend == "dpdk":  # one port on the bridge; DPDK answers ARP for the switch's address itself
+            args += ["--iface", t.switch_port]
         address = self._serve("switch", t.switch_ns, t.switch_ip, args, s.backend)
         return [Member(t.worker_ns[w], address, w // per_job + 1, w % per_job, per_job) for w in range(s.workers)]
 
