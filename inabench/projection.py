@@ -161,3 +161,20 @@ def settings_dict(s: Setting) -> dict:
 def with_calibration(s: Setting, calibration: dict) -> Setting:
     """s with the emulator's measured costs (calibrate()'s output) filled in."""
     return replace(s, **{k: v for k, v in calibration.items() if k in ("cpu_per_packet", "rto", "latency", "cores")})
+
+
+def plot(rows: list[dict], path: str):
+    """Time vs workers for INA, ring and tree (project()'s rows), log-log."""
+    from .bench import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    n = [r["workers"] for r in rows]
+    for key, label in (("ina_s", f"INA ({rows[0]['codec']})"), ("ring_s", "ring (NCCL model)"), ("tree_s", "tree")):
+        ax.plot(n, [r[key] for r in rows], "o-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="workers", ylabel="allreduce time (s)",
+           title=f"{rows[0]['size_MiB']:g} MiB per worker")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

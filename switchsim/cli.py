@@ -420,6 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_topo_bench(bench_parser("topo", "allreduce time on emulated links (namespaces, root): INA against gloo's "
                                         "ring over the same links, vs link rate and loss (not in `all`)"), csv)
 
+    from inabench.model_cli import add_bench as add_model_bench, add_parser as add_model
+
+    add_model_bench(bench_parser("model", "the projection model (switchsim model) against this emulator on "
+                                          "rate-limited namespace links: predicted vs measured (not in `all`)"), csv)
+    add_model(sub, csv)
+
     t = sub.add_parser("stats", help="print a running switch's counters")
     t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")
     t.add_argument("--timeout", type=float, default=2.0)

@@ -23,7 +23,8 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
               loss: float = 0.05, backend: str = "c") -> dict:
     """The emulator's own costs, from three runs with 2 workers: CPU seconds per packet and worker (links
     unlimited, so the hosts are the bound), the one-way latency (the workers' smoothed round trip / 2, no
-    load), and what a lost round costs its slot (the time loss adds, over the model's expected stalls)."""
+    load), and, given a loss, what a lost round costs its slot (the time that loss adds on bw_mbit links,
+    over the model's expected stalls; two runs more)."""
     cores = os.cpu_count() or 1
     fast = run(Spec(2, backend), codec, size, window)
     probe = setting(2, size, None, codec, 0.0, window, {"cores": cores})
@@ -32,6 +33,8 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
     latency = small["rtt_ms"] / 2000
     cpu = max(0.0, fast["seconds"] - 2 * latency) * min(cores, 3) / (2 * rounds)
     cal = {"cores": cores, "latency": latency, "cpu_per_packet": cpu}
+    if not loss:
+        return cal
     clean = run(Spec(2, backend, bw_mbit), codec, size, window)
     lossy = run(Spec(2, backend, bw_mbit, loss=loss), codec, size, window)
     s = setting(2, size, bw_mbit, codec, loss, window, cal)
