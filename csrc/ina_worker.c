@@ -1,7 +1,8 @@
 /* hostlib/worker.py's _allreduce_flat in C, branch for branch (tests/test_fastpath.py checks that both
  * give the same bytes). Packet q of the call goes on lane q mod W (slot (first_slot + lane) mod W, packet id
  * slot_uses[slot] + q div W: worker.CallSlots); it carries block q - D and this worker's exponent of block q;
- * q is sent once q - W and q - D are done; results are matched by packet id; a packet with no result by
+ * q is sent once q - W and q - D are done, each lane on its own (a completion frees q + W and q + D, so a
+ * lane waiting for a loss holds back only itself); results are matched by packet id; a packet with no result by
  * its deadline is resent from the copy kept in its window entry (the Python loop rebuilds the same bytes
  * from the counter-based RNG). New packets go out in sendmmsg batches, results come in recvmmsg batches. */
 #define _GNU_SOURCE
@@ -31,7 +32,10 @@ typedef struct {
     entry *win;      /* window entries, indexed by q mod W */
     uint8_t *pkts;   /* the packet of each entry, pkt_max bytes apart */
     size_t pkt_max, esize;
-    uint32_t next_q;
+    uint32_t next_q;    /* sparse: 1 once the announcements went out */
+    uint32_t *cand;     /* dense: packets a completion may have made sendable (at most 3 W between sends) */
+    uint32_t n_cand;
+    uint8_t *sent;      /* dense: per packet */
     double next_scan;
     uint8_t *rbuf;
     struct mmsghdr rmsg[INA_WK_BATCH], smsg[INA_WK_BATCH];
@@ -95,6 +99,16 @@ int ina_wk_start(ina_wk *w)
     w->total = w->nb + w->D;
     w->ndone = 0;
     w->priv = p;
+    if (!w->sparse) {
+        p->cand = malloc((3 * (size_t)w->window + 1) * sizeof *p->cand);
+        p->sent = calloc(w->total, 1);
+        if (!p->cand || !p->sent) {
+            ina_wk_finish(w);
+            return INA_WK_NO_MEMORY;
+        }
+        for (uint32_t q = 0; q < w->window && q < w->total; q++)
+            p->cand[p->n_cand++] = q;
+    }
     if (w->sparse) {
         uint32_t S = w->streams = w->window < w->nb ? w->window : w->nb;
         w->streams_done = 0;
@@ -135,6 +149,8 @@ void ina_wk_finish(ina_wk *w)
     free(p->target);
     free(p->round);
     free(p->exp_target);
+    free(p->cand);
+    free(p->sent);
     free(p);
     w->priv = NULL;
 }
@@ -399,6 +415,9 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         store_elements(w, lo, d + INA_HEADER_SIZE, h.count);
     w->done[q] = 1;
     w->ndone++;
+    p->cand[p->n_cand++] = q + w->window; /* its lane's next packet */
+    if (w->D && w->D != w->window)
+        p->cand[p->n_cand++] = q + w->D; /* the packet that carries its block */
     entry *e = &p->win[q % w->window];
     if (e->busy && e->q == q) {
         e->busy = 0;
@@ -484,8 +503,10 @@ int ina_wk_run(ina_wk *w, int budget_ms)
     }
     while (!finished(w)) {
         double t = now();
-        while (!w->sparse && sendable(w, p->next_q)) {
-            uint32_t q = p->next_q;
+        for (uint32_t c = 0; c < p->n_cand; c++) {
+            uint32_t q = p->cand[c];
+            if (q >= w->total || p->sent[q] || !sendable(w, q))
+                continue;
             entry *e = &p->win[q % w->window];
             long len = build(w, p, q, p->pkts + (size_t)(e - p->win) * p->pkt_max);
             if (len < 0) {
@@ -495,8 +516,9 @@ int ina_wk_run(ina_wk *w, int budget_ms)
             *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .first_sent = t, .deadline = t + w->rto,
                          .rto = w->rto};
             queue(w, p, e);
-            p->next_q++;
+            p->sent[q] = 1;
         }
+        p->n_cand = 0;
         flush(w, p);
         int got = receive(w, p);
         flush(w, p); /* sparse: the rounds the results started */
@@ -509,7 +531,7 @@ int ina_wk_run(ina_wk *w, int budget_ms)
             if (rc != INA_WK_AGAIN)
                 return rc;
         }
-        if (got == 0 && (w->sparse || !sendable(w, p->next_q)) && !finished(w)) {
+        if (got == 0 && (w->sparse || !p->n_cand) && !finished(w)) {
             if (t >= end)
                 return INA_WK_AGAIN;
             double wait = fmin(p->next_scan, end) - t;

@@ -9,6 +9,8 @@ finished, rtt_sample), so the two can be read side by side.
 """
 from __future__ import annotations
 
+import collections
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,21 +109,26 @@ class Stream:
 class DenseStream(Stream):
     """Packet q goes on lane q mod W; for codecs with a shared scale the data is shifted by D = min(W,
     blocks): packet q carries block q - D and this worker's exponent of block q. q is sent once q - W
-    (same slot) and q - D (its exponent) are done."""
+    (same slot) and q - D (its exponent) are done. Lanes run on their own, as SwitchML's slots do: a lane
+    waiting for a lost packet holds back only itself, not the lanes behind it."""
 
     def __init__(self, comm, flat, exps, seed, slots):
         super().__init__(comm, flat, exps, seed, slots)
         self.D = min(self.W, self.nb) if exps is not None else 0
         self.total = self.nb + self.D
         self.done = np.zeros(self.total, dtype=bool)
-        self.next_q = self.ndone = 0
+        self.sent = np.zeros(self.total, dtype=bool)
+        self.ndone = 0
         self.report_every = max(1, self.total // 100)
+        self.candidates = collections.deque(range(min(self.W, self.total)))  # what a completion may have freed
 
     def ready(self):
-        q, W, D, done = self.next_q, self.W, self.D, self.done
-        while q < self.total and (q < W or done[q - W]) and (D == 0 or q < D or done[q - D]):
-            yield q
-            q = self.next_q = q + 1
+        W, D, done, sent, total = self.W, self.D, self.done, self.sent, self.total
+        while self.candidates:
+            q = self.candidates.popleft()
+            if q < total and not sent[q] and (q < W or done[q - W]) and (D == 0 or q < D or done[q - D]):
+                sent[q] = True
+                yield q
 
     def build(self, q: int) -> bytes:
         pid, slot = self.where(q)
@@ -155,6 +162,9 @@ class DenseStream(Stream):
             self.store(q - self.D, h, data)
         self.done[q] = True
         self.ndone += 1
+        self.candidates.append(q + self.W)  # its lane's next packet
+        if self.D and self.D != self.W:
+            self.candidates.append(q + self.D)  # the packet that carries its block
         return q
 
     def finished(self) -> bool:
