@@ -20,6 +20,7 @@
 #include "ina_packet.h"
 
 #define SCAN_EVERY 0.002 /* seconds between retransmission scans, as in the Python loop */
+#define RTT_BATCH 16     /* RTT samples per estimator update (their minimum), as in the Python loop */
 #define INT32_MAX_ 2147483647
 
 typedef struct {
@@ -37,6 +38,8 @@ typedef struct {
     uint32_t n_cand;
     uint8_t *sent;      /* dense: per packet */
     double next_scan;
+    double rtt_min;     /* the smallest RTT sample of the current batch */
+    uint32_t rtt_n;
     uint8_t *rbuf;
     struct mmsghdr rmsg[INA_WK_BATCH], smsg[INA_WK_BATCH];
     struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH];
@@ -285,8 +288,16 @@ static int sendable(const ina_wk *w, uint32_t q)
            (w->D == 0 || q < w->D || w->done[q - w->D]);
 }
 
+/* the estimator takes the smallest of every RTT_BATCH samples: a result that waited for a peer's
+ * retransmission is not a round trip, and under loss such samples would hold the timeout at max_rto */
 static void rtt_sample(ina_wk *w, double r)
 {
+    priv_t *p = w->priv;
+    p->rtt_min = p->rtt_n++ ? fmin(p->rtt_min, r) : r;
+    if (p->rtt_n < RTT_BATCH)
+        return;
+    r = p->rtt_min;
+    p->rtt_n = 0;
     if (!w->have_srtt) {
         w->srtt = r;
         w->rttvar = r / 2;

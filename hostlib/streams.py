@@ -18,6 +18,7 @@ import numpy as np
 from inaproto import wire
 
 SCAN_EVERY = 0.002  # seconds between retransmission scans (the C loop's SCAN_EVERY)
+RTT_BATCH = 16  # RTT samples per estimator update, their minimum (the C loop's RTT_BATCH)
 
 
 @dataclass
@@ -32,14 +33,22 @@ class InFlight:
 
 class RttEstimator:
     """The retransmission timeout (RFC 6298, Karn's rule: only packets sent once are sampled), clamped to
-    [min_rto, max_rto]; carried over calls and shared with the C loop."""
+    [min_rto, max_rto]; carried over calls and shared with the C loop. An update takes the smallest of
+    RTT_BATCH samples: a result that waited for a peer's retransmission is not a round trip, and under loss
+    such samples held the timeout at max_rto (8 workers, 5 % loss: 1.8 s instead of 0.6 s)."""
 
     def __init__(self, rto: float, max_rto: float):
         self.min_rto, self.max_rto, self.rto = float(rto), float(max_rto), float(rto)
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self._batch: list[float] = []
 
     def sample(self, r: float):
+        self._batch.append(r)
+        if len(self._batch) < RTT_BATCH:
+            return
+        r = min(self._batch)
+        self._batch.clear()
         if self.srtt is None:
             self.srtt, self.rttvar = r, r / 2
         else:
