@@ -9,9 +9,14 @@ when its result comes back; one result multicast per slot):
 - switch: N * rounds packets through one switch: t_switch = N * rounds / switch_pps;
 - window: each slot runs rounds / W rounds of one round trip each: t_window = rounds / W * rtt;
 - host CPU (for the emulator itself): t_cpu = N * rounds * cpu_per_packet / cores;
-- loss: a round of a slot is lost when any of its 2N packets is (q = 1 - (1 - p)^2N); its slot then waits a
-  retransmission timeout, and the allreduce ends with its slowest slot: the expected maximum, over the W
-  slots, of the timeouts each slot met (a negative binomial per slot), times the timeout.
+- loss: a round of a slot is lost when any of its 2N packets is (q = 1 - (1 - p)^2N: a lost update stalls
+  every worker of the slot, a lost result the one worker, whose next update the slot then waits for); the
+  slot waits a retransmission timeout, and the allreduce ends with its slowest slot: the expected maximum,
+  over the W slots, of the timeouts each met (a negative binomial per slot), times the timeout (calibrated:
+  topologies/validate.py). Retransmissions: every worker resends a round whose update was lost, one worker
+  one whose result was. This holds because the workers run their slots independently, as SwitchML's do;
+  while the emulator's workers ran one sliding window (a lane waiting for a loss held back the others) and
+  sampled peers' recoveries into their RTT, 8 workers at 5 % loss took 3x the time this predicts.
 time = max(t_link, t_switch, t_window, t_cpu) + rtt + stall, with rtt = 2 * latency + the two frames'
 serialisation. With p = 0 and a window that covers the link it reduces to bytes/B + rtt.
 
@@ -101,7 +106,8 @@ def ina(s: Setting) -> dict:
     stall = s.rto * expected_max_losses(math.ceil(rounds / w), q, w) if q else 0.0
     bounds = {"link": t_link, "switch": t_switch, "window": t_window, "cpu": t_cpu}
     t = max(bounds.values()) + rtt + stall
-    retx = s.workers * rounds * q / (1 - q)
+    per_round = s.workers * (1 - (1 - s.loss) ** s.workers) + s.workers * s.loss  # lost updates, lost results
+    retx = rounds * per_round / (1 - q)
     return _result("ina", s, t, bound=max(bounds, key=bounds.get), rtt_s=rtt, stall_s=stall,
                    retransmissions=retx, packets_per_worker=rounds, link_bytes_per_worker=rounds * frame,
                    **{f"t_{k}": v for k, v in bounds.items()})

@@ -29,14 +29,14 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
     fast = run(Spec(2, backend), codec, size, window)
     probe = setting(2, size, None, codec, 0.0, window, {"cores": cores})
     rounds = projection.ina(probe)["packets_per_worker"]
-    small = run(Spec(2, backend), codec, ELEMENTS[codec] * 4, window)
+    small = run(Spec(2, backend), codec, ELEMENTS[codec] * 32, 2)  # 32 packets, 2 in flight: no queue
     latency = small["rtt_ms"] / 2000
     cpu = max(0.0, fast["seconds"] - 2 * latency) * min(cores, 3) / (2 * rounds)
     cal = {"cores": cores, "latency": latency, "cpu_per_packet": cpu}
     if not loss:
         return cal
     clean = run(Spec(2, backend, bw_mbit), codec, size, window)
-    lossy = run(Spec(2, backend, bw_mbit, loss=loss), codec, size, window)
+    lossy = _median_run(Spec(2, backend, bw_mbit, loss=loss), codec, size, window, 3)
     s = setting(2, size, bw_mbit, codec, loss, window, cal)
     w = min(window, rounds)
     q = 1 - (1 - loss) ** 4
@@ -45,11 +45,18 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
     return cal
 
 
+def _median_run(spec: Spec, codec: str, size: int, window: int, repeat: int) -> dict:
+    """The run with the median time of `repeat` (under loss one run's time is one draw of a wide distribution)."""
+    runs = sorted((run(spec, codec, size, window) for _ in range(repeat)), key=lambda r: r["seconds"])
+    return runs[len(runs) // 2]
+
+
 def validate(workers=(2, 3, 4, 6, 8), codecs=("int32", "fixed", "nc"), losses=(0.0, 0.05), size: int = 1 << 18,
              bw_mbit: float = 100.0, window: int = 64, backend: str = "c", calibration: dict | None = None,
              progress=None) -> list[dict]:
-    """Rows of predicted vs measured seconds for every (codec, loss, workers); each codec calibrated once
-    (with 2 workers) unless calibration (codec -> calibrate()'s dict) is given."""
+    """Rows of predicted vs measured seconds for every (codec, loss, workers), a lossy one the median of 3
+    runs; each codec calibrated once (with 2 workers) unless calibration (codec -> calibrate()'s dict) is
+    given."""
     rows = []
     for codec in codecs:
         cal = (calibration or {}).get(codec) or calibrate(codec, size, window, bw_mbit, max(losses), backend)
@@ -57,7 +64,7 @@ def validate(workers=(2, 3, 4, 6, 8), codecs=("int32", "fixed", "nc"), losses=(0
             for n in workers:
                 if progress:
                     progress(f"{codec} loss {loss} workers {n}")
-                m = run(Spec(n, backend, bw_mbit, loss=loss), codec, size, window)
+                m = _median_run(Spec(n, backend, bw_mbit, loss=loss), codec, size, window, 3 if loss else 1)
                 p = projection.ina(setting(n, size, bw_mbit, codec, loss, window, cal))
                 rows.append({"codec": codec, "loss": loss, "workers": n, "measured_s": round(m["seconds"], 4),
                              "predicted_s": round(p["time_s"], 4), "error": round(p["time_s"] / m["seconds"] - 1, 3),
