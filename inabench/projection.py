@@ -52,6 +52,7 @@ class Setting:
     alpha: float = 5e-6  # ring/tree: per-step latency (NCCL's alpha)
     cpu_per_packet: float = 0.0  # host CPU seconds per packet and worker (the emulator's own cost)
     cores: int = 1 << 30  # cores that CPU is spread over
+    burst: float = 0.0  # bytes a link sends ahead of its rate (the emulator's tc tbf bucket starts full)
 
     def __post_init__(self):
         if self.workers < 1 or self.size < 0 or self.link_bps <= 0 or self.window < 1:
@@ -95,7 +96,7 @@ def ina(s: Setting) -> dict:
     rounds = blocks if s.density >= 1 else math.ceil(blocks * (1 - (1 - s.density) ** s.workers))
     frame = FRAMING + wire.HEADER_SIZE + s.payload
     up = rounds * (FRAMING + wire.HEADER_SIZE) + min(rounds, math.ceil(blocks * s.density)) * s.payload
-    t_link = max(up, rounds * frame) * 8 / s.link_bps
+    t_link = max(0.0, max(up, rounds * frame) - s.burst) * 8 / s.link_bps
     service = 1 / s.switch_pps if s.switch_pps < math.inf else 0.0
     rtt = 2 * s.latency + 2 * frame * 8 / s.link_bps + service
     t_switch = s.workers * rounds * service

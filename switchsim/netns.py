@@ -177,8 +177,13 @@ class Topology:
             self._ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "br0")
         self._ip("-n", ns, "link", "set", "br0", "up")
 
+    @staticmethod
+    def burst_bytes(rate_mbit: float) -> int:
+        """A link's tbf bucket: 10 ms of traffic at its rate, at least 4 frames."""
+        return max(4 * 1514, int(rate_mbit * 1e6 / 8 / 100))
+
     def _shape(self, ns: str, dev: str):
-        burst = max(4 * 1514, int(self.rate_mbit * 1e6 / 8 / 100))
+        burst = self.burst_bytes(self.rate_mbit)
         self._must(ns, ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.rate_mbit}mbit",
                         "burst", str(burst), "latency", "100ms"], "tc")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from inabench import projection
+from switchsim.netns import Topology
 from topologies.run import Spec, run
 
 ELEMENTS = {"int32": 256, "fixed": 256, "nc": 1024}  # hostlib's default elements per packet (1 KiB payloads)
@@ -15,7 +16,9 @@ def setting(workers: int, size_elems: int, bw_mbit: float | None, codec: str, lo
             calibration: dict) -> projection.Setting:
     """The model's Setting for one emulator run (float32 tensor of size_elems; a veth is ~unlimited)."""
     payload = ELEMENTS[codec] * projection.CODEC_BYTES[codec]
-    s = projection.Setting(workers, size_elems * 4, (bw_mbit or 1e6) * 1e6, codec, payload, window, loss=loss)
+    burst = Topology.burst_bytes(bw_mbit) if bw_mbit else 0.0  # the links' tbf bucket starts full
+    s = projection.Setting(workers, size_elems * 4, (bw_mbit or 1e6) * 1e6, codec, payload, window, loss=loss,
+                           burst=burst)
     return projection.with_calibration(s, calibration)
 
 
