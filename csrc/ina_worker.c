@@ -368,8 +368,7 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     }
     e->busy = 0;
     double now_ = now();
-    if (e->tries == 0)
-        rtt_sample(w, now_ - e->first_sent);
+    rtt_sample(w, now_ - e->first_sent);
     p->round[s]++;
     p->target[s] = nx;
     p->exp_target[s] = h->exp_next;
@@ -432,8 +431,7 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     entry *e = &p->win[q % w->window];
     if (e->busy && e->q == q) {
         e->busy = 0;
-        if (e->tries == 0)
-            rtt_sample(w, now() - e->first_sent);
+        rtt_sample(w, now() - e->first_sent); /* from the first send: RttEstimator says why */
     }
     return INA_WK_AGAIN;
 }

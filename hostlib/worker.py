@@ -277,8 +277,7 @@ class Communicator:
                 if key is None:
                     continue
                 rec = inflight.pop(key)
-                if rec.tries == 0:
-                    self.rtt.sample(time.monotonic() - rec.first_sent)
+                self.rtt.sample(time.monotonic() - rec.first_sent)
                 if progress is not None and (done := stream.report(key)) is not None:
                     progress(done)
             now = time.monotonic()
