@@ -57,7 +57,7 @@ def test_loss_costs_the_slowest_slot():
     assert pj.expected_max_losses(16, 0.0, 64) == 0
     clean, lossy = pj.ina(pj.Setting(4, S, B)), pj.ina(pj.Setting(4, S, B, loss=0.01, rto=1e-3))
     assert lossy["time_s"] > clean["time_s"] and lossy["retransmissions"] > 0
-    more = pj.ina(pj.Setting(16, S, B, loss=0.01, rto=1e-3))  # more workers: more streams to wait for
+    more = pj.ina(pj.Setting(16, S, B, loss=0.01, rto=1e-3))  # more workers: a round is lost more often
     assert more["stall_s"] > lossy["stall_s"]
 
 
