@@ -179,7 +179,7 @@ def test_bench_topo_rows_against_gloo_on_the_same_links():
     pytest.importorskip("torch", reason="the gloo baseline needs torch (pip install -e '.[torch]')")
     from topologies.bench import bench_topo
 
-    rows = bench_topo(workers=3, size=50_000, rates=(1000,), losses=(0.02,), loss_rate=1000, codecs=("int32",))
+    rows = bench_topo(workers=3, size=50_000, rates=(1000,), losses=(0.02,), loss_rate=1000, codecs=("int32",), repeat=1)
     assert [(r["bw Mbit/s"], r["loss"], r["config"]) for r in rows] == [
         (1000, 0.0, "gloo"), (1000, 0.0, "ina-int32"), (1000, 0.02, "gloo"), (1000, 0.02, "ina-int32")]
     assert all(r["correct"] is True for r in rows)

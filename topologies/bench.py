@@ -30,6 +30,11 @@ def gloo_run(workers: int, bw: float | None, loss: float, delay_ms: float, size:
     return {"seconds": max(o["seconds"] for o in out), "wrong": sum(o["wrong"] for o in out), "links": links}
 
 
+def median(runs: list[dict]) -> dict:
+    """The run with the median time."""
+    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+
+
 def _row(bw, loss, config, r, workers) -> dict:
     link = max(x["tx_bytes"] + x["rx_bytes"] for x in r["links"][:workers])
     ok = r.get("wrong", 0) == 0 if config == "gloo" else (
@@ -40,18 +45,20 @@ def _row(bw, loss, config, r, workers) -> dict:
 
 def bench_topo(workers: int = 4, size: int = 1 << 18, rates=(10, 100, 1000, 10000), losses=(0, 0.01, 0.05, 0.1),
                loss_rate: float = 100, codecs=("int32", "fixed", "nc"), backend: str = "c", delay_ms: float = 0.0,
-               timeout: float = 300, progress=None) -> list[dict]:
+               timeout: float = 300, repeat: int = 3, progress=None) -> list[dict]:
     """Rows: every (rate, loss 0) and (loss_rate, loss) setting, each codec's INA and gloo, with the time as a
-    multiple of gloo's in the same setting ("x gloo")."""
+    multiple of gloo's in the same setting ("x gloo"); a lossy setting's row is the median of `repeat` runs."""
     settings = [(bw, 0.0) for bw in rates] + [(loss_rate, p) for p in losses if p]
     rows = []
     for bw, loss in settings:
-        base = gloo_run(workers, bw, loss, delay_ms, size, timeout)
+        n = repeat if loss else 1  # under loss one run's time is one draw of a wide distribution (TCP's too)
+        base = median([gloo_run(workers, bw, loss, delay_ms, size, timeout) for _ in range(n)])
         got = [_row(bw, loss, "gloo", base, workers)]
         for codec in codecs:
             if progress:
                 progress(f"{bw} Mbit/s, loss {loss}: {codec}")
-            r = run(Spec(workers, backend, bw, delay_ms, loss), codec, size, window=64, timeout=timeout / 2)
+            r = median([run(Spec(workers, backend, bw, delay_ms, loss), codec, size, window=64, timeout=timeout / 2)
+                         for _ in range(n)])
             got.append(_row(bw, loss, f"ina-{codec}", r, workers))
         for g in got:
             g["x gloo"] = round(g["time s"] / got[0]["time s"], 3)

@@ -7,6 +7,7 @@ import os
 
 from inabench import projection
 from switchsim.netns import Topology
+from topologies.bench import median
 from topologies.run import Spec, run
 
 ELEMENTS = {"int32": 256, "fixed": 256, "nc": 1024}  # hostlib's default elements per packet (1 KiB payloads)
@@ -50,8 +51,7 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
 
 def _median_run(spec: Spec, codec: str, size: int, window: int, repeat: int) -> dict:
     """The run with the median time of `repeat` (under loss one run's time is one draw of a wide distribution)."""
-    runs = sorted((run(spec, codec, size, window) for _ in range(repeat)), key=lambda r: r["seconds"])
-    return runs[len(runs) // 2]
+    return median([run(spec, codec, size, window) for _ in range(repeat)])
 
 
 def validate(workers=(2, 3, 4, 6, 8), codecs=("int32", "fixed", "nc"), losses=(0.0, 0.05), size: int = 1 << 18,
