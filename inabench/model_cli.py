@@ -22,6 +22,8 @@ def add_parser(sub, csv):
     m.add_argument("--rto-ms", type=float, default=1.0, help="what a lost round costs its slot")
     m.add_argument("--density", type=float, default=1.0, help="block-sparse INA: non-zero block fraction")
     m.add_argument("--alpha-us", type=float, default=5.0, help="ring/tree per-step latency (NCCL's alpha)")
+    m.add_argument("--phy-bytes", type=int, default=None,
+                   help="INA: link bytes per frame beyond the frame (default: Ethernet's preamble, gap and FCS)")
     m.add_argument("--switchml", action="store_true",
                    help="SwitchML's setting (100 Gbps, 256 B and 1 KiB payloads) next to its published numbers")
     m.add_argument("--json", action="store_true")
@@ -55,7 +57,8 @@ def cmd_model(args) -> int:
                 args.workers, args.size_mib * 2**20, args.link_gbps * 1e9, codec=args.codec, payload=args.payload,
                 window=args.window, latency=args.latency_us * 1e-6, loss=args.loss, rto=args.rto_ms * 1e-3,
                 switch_pps=args.switch_mpps * 1e6 if args.switch_mpps else float("inf"), density=args.density,
-                alpha=args.alpha_us * 1e-6)
+                alpha=args.alpha_us * 1e-6,
+                phy=projection.ETHERNET_PHY if args.phy_bytes is None else args.phy_bytes)
     except ValueError as e:
         print(f"switchsim model: {e}", file=sys.stderr)
         return 2
