@@ -101,7 +101,7 @@ def make_server(args):
         if args.loss or args.dup or args.reorder:
             raise ValueError("the BMv2 backend has no impairment stage: impair its links (switchsim topo) instead")
         server = BMv2Server(config, args.host, args.port, ifaces=args.iface.split(",") if args.iface else None,
-                            grpc_addr=args.grpc)
+                            grpc_addr=args.grpc, pcap=(args.pcap, args.pcap_max_mb) if args.pcap else None)
         return server, server
     if args.backend == "c":
         from .native import CoreSwitch, CUDPServer
@@ -150,6 +150,8 @@ def cmd_serve(args) -> int:
 
     try:
         switch, server = make_server(args)
+        if args.pcap and args.backend != "bmv2":  # bmv2 captures with BMv2's own --pcap
+            server.start_capture(args.pcap, args.pcap_max_mb)
     except (ValueError, OSError, RuntimeError) as e:  # OSError: a missing key file too
         print(f"switchsim: {e}", file=sys.stderr)
         return 2
@@ -300,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eal", help=f"dpdk: EAL arguments replacing the defaults ({'--no-huge ...'}), e.g. for a NIC")
     s.add_argument("--dpdk-port", type=int, default=0, help="dpdk: port id to serve on")
     s.add_argument("--json-stats", action="store_true", help="print the counters (with per-slot arrays) as JSON on exit")
+    s.add_argument("--pcap", metavar="FILE", help="write every packet in and out to this pcapng file, the "
+                                                   "impairment's decision in each packet's comment")
+    s.add_argument("--pcap-max-mb", type=float, default=100.0, metavar="MB",
+                   help="stop writing the capture at this size (later packets are counted as capture_skipped)")
     s.add_argument("--key-file", action="append", metavar="[JOB:]FILE",
                    help="a job key (>= 16 bytes): joins must carry its MAC (hostlib.connect(key=...) or "
                         "$INA_JOB_KEY); JOB: for one job, else for every job served (repeatable)")

@@ -9,19 +9,43 @@ import numpy as np
 from ..feedback import ErrorFeedback
 
 
+METHODS = ("topk", "randomk", "threshold", "blocktopk", "buckettopk")
+
+
+def bucket_topk(x, k: int, bucket: int = 512) -> np.ndarray:
+    """SparCML's selection (Algorithm 1's TopK, k = 2..16 of each 512 in its experiments): the k largest
+    |x| of every bucket of `bucket` consecutive elements, so each region of the model sends its share.
+    Ties go to the lower index; a short last bucket keeps min(k, its length). Sorted int64 indices."""
+    a = np.abs(np.asarray(x, dtype=np.float64).reshape(-1))
+    if k < 0 or bucket < 1:
+        raise ValueError(f"bucket_topk: need k >= 0 and bucket >= 1, got k={k}, bucket={bucket}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("bucket_topk: input contains NaN or Inf")
+    n, k = a.size, min(int(k), bucket)
+    if n == 0 or k == 0:
+        return np.zeros(0, np.int64)
+    nb = -(-n // bucket)
+    pad = np.full(nb * bucket, -1.0)  # below every |x|: padding is picked only after a bucket's real ones
+    pad[:n] = a
+    top = np.argsort(-pad.reshape(nb, bucket), axis=1, kind="stable")[:, :k]
+    idx = (top + bucket * np.arange(nb)[:, None]).reshape(-1)
+    return np.sort(idx[idx < n]).astype(np.int64)
+
+
 class Sparsifier:
-    """method: 'topk' (largest |x|), 'randomk' (uniform, seeded), 'threshold' (|x| >= threshold) or
+    """method: 'topk' (largest |x|), 'randomk' (uniform, seeded), 'threshold' (|x| >= threshold),
     'blocktopk' (the blocks of `block` elements with the largest L2 norm: the sparsity block-sparse INA
-    carries); ratio: the fraction of elements (of blocks for blocktopk) kept. Call with a tensor (and a
-    key per tensor) to get (indices, values) of the flattened tensor."""
+    carries) or 'buckettopk' (SparCML's: the ceil(ratio * bucket) largest |x| of every `bucket` elements);
+    ratio: the fraction of elements (of blocks for blocktopk) kept. Call with a tensor (and a key per
+    tensor) to get (indices, values) of the flattened tensor."""
 
     def __init__(self, method: str = "topk", ratio: float = 0.01, threshold: float | None = None,
-                 error_feedback: bool = True, seed: int = 0, block: int = 256):
-        if method not in ("topk", "randomk", "threshold", "blocktopk"):
-            raise ValueError("method must be 'topk', 'randomk', 'threshold' or 'blocktopk'")
-        if block < 1:
-            raise ValueError("block must be >= 1")
-        self.block = block
+                 error_feedback: bool = True, seed: int = 0, block: int = 256, bucket: int = 512):
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}")
+        if block < 1 or bucket < 1:
+            raise ValueError("block and bucket must be >= 1")
+        self.block, self.bucket = block, bucket
         if method == "threshold" and (threshold is None or threshold < 0):
             raise ValueError("threshold sparsification needs threshold >= 0")
         if method != "threshold" and not 0 < ratio <= 1:
@@ -48,6 +72,8 @@ class Sparsifier:
             idx = np.sort(np.argpartition(np.abs(acc), acc.size - k)[acc.size - k:]) if k else np.zeros(0, np.int64)
         elif self.method == "blocktopk":
             idx = self._top_blocks(acc)
+        elif self.method == "buckettopk":
+            idx = bucket_topk(acc, self.count(self.bucket), self.bucket)
         elif self.method == "randomk":
             idx = np.sort(self.rs.choice(acc.size, size=self.count(acc.size), replace=False))
         else:

@@ -1,5 +1,9 @@
 """QSGD (Alistarh et al.): per bucket of `bucket` values, the L2 norm (float32) and for each value its sign
-and a level l in 0..levels with |v| / norm * levels rounded stochastically to l (unbiased)."""
+and a level l in 0..levels with |v| / norm * levels rounded stochastically to l (unbiased).
+
+The random draws are counter-based: value i of an encode(values, offset) uses counter offset + i of the
+seed's stream, so a caller that quantizes slices of one vector (SparCML's ranges) draws independent bits
+per slice; unbiasedness over time needs a fresh seed per round (the caller's job)."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,17 +25,19 @@ class QSGDCodec(ValueCodec):
     def params(self):
         return {"levels": self.levels, "bucket": self.bucket, "seed": self.seed}
 
-    def encode(self, values):
+    def encode(self, values, offset: int = 0):
         v = np.asarray(values, dtype=np.float64)
         if not np.all(np.isfinite(v)):
             raise ValueError("qsgd: values contain NaN or Inf")
+        if offset < 0:
+            raise ValueError("qsgd: offset must be >= 0")
         n, b = v.size, self.bucket
         pad = np.zeros(-(-n // b) * b)
         pad[:n] = v
         norms = np.sqrt((pad.reshape(-1, b) ** 2).sum(axis=1)).astype(np.float32)
         scale = np.repeat(norms.astype(np.float64), b)[:n]
         y = np.divide(np.abs(v), scale, out=np.zeros(n), where=scale > 0) * self.levels
-        u = (rng.bits64(self.seed, 0, n) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        u = (rng.bits64(self.seed, int(offset), n) >> np.uint64(11)).astype(np.float64) * 2.0**-53
         lvl = np.minimum(np.floor(y) + (u < y - np.floor(y)), self.levels).astype(np.uint64)
         code = (lvl << np.uint64(1)) | (v < 0).astype(np.uint64)
         return norms.astype("<f4").tobytes() + pack_fixed(code, width_for(self.levels + 1) + 1)
