@@ -38,6 +38,7 @@ typedef struct {
 
 struct ina_dpdk {
     ina_loop loop; /* core, impairments, punt queue */
+    ina_capture cap;
     uint16_t port;
     uint32_t ip;       /* network order */
     uint16_t udp_port; /* network order */
@@ -64,6 +65,7 @@ const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d)
 {
     ina_dpdk_counters *c = (ina_dpdk_counters *)&d->c;
     ina_loop_counters(&d->loop, c->dropped, c->duplicated, c->reordered, &c->punts_dropped);
+    c->captured = d->cap.packets, c->capture_skipped = d->cap.skipped;
     return c;
 }
 void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac) { memcpy(mac, d->mac.addr_bytes, RTE_ETHER_ADDR_LEN); }
@@ -211,9 +213,30 @@ static int send_to(ina_dpdk *d, uint64_t dst, const uint8_t *hdr, uint32_t hlen,
 
 int ina_dpdk_send(ina_dpdk *d, uint64_t dst, const uint8_t *pkt, uint32_t len)
 {
-    int rc = send_to(d, dst, pkt, 0, pkt, len);
+    if (len < INA_HEADER_SIZE)
+        return -1;
+    uint64_t before = d->c.tx_no_peer + d->c.tx_full;
+    /* through the send-side impairment and the capture, as the core's own packets */
+    ina_loop_send(&d->loop, dst, pkt, INA_HEADER_SIZE, pkt + INA_HEADER_SIZE, len - INA_HEADER_SIZE, 1);
     flush(d);
-    return rc;
+    return d->c.tx_no_peer + d->c.tx_full == before ? 0 : -1;
+}
+
+int ina_dpdk_capture(ina_dpdk *d, const char *path, uint64_t max_bytes)
+{
+    uint64_t self = (uint64_t)rte_be_to_cpu_32(d->ip) << 16 | rte_be_to_cpu_16(d->udp_port);
+    if (ina_capture_open(&d->cap, path, max_bytes, self)) {
+        ina_capture_close(&d->cap);
+        return -1;
+    }
+    d->loop.cap = &d->cap;
+    return 0;
+}
+
+void ina_dpdk_capture_close(ina_dpdk *d)
+{
+    d->loop.cap = NULL;
+    ina_capture_close(&d->cap);
 }
 
 static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,

@@ -13,6 +13,7 @@
 typedef struct {
     uint64_t rx_packets, tx_packets, rx_bytes, tx_bytes, tx_full, tx_no_peer, not_ina, arp_replies, punts_dropped;
     uint64_t dropped[2], duplicated[2], reordered[2]; /* impairments: [0] received side, [1] sent side */
+    uint64_t captured, capture_skipped;               /* serve --pcap: packets written, left out (size cap) */
 } ina_dpdk_counters;
 
 typedef struct ina_dpdk ina_dpdk;
@@ -28,8 +29,12 @@ int ina_dpdk_run(ina_dpdk *d);
 void ina_dpdk_stop(ina_dpdk *d);
 const uint8_t *ina_dpdk_punt(const ina_dpdk *d, int i, uint32_t *len, uint64_t *src);
 void ina_dpdk_punt_clear(ina_dpdk *d);
-/* send an INA packet (header + payload) to a peer (address id IPv4 << 16 | port) seen before; 0 on success */
+/* send an INA packet (header + payload) to a peer (address id IPv4 << 16 | port) seen before, through the
+ * send-side impairment and the capture; 0 on success */
 int ina_dpdk_send(ina_dpdk *d, uint64_t dst, const uint8_t *pkt, uint32_t len);
+/* as ina_udp_capture (the switch's address is its own ip and udp_port) */
+int ina_dpdk_capture(ina_dpdk *d, const char *path, uint64_t max_bytes);
+void ina_dpdk_capture_close(ina_dpdk *d);
 const ina_dpdk_counters *ina_dpdk_counters_of(const ina_dpdk *d);
 void ina_dpdk_mac(ina_dpdk *d, uint8_t *mac);
 #endif

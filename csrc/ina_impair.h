@@ -9,6 +9,11 @@
 
 #include "ina_rng.h"
 
+/* the impairment's decision for one packet (flags) */
+#define INA_DECIDE_DROP 1
+#define INA_DECIDE_DUP 2
+#define INA_DECIDE_HOLD 4
+
 /* transient: b's memory is reused once the sink returns (a held copy, or a caller's scratch buffer),
  * so a sink that keeps b past its return must copy it */
 typedef void (*ina_sink)(void *ctx, uint64_t addr, const uint8_t *a, uint32_t alen, const uint8_t *b,
@@ -51,33 +56,50 @@ static inline void ina_impair_flush(ina_impair *im, ina_sink sink, void *ctx)
     sink(ctx, im->held_addr, im->held, im->held_a, im->held + im->held_a, im->held_b, 1);
 }
 
-static inline void ina_impair_apply(ina_impair *im, uint64_t addr, const uint8_t *a, uint32_t alen,
-                                    const uint8_t *b, uint32_t blen, int transient, ina_sink sink, void *ctx)
+/* the faults for one packet, drawn in the order the Python server draws them (loss, then dup, then reorder
+ * unless a packet is already held): INA_DECIDE_* flags, so a capture can note them before the packet goes */
+static inline int ina_impair_decide(ina_impair *im)
 {
     if (im->loss && ina_impair_uniform(im) < im->loss) {
         im->dropped++;
-        return;
+        return INA_DECIDE_DROP;
     }
-    int twice = im->dup && ina_impair_uniform(im) < im->dup;
-    if (twice)
+    int d = 0;
+    if (im->dup && ina_impair_uniform(im) < im->dup) {
         im->duplicated++;
-    if (im->full) {
-        sink(ctx, addr, a, alen, b, blen, transient);
-        if (twice)
-            sink(ctx, addr, a, alen, b, blen, transient);
-        ina_impair_flush(im, sink, ctx);
-    } else if (im->reorder && ina_impair_uniform(im) < im->reorder) {
+        d |= INA_DECIDE_DUP;
+    }
+    if (!im->full && im->reorder && ina_impair_uniform(im) < im->reorder) {
         im->reordered++;
+        d |= INA_DECIDE_HOLD;
+    }
+    return d;
+}
+
+/* carry out decision d: a held packet is copied and goes after the next one; one held before goes now */
+static inline void ina_impair_act(ina_impair *im, int d, uint64_t addr, const uint8_t *a, uint32_t alen,
+                                  const uint8_t *b, uint32_t blen, int transient, ina_sink sink, void *ctx)
+{
+    if (d & INA_DECIDE_DROP)
+        return;
+    if (d & INA_DECIDE_HOLD) {
         memcpy(im->held, a, alen);
         memcpy(im->held + alen, b, blen);
         im->held_a = alen, im->held_b = blen, im->held_addr = addr;
         im->full = 1;
-        if (twice)
+        if (d & INA_DECIDE_DUP)
             sink(ctx, addr, a, alen, b, blen, transient);
-    } else {
-        sink(ctx, addr, a, alen, b, blen, transient);
-        if (twice)
-            sink(ctx, addr, a, alen, b, blen, transient);
+        return;
     }
+    sink(ctx, addr, a, alen, b, blen, transient);
+    if (d & INA_DECIDE_DUP)
+        sink(ctx, addr, a, alen, b, blen, transient);
+    ina_impair_flush(im, sink, ctx);
+}
+
+static inline void ina_impair_apply(ina_impair *im, uint64_t addr, const uint8_t *a, uint32_t alen,
+                                    const uint8_t *b, uint32_t blen, int transient, ina_sink sink, void *ctx)
+{
+    ina_impair_act(im, ina_impair_decide(im), addr, a, alen, b, blen, transient, sink, ctx);
 }
 #endif

@@ -6,6 +6,7 @@
 #define INA_LOOP_H
 #include <stdint.h>
 
+#include "ina_capture.h"
 #include "ina_core.h"
 #include "ina_impair.h"
 #include "ina_punt.h"
@@ -19,6 +20,7 @@ typedef struct {
      * once it returns (a held packet, a control reply in the core's scratch buffer) */
     ina_sink send;
     void *send_ctx;
+    ina_capture *cap; /* serve --pcap, else NULL */
 } ina_loop;
 
 /* both impairment sides (seeds seed and seed + 1, as the Python server) and the punt queue; -1 when out of
@@ -32,6 +34,7 @@ static inline int ina_loop_init(ina_loop *l, ina_switch *sw, double loss, double
     l->sw = sw;
     l->send = send;
     l->send_ctx = send_ctx;
+    l->cap = NULL;
     ina_punt_init(&l->punt);
     return bad ? -1 : 0;
 }
@@ -40,6 +43,19 @@ static inline void ina_loop_free(ina_loop *l)
 {
     ina_impair_free(&l->side[0]);
     ina_impair_free(&l->side[1]);
+}
+
+/* a packet to address id dst, through the send-side impairment (and the capture, which notes its fate) */
+static inline void ina_loop_send(ina_loop *l, uint64_t dst, const uint8_t *hdr, uint32_t hlen,
+                                 const uint8_t *payload, uint32_t len, int transient)
+{
+    if (!ina_impair_active(&l->side[1]) && !l->cap) {
+        l->send(l->send_ctx, dst, hdr, hlen, payload, len, transient);
+        return;
+    }
+    int d = ina_impair_active(&l->side[1]) ? ina_impair_decide(&l->side[1]) : 0;
+    ina_capture_record(l->cap, 1, dst, hdr, hlen, payload, len, d);
+    ina_impair_act(&l->side[1], d, dst, hdr, hlen, payload, len, transient, l->send, l->send_ctx);
 }
 
 /* an ina_sink for the receive side: the packet is processed before its buffer is reused, so transient
@@ -57,21 +73,20 @@ static inline void ina_loop_deliver(void *ctx, uint64_t src, const uint8_t *pkt,
     for (int i = 0; i < n; i++) {
         const ina_out *o = &l->out[i];
         /* a control reply's payload is the core's scratch buffer: transient, like a held packet */
-        if (ina_impair_active(&l->side[1]))
-            ina_impair_apply(&l->side[1], o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable,
-                             l->send, l->send_ctx);
-        else
-            l->send(l->send_ctx, o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable);
+        ina_loop_send(l, o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable);
     }
 }
 
 /* a packet the transport received from address id src; pkt's buffer may be reused once this returns */
 static inline void ina_loop_receive(ina_loop *l, uint64_t src, const uint8_t *pkt, uint32_t len)
 {
-    if (ina_impair_active(&l->side[0]))
-        ina_impair_apply(&l->side[0], src, pkt, len, pkt + len, 0, 1, ina_loop_deliver, l);
-    else
+    if (!ina_impair_active(&l->side[0]) && !l->cap) {
         ina_loop_deliver(l, src, pkt, len, NULL, 0, 0);
+        return;
+    }
+    int d = ina_impair_active(&l->side[0]) ? ina_impair_decide(&l->side[0]) : 0;
+    ina_capture_record(l->cap, 0, src, pkt, len, NULL, 0, d);
+    ina_impair_act(&l->side[0], d, src, pkt, len, pkt + len, 0, 1, ina_loop_deliver, l);
 }
 
 /* the line went quiet or the loop stops: let the packets held back for reordering go (the caller then

@@ -18,6 +18,7 @@
 
 struct ina_udp {
     ina_loop loop; /* core, impairments, punt queue */
+    ina_capture cap;
     int fd;
     volatile int stop;
     ina_udp_counters c;
@@ -65,6 +66,7 @@ void ina_udp_free(ina_udp *u)
     if (!u)
         return;
     free(u->rbuf);
+    ina_capture_close(&u->cap);
     ina_loop_free(&u->loop);
     free(u);
 }
@@ -74,7 +76,24 @@ const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
 {
     ina_udp_counters *c = (ina_udp_counters *)&u->c;
     ina_loop_counters(&u->loop, c->dropped, c->duplicated, c->reordered, &c->punts_dropped);
+    c->captured = u->cap.packets, c->capture_skipped = u->cap.skipped;
     return c;
+}
+
+int ina_udp_capture(ina_udp *u, const char *path, uint64_t max_bytes, uint64_t self_id)
+{
+    if (ina_capture_open(&u->cap, path, max_bytes, self_id)) {
+        ina_capture_close(&u->cap);
+        return -1;
+    }
+    u->loop.cap = &u->cap;
+    return 0;
+}
+
+void ina_udp_capture_close(ina_udp *u)
+{
+    u->loop.cap = NULL;
+    ina_capture_close(&u->cap);
 }
 void ina_udp_punt_clear(ina_udp *u) { u->loop.punt.n = 0; }
 
@@ -140,6 +159,14 @@ static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen
 {
     (void)hlen;
     queue(ctx, dst, hdr, payload, len, transient);
+}
+
+void ina_udp_send(ina_udp *u, uint64_t dst, const uint8_t *pkt, uint32_t len)
+{
+    if (len < INA_HEADER_SIZE)
+        return;
+    ina_loop_send(&u->loop, dst, pkt, INA_HEADER_SIZE, pkt + INA_HEADER_SIZE, len - INA_HEADER_SIZE, 1);
+    flush(u);
 }
 
 static void release_held(ina_udp *u)

@@ -12,6 +12,7 @@
 typedef struct {
     uint64_t bytes_in, bytes_out, send_errors, recv_batches, punts_dropped;
     uint64_t dropped[2], duplicated[2], reordered[2]; /* [0] = received side, [1] = sent side */
+    uint64_t captured, capture_skipped;               /* serve --pcap: packets written, left out (size cap) */
 } ina_udp_counters;
 
 typedef struct ina_udp ina_udp;
@@ -28,4 +29,10 @@ void ina_udp_stop(ina_udp *u);
 const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint64_t *src);
 void ina_udp_punt_clear(ina_udp *u);
 const ina_udp_counters *ina_udp_counters_of(const ina_udp *u);
+/* a control reply from the caller, sent (and captured) as the loop's own packets are; pkt is copied */
+void ina_udp_send(ina_udp *u, uint64_t dst, const uint8_t *pkt, uint32_t len);
+/* write every packet in and out to a pcapng file until it reaches max_bytes (self_id: the switch's address
+ * id); -1 if the file cannot be opened */
+int ina_udp_capture(ina_udp *u, const char *path, uint64_t max_bytes, uint64_t self_id);
+void ina_udp_capture_close(ina_udp *u);
 #endif

@@ -24,6 +24,7 @@ import time
 
 from inaproto import gen_p4, wire
 
+from .capture import Capture
 from .config import SwitchConfig
 from .control import CONTROL_RATE, ControlPlane
 from .netns import VethNamespace
@@ -78,10 +79,11 @@ class BMv2Namespace(VethNamespace):
 class BMv2Process:
     """simple_switch_grpc with no program yet, P4Runtime on a unix socket (reachable from any namespace)."""
 
-    def __init__(self, ifaces: list[str], netns: str | None = None, timeout: float = 30.0):
+    def __init__(self, ifaces: list[str], netns: str | None = None, timeout: float = 30.0, pcap_dir: str | None = None):
         self.dir = tempfile.mkdtemp(prefix="ina-bmv2-")
         self.socket = os.path.join(self.dir, "p4rt.sock")
         cmd = [gen_p4.find_tool("simple_switch_grpc"), "--no-p4", *[a for i, name in enumerate(ifaces) for a in ("-i", f"{i}@{name}")],
+               *([f"--pcap={pcap_dir}"] if pcap_dir else []),
                "--", "--grpc-server-addr", f"unix:{self.socket}", "--cpu-port", str(CPU_PORT)]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
@@ -120,10 +122,12 @@ class BMv2Server:
         ifaces: BMv2's ports, in the current namespace; None: a namespace and veth pair of its own.
         grpc_addr: a simple_switch_grpc already running (with --cpu-port 255) to control instead of one
             started here; host is then the switch's IP.
+        pcap: (file, max MiB) for serve --pcap: BMv2's own per-port captures, merged into the file at close.
     """
 
     def __init__(self, config: SwitchConfig, host: str = "", port: int = 0, ifaces: list[str] | None = None,
-                 json_path: str = gen_p4.JSON, p4info_path: str = gen_p4.P4INFO, grpc_addr: str | None = None):
+                 json_path: str = gen_p4.JSON, p4info_path: str = gen_p4.P4INFO, grpc_addr: str | None = None,
+                 pcap: tuple[str, float] | None = None):
         from . import p4rt
 
         port = port or wire.DEFAULT_PORT
@@ -151,9 +155,12 @@ class BMv2Server:
         self.admitted: dict[int, list] = {}
         self._stopped = threading.Event()
         self.started = time.monotonic()
+        if pcap and grpc_addr:
+            raise ValueError("--pcap with --grpc: start that simple_switch_grpc with its own --pcap")
+        self.pcap, self.pcap_dir, self.capture = pcap, tempfile.mkdtemp(prefix="ina-pcap-") if pcap else None, None
         try:
             if grpc_addr is None:
-                self.process = BMv2Process(ifaces, self.ns.ns if self.ns else None)
+                self.process = BMv2Process(ifaces, self.ns.ns if self.ns else None, pcap_dir=self.pcap_dir)
                 grpc_addr = f"unix:{self.process.socket}"
             self.p4info = p4rt.P4Info(p4info_path)
             self.sw = p4rt.Switch(grpc_addr)
@@ -267,6 +274,14 @@ class BMv2Server:
             if obj is not None:
                 (obj.stop if part == "process" else obj.close)()
                 setattr(self, part, None)
+        if getattr(self, "pcap_dir", None):  # BMv2 has stopped: its files are complete
+            self.capture = Capture(self.pcap[0], self.address, self.pcap[1])
+            self.capture.merge_bmv2(self.pcap_dir)
+            self.capture.close()
+            shutil.rmtree(self.pcap_dir, ignore_errors=True)
+            self.pcap_dir = None
+            if hasattr(self, "_last_stats"):
+                self._last_stats.update(self.capture.stats())
 
     # ------------------------------------------------------------------ counters
     def stats(self, per_slot: bool = False) -> dict:

@@ -85,6 +85,7 @@ class DPDKServer:
         self.address = (host, port)
         self._stopped = threading.Event()
         self.started = time.monotonic()
+        self.capturing = False
 
     def serve_forever(self):
         length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
@@ -100,8 +101,18 @@ class DPDKServer:
         self._stopped.set()
         lib.ina_dpdk_stop(self.loop)
 
+    def start_capture(self, path: str, max_mb: float):
+        """As UDPServer.start_capture, written by the C loop (csrc/ina_capture.h).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        if lib.ina_dpdk_capture(self.loop, path.encode(), int(max_mb * 2**20)):
+            raise OSError(ffi.errno, f"cannot write the capture {path}")
+        self.capturing = True
+
     def close(self):
-        pass  # the EAL and its port live as long as the process
+        lib.ina_dpdk_capture_close(self.loop)  # the EAL and its port live as long as the process
 
     def stats(self, per_slot: bool = False) -> dict:
         s = self.switch.stats(per_slot)
@@ -112,4 +123,6 @@ class DPDKServer:
                            "tx_no_peer": c.tx_no_peer,
                            "arp_replies": c.arp_replies, "punts_dropped": c.punts_dropped, "mac": self.mac},
                   "uptime_s": round(time.monotonic() - self.started, 3)})
+        if self.capturing:
+            s.update({"captured": c.captured, "capture_skipped": c.capture_skipped})
         return s

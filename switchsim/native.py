@@ -11,6 +11,7 @@ from inaproto import net, wire
 from .control import ControlPlane
 from .config import SwitchConfig, config_of
 from .model import DROP_REASONS, SLOT_COUNTERS
+from .capture import capture_address
 from .server import bind_udp, check_probabilities
 
 try:
@@ -219,6 +220,7 @@ class CUDPServer:
         if self.loop == ffi.NULL:
             raise MemoryError("cannot allocate the UDP loop")
         self._stopped = threading.Event()
+        self.capturing = False
         self.started = time.monotonic()
         backend.control.stats = self.stats  # stats replies carry the loop's counters too
 
@@ -237,10 +239,7 @@ class CUDPServer:
             for i in range(n):
                 data = bytes(ffi.buffer(lib.ina_udp_punt(self.loop, i, length, src), length[0]))
                 for reply, dst in self.backend.control_request(data, self.backend.address(src[0])):
-                    try:
-                        self.sock.sendto(reply, dst)
-                    except OSError:
-                        pass
+                    lib.ina_udp_send(self.loop, net.address_id(*dst), reply, len(reply))  # impaired, captured
             lib.ina_udp_punt_clear(self.loop)
 
     def start_thread(self) -> threading.Thread:
@@ -258,8 +257,20 @@ class CUDPServer:
         self._stopped.set()
         lib.ina_udp_stop(self.loop)
 
+    def start_capture(self, path: str, max_mb: float):
+        """As UDPServer.start_capture, written by the C loop (csrc/ina_capture.h).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        me = capture_address(self.address)
+        if lib.ina_udp_capture(self.loop, path.encode(), int(max_mb * 2**20), net.address_id(*me)):
+            raise OSError(ffi.errno, f"cannot write the capture {path}")
+        self.capturing = True
+
     def close(self):
-        """Close the socket (after serve_forever returned), freeing the port."""
+        """Close the socket (after serve_forever returned), freeing the port, and the capture."""
+        lib.ina_udp_capture_close(self.loop)
         self.sock.close()
 
     def stats(self, per_slot: bool = False) -> dict:
@@ -275,4 +286,6 @@ class CUDPServer:
         c = lib.ina_udp_counters_of(self.loop)
         s.update({"bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "send_errors": c.send_errors,
                   "impairment": impairment_stats(c), "uptime_s": round(time.monotonic() - self.started, 3)})
+        if self.capturing:
+            s.update({"captured": c.captured, "capture_skipped": c.capture_skipped})
         return s

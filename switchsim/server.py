@@ -12,6 +12,7 @@ import time
 from inaproto import wire
 from inaproto.net import SOCKET_BUFFER, size_buffers
 
+from .capture import DECIDE_DROP, DECIDE_DUP, DECIDE_HOLD, Capture
 from .model import Switch
 
 
@@ -62,21 +63,32 @@ class Impairment:
     def active(self):
         return bool(self.loss or self.dup or self.reorder)
 
-    def apply(self, item) -> list:
+    def decide(self) -> int:
+        """The faults for the next packet (capture.DECIDE_* flags), drawn before it goes so a capture can note
+        them: loss, then duplication, then reordering unless a packet is already held."""
         if self.loss and self.rand.random() < self.loss:
             self.dropped += 1
-            return []
-        out = [item]
+            return DECIDE_DROP
+        d = 0
         if self.dup and self.rand.random() < self.dup:
             self.duplicated += 1
-            out.append(item)
-        if self.held is not None:
-            out.append(self.held)
-            self.held = None
-        elif self.reorder and self.rand.random() < self.reorder:
+            d |= DECIDE_DUP
+        if self.held is None and self.reorder and self.rand.random() < self.reorder:
             self.reordered += 1
-            self.held, out = out[0], out[1:]
-        return out
+            d |= DECIDE_HOLD
+        return d
+
+    def act(self, item, d: int) -> list:
+        """What goes out now for item under decision d (a held item goes after the next one)."""
+        if d & DECIDE_DROP:
+            return []
+        if d & DECIDE_HOLD:
+            self.held = item
+            return [item] if d & DECIDE_DUP else []
+        return ([item, item] if d & DECIDE_DUP else [item]) + self.flush()
+
+    def apply(self, item) -> list:
+        return self.act(item, self.decide())
 
     def flush(self) -> list:
         held, self.held = self.held, None
@@ -113,6 +125,7 @@ class UDPServer:
         self.tx = Impairment(loss, dup, reorder, rs.random())
         self.stop_event = threading.Event()
         self.bytes_in = self.bytes_out = self.send_errors = 0
+        self.capture = None
         self.started = time.monotonic()
         backend.control.stats = self.stats  # stats replies carry the transport's counters too
 
@@ -125,11 +138,31 @@ class UDPServer:
                 self.send_errors += 1  # e.g. a worker that went away; never fatal to the switch
 
     def _handle(self, data, src):
-        for d, s in (self.rx.apply((data, src)) if self.rx.active else [(data, src)]):
-            out = self.backend.process(d, s)
-            if self.tx.active:
-                out = [p for item in out for p in self.tx.apply(item)]
-            self._send(out)
+        d = self.rx.decide() if self.rx.active else 0
+        if self.capture:
+            self.capture.record(True, src, data, d)
+        for pkt, s in (self.rx.act((data, src), d) if self.rx.active else [(data, src)]):
+            self._emit(self.backend.process(pkt, s))
+
+    def _emit(self, out):
+        """The switch's packets, through the send-side impairment and the capture."""
+        if not self.tx.active and not self.capture:
+            return self._send(out)
+        sent = []
+        for item in out:
+            d = self.tx.decide() if self.tx.active else 0
+            if self.capture:
+                self.capture.record(False, item[1], item[0], d)
+            sent += self.tx.act(item, d) if self.tx.active else [item]
+        self._send(sent)
+
+    def start_capture(self, path: str, max_mb: float):
+        """Write every packet in and out to a pcapng file (serve --pcap); closed by close().
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        self.capture = Capture(path, self.address, max_mb)
 
     def serve_forever(self, poll_interval=0.01):
         """Serve until stop() (from a signal handler or another thread).
@@ -146,7 +179,7 @@ class UDPServer:
             ready, _, _ = select.select([sock], [], [], poll_interval)
             if not ready:  # idle: release any packet held back for reordering
                 for d, s in self.rx.flush():
-                    self._send(self.backend.process(d, s))
+                    self._emit(self.backend.process(d, s))
                 self._send(self.tx.flush())
                 continue
             for _ in range(256):  # drain a batch before looking at the stop flag again
@@ -174,8 +207,10 @@ class UDPServer:
         self.stop_event.set()
 
     def close(self):
-        """Close the socket (after serve_forever returned), freeing the port."""
+        """Close the socket (after serve_forever returned), freeing the port, and the capture."""
         self.sock.close()
+        if self.capture:
+            self.capture.close()
 
     def stats(self, per_slot: bool = False) -> dict:
         """The backend's counters plus the transport's, in the layout every server reports.
@@ -190,6 +225,8 @@ class UDPServer:
         s.update({"bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "send_errors": self.send_errors,
                   "impairment": {"rx": self.rx.stats(), "tx": self.tx.stats()},
                   "uptime_s": round(time.monotonic() - self.started, 3)})
+        if self.capture:
+            s.update(self.capture.stats())
         return s
 
 
