@@ -5,17 +5,26 @@
 #include <stdint.h>
 
 #define INA_KERNEL_NONFINITE 1 /* NaN or Inf in the input */
-#define INA_KERNEL_OVERFLOW 2  /* a level above 2^63 */
+#define INA_KERNEL_OVERFLOW 2  /* |x| >= 2^63, the top level (or a result level above it) */
 #define INA_KERNEL_BAD_CODE 3  /* the invalid NC code 0x80 */
 
-/* NC codes for float32 x, elements offset.. of the stream of seed; values below 2^floor go to 0 / 2^floor */
+/* NC codes for float32 x, elements offset.. of the stream of seed; values below 2^floor go to 0 / 2^floor.
+ * Returns 0, INA_KERNEL_NONFINITE (NaN/Inf), or INA_KERNEL_OVERFLOW (some |x| >= 2^INA_NC_LEVEL_MAX). */
 int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                   int floor);
+/* the same for float64 x, rounded from its 52 mantissa bits (the top 52 of each random word): a double that
+ * holds a float gets the float's codes */
+int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
+                      int floor);
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
 /* the fixed-point scale floor(INT32_MAX / world) / 2^exp of a block with agreed exponent exp (codecs/fixed.py) */
 double ina_fixed_scale(int exp, int world);
 /* big-endian int32 of rint(x * scale), clipped to +-limit */
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be);
+/* the same with stochastic rounding: floor(x * scale) + 1 with probability frac(x * scale), decided by the top
+ * 53 bits of element i's word of the stream (seed, offset + i): unbiased, and rebuilt bit for bit */
+void ina_fixed_quantize_sr(const float *x, size_t n, double scale, int32_t limit, uint64_t seed, uint64_t offset,
+                           uint8_t *out_be);
 /* block exponents of float32 x in blocks of k (the last one short): the rule of codecs/base.py
  * block_exponents. Returns 0, or INA_KERNEL_OVERFLOW if a finite block needs an exponent above EXP_MAX. */
 int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out);

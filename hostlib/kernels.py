@@ -23,11 +23,15 @@ def enabled() -> bool:
     return lib is not None and os.environ.get("INA_KERNELS", "native") != "numpy"
 
 
-def nc_encode(x32: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int):
-    """(codes, status) for contiguous float32 x32; status is 0, NONFINITE or OVERFLOW."""
-    codes = np.empty(x32.size, dtype=np.uint8)
-    rc = lib.ina_nc_encode(ffi.from_buffer("float[]", x32), x32.size, ffi.from_buffer("uint8_t[]", codes),
-                           seed & MASK64, offset & MASK64, int(deterministic), floor)
+def nc_encode(x: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int):
+    """(codes, status) for contiguous float32 or float64 x; status is 0, NONFINITE or OVERFLOW."""
+    codes = np.empty(x.size, dtype=np.uint8)
+    if x.dtype == np.float64:
+        fn, buf = lib.ina_nc_encode_f64, ffi.from_buffer("double[]", x)
+    else:
+        fn, buf = lib.ina_nc_encode, ffi.from_buffer("float[]", x)
+    rc = fn(buf, x.size, ffi.from_buffer("uint8_t[]", codes), seed & MASK64, offset & MASK64, int(deterministic),
+            floor)
     return codes, rc
 
 
@@ -43,6 +47,14 @@ def fixed_quantize(x32: np.ndarray, scale: float, limit: int) -> np.ndarray:
     out = np.empty(x32.size, dtype=">i4")
     lib.ina_fixed_quantize(ffi.from_buffer("float[]", x32), x32.size, float(scale), int(limit),
                            ffi.from_buffer("uint8_t[]", out))
+    return out
+
+
+def fixed_quantize_sr(x32: np.ndarray, scale: float, limit: int, seed: int, offset: int) -> np.ndarray:
+    """fixed_quantize with stochastic rounding from the stream (seed, offset): codecs/fixed.py's reference."""
+    out = np.empty(x32.size, dtype=">i4")
+    lib.ina_fixed_quantize_sr(ffi.from_buffer("float[]", x32), x32.size, float(scale), int(limit), seed & MASK64,
+                              offset & MASK64, ffi.from_buffer("uint8_t[]", out))
     return out
 
 

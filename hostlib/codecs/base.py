@@ -7,6 +7,34 @@ from .. import kernels, wire
 EXPONENT_OVERFLOW_MESSAGE = f"values of magnitude >= 2^{wire.EXP_MAX} cannot be sent"
 
 
+def float_values(x) -> np.ndarray:
+    """x as a flat contiguous float32 or float64 array without rounding, so a codec rounds from the caller's
+    own bits: float32 and float64 stay, narrower floats (float16, torch bfloat16) widen exactly to float32,
+    anything else real (integers, bool, long double) goes to float64.
+
+    Args:
+        x: a numpy array, torch tensor (any device, any float dtype), scalar or sequence.
+
+    Returns:
+        A 1-D float32 or float64 array (a view of x where no conversion is needed).
+
+    Raises:
+        TypeError: complex or non-numeric values.
+    """
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        t = x.detach().to("cpu")
+        # numpy has no bfloat16; widening to float32 is exact (bfloat16 is float32's top half)
+        x = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"expected real numbers, got {a.dtype}")
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float32 if a.dtype.kind == "f" and a.dtype.itemsize < 4 else np.float64)
+    return np.ascontiguousarray(a).reshape(-1)
+
+
 def block_exponents(blocks: np.ndarray) -> np.ndarray:
     """Per row of a 2-D float array: the smallest e with every |x| < 2^e, as int8 (wire.EXP_* rules).
 

@@ -2,14 +2,19 @@
 
 scale = floor(INT32_MAX / n) / 2^e, with e the max exponent over workers (every |x| < 2^e), and each
 quantized value clipped to +-floor(INT32_MAX / n): an n-way sum can never overflow int32. Per element
-and worker the error is at most 1/scale (0.5 from rounding, the rest only where |x| rounds up to the
-clip), so the sum is within n / scale = n * 2^e / floor(INT32_MAX / n) of the exact sum.
+and worker the error is at most 1/scale (0.5 from rounding to nearest, the rest only where |x| rounds up
+to the clip; stochastic rounding: < 1), so the sum is within n / scale = n * 2^e / floor(INT32_MAX / n)
+of the exact sum.
+
+Stochastic rounding is the paper's C_int (natural-compression.txt, Theorem 2) on t = x * scale: unbiased,
+but E C(t)^2 / t^2 = 1/t for 0 < t < 1, unbounded as t -> 0 (no omega with C_int in B(omega)), while NC's
+ratio stays <= 9/8: fixed point's error is bounded in absolute terms (steps of 1/scale), not relative.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels, wire
+from .. import kernels, rng, wire
 from .base import Codec
 
 INT32_MAX = 2**31 - 1
@@ -65,18 +70,28 @@ def allreduce_error_bound(inputs, k: int, exact: np.ndarray) -> np.ndarray:
     return bound + np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64) / 2
 
 
-def quantize_reference(block: np.ndarray, scale: float, limit: int) -> np.ndarray:
-    """The numpy definition the C kernel matches: clip(rint(x * scale)) as big-endian int32.
+def quantize_reference(block: np.ndarray, scale: float, limit: int, seed: int | None = None,
+                       offset: int = 0) -> np.ndarray:
+    """The numpy definition the C kernels match: clip(round(x * scale)) as big-endian int32, rounded to
+    nearest (seed None) or stochastically from the stream (seed, offset).
 
     Args:
         block: float values.
         scale: scale_for the block's agreed exponent.
         limit: the clip, INT32_MAX // world_size.
+        seed, offset: stochastic rounding's counter-based stream and the position of block[0] in it: t = x *
+            scale goes to floor(t) + 1 with probability t - floor(t), decided by the top 53 bits of the word.
 
     Returns:
         Big-endian int32 values, the packet's payload elements.
     """
-    q = np.rint(block.astype(np.float64) * scale)
+    t = block.astype(np.float64) * scale
+    if seed is None:
+        q = np.rint(t)
+    else:
+        q = np.floor(t)
+        u = (rng.bits64(seed, offset, t.size) >> np.uint64(11)).astype(np.float64)
+        q += u < (t - q) * 2.0**53  # t - floor(t) is exact, so P(up) = frac(t) to the last bit of t
     np.clip(q, -limit, limit, out=q)
     return q.astype(">i4")
 
@@ -86,11 +101,24 @@ class FixedPointCodec(Codec):
     switch without floating point sums them; error bounded by error_bound (methods as in Codec)."""
 
     name = "fixed"
-
-    def native_kind(self, flat):
-        return "FIXED" if flat.dtype == np.float32 else None
     wire_codec = wire.CODEC_INT32
     negotiates_exponent = True
+
+    def __init__(self, rounding: str = "nearest"):
+        """Args:
+            rounding: "nearest" (SwitchML's: error <= 1/2 step, but biased: a value below half a step
+                always sends 0) or "stochastic" (unbiased, error < 1 step: the variance is frac (1 - frac)
+                steps^2; the C worker loop carries only "nearest", so this takes the Python loop).
+
+        Raises:
+            ValueError: another rounding.
+        """
+        if rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"codec 'fixed': rounding must be 'nearest' or 'stochastic', not {rounding!r}")
+        self.stochastic = rounding == "stochastic"
+
+    def native_kind(self, flat):
+        return "FIXED" if flat.dtype == np.float32 and not self.stochastic else None
 
     def check_input(self, flat):
         """Raises:
@@ -101,11 +129,15 @@ class FixedPointCodec(Codec):
 
     def encode(self, block, exp, world_size, seed, offset):
         limit = INT32_MAX // world_size
-        if block.dtype == np.float32 and kernels.enabled():
-            q = kernels.fixed_quantize(np.ascontiguousarray(block), float(scale_for(exp, world_size)), limit)
-        else:
-            q = quantize_reference(block, float(scale_for(exp, world_size)), limit)
-        return q.tobytes()
+        scale = float(scale_for(exp, world_size))
+        native = block.dtype == np.float32 and kernels.enabled()
+        if self.stochastic:
+            if native:
+                return kernels.fixed_quantize_sr(np.ascontiguousarray(block), scale, limit, seed, offset).tobytes()
+            return quantize_reference(block, scale, limit, seed, offset).tobytes()
+        if native:
+            return kernels.fixed_quantize(np.ascontiguousarray(block), scale, limit).tobytes()
+        return quantize_reference(block, scale, limit).tobytes()
 
     def decode(self, payloads, exps, world_size, k):
         scales = np.repeat(scale_for(exps, world_size), k)[: payloads.size]

@@ -1,8 +1,9 @@
 """Natural compression (Horvath et al., 2019): stochastic rounding of |x| to a neighbouring power of two.
 
 Codes are one byte: bit 7 the sign, bits 6..0 m, with m = 0 for zero and 2^(m-64) otherwise (see
-wire.py / docs/protocol.md). In the float32 bit view rounding is exact: |x| = 2^a (1 + mant/2^23) rounds
-up with probability mant/2^23, decided by comparing mant with 23 random bits. Values below the floor
+wire.py / docs/protocol.md). In the float bit view rounding is exact: |x| = 2^a (1 + mant/2^M) rounds
+up with probability mant/2^M, decided by comparing the M mantissa bits (23 for float32, 52 for float64)
+with the top M bits of the element's random word. Values below the floor
 level 2^F go to 0 or 2^F with probability |x|/2^F, so the operator stays unbiased over its whole range.
 
 The switch side of the code table (`codes_to_int`, `int_to_codes`) lives in inaproto.nc, which both
@@ -15,7 +16,7 @@ import numpy as np
 from inaproto.nc import codes_to_int, int_to_codes  # noqa: F401 - re-exported
 
 from .. import kernels, rng, wire
-from .base import Codec
+from .base import Codec, float_values
 
 _SIGN = np.uint8(0x80)
 NONFINITE_MESSAGE = "natural compression: input contains NaN or Inf"
@@ -25,12 +26,13 @@ BAD_CODE_MESSAGE = "natural compression: 0x80 is not a valid code"
 
 def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
            floor: int = wire.NC_LEVEL_MIN) -> np.ndarray:
-    """NC codes (uint8) for x (any float array, computed on its float32 value); the C kernel when built.
+    """NC codes (uint8) for x, rounded from x's own bits (float64 from its 52-bit mantissa, never through
+    float32, whose rounding would bias it); the C kernel when built.
 
     Args:
-        x: float values.
+        x: float values: numpy array or torch tensor (bfloat16/float16 widen to float32 exactly).
         seed, offset: the counter-based RNG stream and the position of x[0] in it, so a block re-encoded
-            for a retransmission gets the same codes.
+            for a retransmission gets the same codes (a float64 holding a float32 value gets its codes).
         deterministic: round to nearest instead of stochastically (biased, but no RNG).
         floor: the smallest level kept (2^floor); smaller values round to 0 or 2^floor, unbiased.
 
@@ -39,12 +41,14 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
 
     Raises:
         ValueError: NaN or Inf in x.
-        OverflowError: |x| >= 2^NC_LEVEL_MAX.
+        OverflowError: |x| >= 2^NC_LEVEL_MAX (always, whatever the random draw: the exponent negotiation
+            refuses the same inputs).
+        TypeError: x is not real numbers.
     """
-    x32 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    v = float_values(x)
     if not kernels.enabled():
-        return encode_reference(x32, seed, offset, deterministic, floor)
-    codes, status = kernels.nc_encode(x32, seed, offset, deterministic, floor)
+        return encode_reference(v, seed, offset, deterministic, floor)
+    codes, status = kernels.nc_encode(v, seed, offset, deterministic, floor)
     if status == kernels.NONFINITE:
         raise ValueError(NONFINITE_MESSAGE)
     if status == kernels.OVERFLOW:
@@ -52,36 +56,42 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
     return codes
 
 
-def encode_reference(x32: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int) -> np.ndarray:
-    """The numpy definition of `encode` that the C kernel matches bit for bit (same arguments, returns and
-    errors; x32 must already be flat float32)."""
-    bits = x32.view(np.uint32)
-    if np.any((bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)):
+# per float format: (unsigned view, mantissa bits, exponent mask, exponent bias)
+_FORMATS = {np.dtype(np.float32): (np.uint32, 23, 0xFF, 127), np.dtype(np.float64): (np.uint64, 52, 0x7FF, 1023)}
+
+
+def encode_reference(x: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int) -> np.ndarray:
+    """The numpy definition of `encode` that the C kernels match bit for bit (same arguments, returns and
+    errors; x must already be flat float32 or float64). A float's m mantissa bits are compared with the top
+    m bits of its random word, so float64 and float32 draw on the same stream."""
+    uint, m, emask, ebias = _FORMATS[x.dtype]
+    floor = max(floor, wire.NC_LEVEL_MIN)  # no code below 2^NC_LEVEL_MIN
+    bits = x.view(uint).astype(np.uint64)
+    expf = ((bits >> np.uint64(m)) & np.uint64(emask)).astype(np.int64)
+    if np.any(expf == emask):
         raise ValueError(NONFINITE_MESSAGE)
-    n = bits.size
-    expf = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int16)
-    mant = bits & np.uint32(0x7FFFFF)
-    a = expf - 127  # 2^a <= |x| < 2^(a+1) for normal numbers
+    mant = bits & np.uint64((1 << m) - 1)
+    a = expf - ebias  # 2^a <= |x| < 2^(a+1) for normal numbers
     if deterministic:
-        up = mant >= np.uint32(1 << 22)
+        up = mant >= np.uint64(1 << (m - 1))
     else:
-        r = rng.bits64(seed, offset, n)
-        up = (r >> np.uint64(41)).astype(np.uint32) < mant
+        r = rng.bits64(seed, offset, x.size)
+        up = (r >> np.uint64(64 - m)) < mant
     level = a + up
     below = a < floor
     if np.any(below):
         # |x| < 2^floor: 0 or 2^floor, up with probability |x| / 2^floor (exact in float64)
-        p = np.abs(x32[below]).astype(np.float64) * 2.0 ** (53 - floor)
+        p = np.abs(x[below]).astype(np.float64) * 2.0 ** (53 - floor)
         if deterministic:
             up_b = p >= 2.0**52
         else:
             up_b = (r[below] >> np.uint64(11)).astype(np.float64) < p
         level[below] = np.where(up_b, floor, wire.NC_LEVEL_MIN - 1)  # NC_LEVEL_MIN-1 marks zero
-    if level.size and level.max() > wire.NC_LEVEL_MAX:
+    if np.any(a >= wire.NC_LEVEL_MAX) or (level.size and level.max() > wire.NC_LEVEL_MAX):
         raise OverflowError(OVERFLOW_MESSAGE)
     zero = level < wire.NC_LEVEL_MIN
-    codes = (level + wire.NC_BIAS).astype(np.uint8)
-    codes |= (bits >> np.uint32(31)).astype(np.uint8) << np.uint8(7)
+    codes = (np.where(zero, 0, level + wire.NC_BIAS)).astype(np.uint8)
+    codes |= (bits >> np.uint64(8 * x.itemsize - 1)).astype(np.uint8) << np.uint8(7)
     codes[zero] = 0
     return codes
 
