@@ -399,9 +399,11 @@ def connect(switch, rank: int, world_size: int, job: int = 1, codec: str = "int3
         switch: "HOST:PORT" or (host, port) of the switch.
         rank, world_size: this worker's rank in 0..world_size-1; the job's size (the switch's --job ID:N).
         job: the switch job id (0..65535).
-        codec: "int32" (exact), "fixed" (SwitchML fixed point) or "nc" (natural compression).
+        codec: "int32" (exact), "fixed" (SwitchML fixed point), "nc" (natural compression) or "dither"
+            (natural dithering as NC codes).
         **kwargs: window, elements_per_packet, timeout, join_timeout, rto, max_rto, seed, fast, key (the
-            job key; default $INA_JOB_KEY), and codec options (e.g. rounding="deterministic" for nc).
+            job key; default $INA_JOB_KEY), and codec options (rounding="deterministic" for nc,
+            rounding="stochastic" for fixed, levels=s for dither).
     Returns:
         Communicator: use `allreduce`, then `close()` (or a `with` block), which frees the rank.
     Raises:

@@ -34,11 +34,17 @@ def block_elements(args) -> int:
     """Elements per packet the workers ask for (the block of block-sparse INA)."""
     from hostlib.codecs import get_codec
 
-    return min(args.elements or get_codec(args.codec).default_elements, args.elements_per_packet)
+    return min(args.elements or get_codec(args.codec, **codec_options(args)).default_elements,
+               args.elements_per_packet)
 
 
 def inputs(args, rank: int) -> np.ndarray:
     return make_input(args.codec, args.size, rank, density=args.density, block=block_elements(args))
+
+
+def codec_options(args) -> dict:
+    """The codec's own options among the demo's flags (connect passes them to get_codec)."""
+    return {"levels": args.levels} if args.codec == "dither" else {}
 
 
 def _worker(rank, args, address, progress, results):
@@ -47,7 +53,7 @@ def _worker(rank, args, address, progress, results):
     try:
         x = inputs(args, rank)
         with hostlib.connect(address, rank, args.workers, job=1, codec=args.codec, window=args.window,
-                             elements_per_packet=args.elements, timeout=args.timeout) as comm:
+                             elements_per_packet=args.elements, timeout=args.timeout, **codec_options(args)) as comm:
             t0 = time.perf_counter()
             out = comm.allreduce(x, progress=lambda done: setattr(progress, "value", done), sparse=args.sparse)
             seconds = time.perf_counter() - t0
@@ -62,7 +68,7 @@ def _worker(rank, args, address, progress, results):
 
 def check_result(args, out) -> dict:
     """Compare with the exact sum computed by numpy in float64 (or int64)."""
-    from hostlib.codecs import fixed, natural
+    from hostlib.codecs import ditherswitch, fixed, natural
 
     xs = [inputs(args, r) for r in range(args.workers)]
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
@@ -77,7 +83,8 @@ def check_result(args, out) -> dict:
         res["bound"] = float(bound.max())
         res["ok"] = bool(np.all(np.abs(err) <= bound))
     else:
-        expected = natural.allreduce_expected_sq_error(xs, exact)
+        expected = (ditherswitch.allreduce_expected_sq_error(xs, exact, block_elements(args), args.levels)
+                    if args.codec == "dither" else natural.allreduce_expected_sq_error(xs, exact))
         res["bound"] = float(np.sqrt(expected)) / norm
         res["ok"] = bool(float(np.dot(err, err)) <= 1.5 * expected)
     return res

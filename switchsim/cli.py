@@ -336,7 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="switch + N worker processes on loopback, checked against numpy")
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--size", type=int, default=1 << 20, help="float32 elements per worker")
-    d.add_argument("--codec", choices=("nc", "fixed", "int32"), default="nc")
+    d.add_argument("--codec", choices=("nc", "fixed", "int32", "dither"), default="nc")
+    d.add_argument("--levels", type=int, default=8,
+                   help="dither: levels s per block, 2^e ... 2^(e-s+1) for the block's agreed exponent e")
     d.add_argument("--window", type=int, default=128)
     d.add_argument("--elements", type=int, default=None, help="elements per packet (codec default)")
     d.add_argument("--timeout", type=float, default=60.0)

@@ -8,25 +8,28 @@ negotiation: each worker reports `block_exponents(x)`, the switch returns the ma
 from __future__ import annotations
 
 from .base import Codec
+from .ditherswitch import DitherCodec
 from .fixed import FixedPointCodec
 from .int32 import Int32Codec
 from .natural import NaturalCodec
 
-CODECS = {"int32": Int32Codec, "fixed": FixedPointCodec, "nc": NaturalCodec}
+CODECS = {"int32": Int32Codec, "fixed": FixedPointCodec, "nc": NaturalCodec, "dither": DitherCodec}
 
 
 def get_codec(name: str, **params) -> Codec:
     """A codec by the name connect() and the CLI take, so callers never import codec classes.
 
     Args:
-        name: "int32", "fixed" or "nc" (a key of CODECS).
-        **params: the codec's options (e.g. rounding="deterministic" for nc).
+        name: "int32", "fixed", "nc" or "dither" (a key of CODECS).
+        **params: the codec's options (rounding="deterministic" for nc, rounding="stochastic" for fixed,
+            levels=s for dither).
 
     Returns:
         A new Codec instance.
 
     Raises:
-        ValueError: an unknown name, or an option the codec refuses.
+        ValueError: an unknown name, or an option value the codec refuses.
+        TypeError: an option the codec does not have.
     """
     try:
         cls = CODECS[name]
@@ -35,4 +38,4 @@ def get_codec(name: str, **params) -> Codec:
     return cls(**params)
 
 
-__all__ = ["Codec", "CODECS", "get_codec", "Int32Codec", "FixedPointCodec", "NaturalCodec"]
+__all__ = ["Codec", "CODECS", "get_codec", "Int32Codec", "FixedPointCodec", "NaturalCodec", "DitherCodec"]
