@@ -44,6 +44,8 @@ ELEMENT_SIZE = {CODEC_INT32: 4, CODEC_NC8: 1}
 
 # flags
 FLAG_OVERFLOW = 0x01  # the aggregate does not fit the codec's range (int32 sum, NC level > 2^63)
+FLAG_PER_SLOT = 0x02  # stats_req: answer with each job's per-slot counters too (switchsim stats --watch)
+MAX_STATS_REPLY = 60000  # a stats reply is one datagram: past this the per-slot arrays are left out
 
 # exponent byte values (signed int8): e means every |x| in the block is < 2^e
 EXP_NONE = -128  # "no data": the block is all zeros, or the packet carries no exponent

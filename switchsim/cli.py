@@ -152,6 +152,10 @@ def cmd_serve(args) -> int:
         switch, server = make_server(args)
         if args.pcap and args.backend != "bmv2":  # bmv2 captures with BMv2's own --pcap
             server.start_capture(args.pcap, args.pcap_max_mb)
+        if args.metrics_port is not None:
+            from .metrics import serve_metrics
+
+            metrics = serve_metrics(server.stats, args.metrics_host, args.metrics_port)
     except (ValueError, OSError, RuntimeError) as e:  # OSError: a missing key file too
         print(f"switchsim: {e}", file=sys.stderr)
         return 2
@@ -159,6 +163,8 @@ def cmd_serve(args) -> int:
     jobs = ", ".join(f"job {j}: {job.world_size} workers" for j, job in switch.jobs.items())
     print(f"switchsim listening on {host}:{port} ({jobs}; {args.slots} slots, "
           f"<= {args.elements_per_packet} elements/packet, backend {args.backend})", flush=True)
+    if args.metrics_port is not None:
+        print(f"switchsim metrics on http://{args.metrics_host}:{metrics}/metrics", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:
         server.serve_forever()
@@ -199,10 +205,10 @@ def cmd_p4(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    """`switchsim stats`: print a running switch's counters as JSON.
+    """`switchsim stats`: print a running switch's counters as JSON, or watch them (--watch).
 
     Args:
-        args: the switch address and --timeout.
+        args: the switch address, --timeout and the --watch flags.
 
     Returns:
         0, or 1 when the switch does not answer (not running, or this host is not a control host).
@@ -210,6 +216,10 @@ def cmd_stats(args) -> int:
     from .server import print_json, query_stats
     from inaproto.net import parse_address
 
+    if args.watch:
+        from .metrics import watch
+
+        return watch(parse_address(args.switch), args.interval, args.count, args.timeout)
     try:
         print_json(query_stats(parse_address(args.switch), timeout=args.timeout))
     except (OSError, TimeoutError) as e:
@@ -304,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json-stats", action="store_true", help="print the counters (with per-slot arrays) as JSON on exit")
     s.add_argument("--pcap", metavar="FILE", help="write every packet in and out to this pcapng file, the "
                                                    "impairment's decision in each packet's comment")
+    s.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the counters in Prometheus' text format at http://HOST:PORT/metrics (0: any port)")
+    s.add_argument("--metrics-host", default="127.0.0.1", help="where --metrics-port listens (default loopback)")
     s.add_argument("--pcap-max-mb", type=float, default=100.0, metavar="MB",
                    help="stop writing the capture at this size (later packets are counted as capture_skipped)")
     s.add_argument("--key-file", action="append", metavar="[JOB:]FILE",
@@ -437,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("stats", help="print a running switch's counters")
     t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")
     t.add_argument("--timeout", type=float, default=2.0)
+    t.add_argument("--watch", action="store_true",
+                   help="poll: a live per-job and per-slot view on a terminal, one JSON object per line otherwise")
+    t.add_argument("--interval", type=float, default=1.0, help="--watch: seconds between looks")
+    t.add_argument("--count", type=int, help="--watch: stop after this many looks (default: until Ctrl-C)")
     t.set_defaults(func=cmd_stats)
     return p
 

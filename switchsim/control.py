@@ -114,7 +114,7 @@ class ControlPlane:
             return self._join(h, data, src)
         if h.msg_type == wire.MSG_LEAVE:
             return self._leave(h, src)
-        return self._stats(src)
+        return self._stats(src, bool(h.flags & wire.FLAG_PER_SLOT))
 
     def _drop(self, reason):
         self.dataplane.count_drop(reason)
@@ -213,13 +213,16 @@ class ControlPlane:
         m.left = True
         return []
 
-    def _stats(self, src):
+    def _stats(self, src, per_slot: bool):
         host = src[0] if isinstance(src, tuple) else None
         if host is None or not (net.is_loopback(host) or host in self.control_hosts):
             return self._drop("not_control")
         if not self.stats_replies.take():
             return self._drop("rate_limited")
-        return [(wire.pack(wire.MSG_STATS, payload=json.dumps(self.stats()).encode()), src)]
+        body = json.dumps(self.stats(per_slot=per_slot)).encode()
+        if len(body) > wire.MAX_STATS_REPLY:  # one datagram: the totals without the per-slot arrays
+            body = json.dumps({**self.stats(), "per_slot_omitted": len(body)}).encode()
+        return [(wire.pack(wire.MSG_STATS, payload=body), src)]
 
     def annotate(self, stats: dict) -> dict:
         """Add each job's control state (members, pending joins, whether keyed) to a data plane's stats."""

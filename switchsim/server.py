@@ -230,13 +230,14 @@ class UDPServer:
         return s
 
 
-def query_stats(address: tuple[str, int], timeout=2.0) -> dict:
+def query_stats(address: tuple[str, int], timeout=2.0, per_slot: bool = False) -> dict:
     """Ask a running switch for its counters (MSG_STATS_REQ); it answers control hosts only (loopback, or
     those given to `serve --control`).
 
     Args:
         address: (host, port) of the switch.
         timeout: seconds to wait for the answer.
+        per_slot: ask for each job's per-slot counters too (left out by the switch past one datagram).
 
     Returns:
         The switch's stats (UDPServer.stats' layout, whatever the backend).
@@ -247,7 +248,7 @@ def query_stats(address: tuple[str, int], timeout=2.0) -> dict:
     """
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
-        s.sendto(wire.pack(wire.MSG_STATS_REQ), address)
+        s.sendto(wire.pack(wire.MSG_STATS_REQ, flags=wire.FLAG_PER_SLOT if per_slot else 0), address)
         try:
             data, _ = s.recvfrom(1 << 20)
         except socket.timeout:
