@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from hostlib import sparse
 from hostlib.sparse.index import bloom, golomb
+from hostlib.sparse.values import polyfit
 
-LOSSLESS_INDEX = ["delta", "golomb", "rle", "huffman", "bloom-p0"]
+LOSSLESS_INDEX = ["delta", "golomb", "rle", "huffman", "bloom-p0", "bitmap"]
 ALL_INDEX = sorted(sparse.INDEX_CODECS)
 ALL_VALUE = sorted(sparse.VALUE_CODECS)
 
@@ -137,6 +138,91 @@ def test_lossy_value_codecs(value, bound):
     else:  # curve fits of the sorted values: few parameters, small error
         assert np.linalg.norm(v2 - vals) / np.linalg.norm(vals) < bound
         assert len(blob) < 0.75 * 8 * idx.size  # values cost a few floats plus the reordering map
+
+
+def test_fig1_bitmap_and_two_float32_coefficients_cost_72_bits_80_with_the_map():
+    """DeepReduce Fig. 1.c: 8 elements, 4 of them zero; the values lie on V(i) = 0.6 i + 4.0 (i = 1..4, the
+    i-th non-zero element; the text gives a, b and the bit counts, not the positions, chosen here). An
+    8-bit bitmap plus a linear fit's 2 float32 coefficients = 72 bits; the fit sorts the values, so the
+    container adds the reordering map: 4 entries of ceil(log2 4) = 2 bits = 8 bits, 80 in all. Framing
+    and the fit's layout metadata are counted apart (parts()), as the paper's "metadata"."""
+    idx = np.array([1, 3, 4, 7])
+    vals = (0.6 * np.arange(1, 5) + 4.0).astype(np.float32)
+    blob = sparse.DeepReduce(index="bitmap", value="polyfit", value_params={"degree": 1}).encode(idx, vals, 8)
+    bits = sparse.DeepReduce.parts(blob)
+    assert bits["index"] == 8 and bits["values"] == 64
+    assert bits["index"] + bits["values"] == 72
+    assert bits["index"] + bits["values"] + bits["reordering"] == 80
+    assert bits["value metadata"] == 16  # 4 positive, 1 + 0 segments: 3 fields of ceil(log2 5) = 3 bits
+    assert sum(bits.values()) == 8 * len(blob)
+    i2, v2, size = sparse.DeepReduce.decode(blob)  # "perfectly reconstruct the original tensor"
+    assert size == 8 and np.array_equal(i2, idx) and np.allclose(v2, vals, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("value", ["polyfit", "dexp"])
+@settings(max_examples=40, deadline=None)
+@given(t=sparse_tensors())
+def test_curve_fits_decode_any_tensor_and_count_every_bit(value, t):
+    idx, vals, size = t
+    blob = sparse.DeepReduce(index="bitmap", value=value).encode(idx, vals, size)
+    i2, v2, _ = sparse.DeepReduce.decode(blob)
+    assert np.array_equal(i2, idx) and v2.size == vals.size and np.all(np.isfinite(v2))
+    bits = sparse.DeepReduce.parts(blob)
+    assert sum(bits.values()) == 8 * len(blob) and min(bits.values()) >= 0
+
+
+def test_dexp_fits_values_with_zeros():  # its start point divided by the value at 5 %: 0 gave an SVD error
+    i2, v2, _ = sparse.DeepReduce.decode(sparse.DeepReduce(value="dexp").encode([0, 1, 2, 3], [0, 0, 0, 1.0], 4))
+    assert np.array_equal(i2, [0, 1, 2, 3]) and np.all(np.isfinite(v2))
+
+
+def test_polyfit_sends_float32_coefficients_per_segment_and_no_padding():
+    y = np.sort(np.random.default_rng(10).standard_normal(3000).astype(np.float32))[::-1]
+    codec = polyfit.PolyFitCodec(degree=2, segments=3)
+    data = codec.encode(y)
+    npos, bp, bn, meta = codec.layout(data, y.size)
+    assert npos == int((y >= 0).sum()) and len(bp) - 1 == 3 and len(bn) - 1 == 3
+    assert len(data) - meta == 6 * 3 * 4  # 6 segments x (degree + 1) float32
+    short = polyfit.PolyFitCodec(degree=5).encode(np.array([3.0, 2.0, -1.0], np.float32))
+    assert len(short) - polyfit.PolyFitCodec(degree=5).metadata_length(short, 3) == (2 + 1) * 4  # deg <= len-1
+
+
+def test_polyfit_default_segments_follow_lemma_1():
+    """DeepReduce Lemma 1's heuristic: p = ceil(2 sqrt(M)), M = |(C[1] - C[2]) - (C[l-1] - C[l])| over a
+    side's values sorted by decreasing magnitude (computed here from the paper's formula, not the codec)."""
+    i = np.arange(2000, dtype=np.float64)
+    pos, neg = 100.0 / (1 + i), -30.0 / (1 + i) - 0.5 * i / i.size  # steep heads, flat tails
+    values = np.sort(np.concatenate([pos, neg]).astype(np.float32))[::-1]
+
+    def lemma(side):
+        m = abs((side[0] - side[1]) - (side[-2] - side[-1]))
+        return math.ceil(2 * math.sqrt(m))
+
+    want_pos, want_neg = lemma(values[values >= 0]), lemma(values[values < 0][::-1])
+    assert (want_pos, want_neg) == (15, 8)  # M = 49.99..., 14.99...: neither is the old fixed default 4
+    codec = polyfit.PolyFitCodec(degree=1)
+    assert codec.params()["segments"] is None
+    _, bp, bn, _ = codec.layout(codec.encode(values), values.size)
+    assert (len(bp) - 1, len(bn) - 1) == (want_pos, want_neg)
+    flat = np.linspace(1e-3, 1e-4, 500, dtype=np.float32)  # gradient-sized values: M ~ 0, one segment
+    assert len(codec.layout(codec.encode(flat), 500)[1]) - 1 == 1
+    assert polyfit.PolyFitCodec(segments=5).params()["segments"] == 5
+    with pytest.raises(ValueError, match="segments"):
+        polyfit.PolyFitCodec(segments=0)
+
+
+def test_bitmap_costs_one_bit_per_element_and_rejects_bad_input():
+    codec = sparse.index_codec("bitmap")
+    idx = np.array([0, 5, 12, 19])
+    data, sent = codec.encode(idx, 20)
+    assert len(data) == 3 and np.array_equal(sent, idx)  # ceil(20 / 8) bytes, whatever the density
+    assert np.array_equal(codec.decode(data, 20, 4), idx)
+    with pytest.raises(sparse.CodecError, match="bytes"):
+        codec.decode(data[:2], 20, 4)
+    with pytest.raises(sparse.CodecError, match="padding"):
+        codec.decode(data[:2] + bytes([data[2] | 1]), 20, 4)
+    with pytest.raises(sparse.CodecError, match="set"):
+        codec.decode(data, 20, 5)
 
 
 @pytest.mark.parametrize("index", ALL_INDEX)

@@ -165,3 +165,18 @@ def test_state_pickles_without_its_connection_and_keeps_its_residuals():
     assert copy.reducer.allgather == copy._allgather_bytes and copy._executor.submit(lambda: 7).result() == 7
     state.close()
     copy.close()
+
+
+def test_topk_state_pickles_with_its_step_counters():
+    """codec="topk" with a stochastic value codec seeds each (step, rank, bucket) apart: a copied state
+    goes on from the same step, so it draws what the original would have."""
+    import pickle
+
+    state = INAHookState(codec="topk", value="qsgd")
+    strategy = state.reducer.strategy
+    strategy.steps[3] = 5
+    copy = pickle.loads(pickle.dumps(state)).reducer.strategy
+    assert copy.steps == {3: 5}
+    assert copy.container_for(5, 1, 3).value.seed == strategy.container_for(5, 1, 3).value.seed != \
+        strategy.container_for(6, 1, 3).value.seed
+    state.close()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 
 import numpy as np
 
-from .. import wire
+from .. import rng, wire
 from ..codecs import natural
 from ..feedback import ErrorFeedback
 from ..worker import Communicator
@@ -111,10 +112,21 @@ class BlockSparseReducer:
         return (total / np.float32(comm.world_size)).astype(flat.dtype, copy=False)
 
 
+def stream_seed(base: int, step: int, rank: int, key) -> int:
+    """One seed per (step, rank, tensor): a stochastic codec that reused one stream would round every
+    step's and every rank's values the same way, so its errors would add up instead of averaging out.
+    key may be an int (DDP's bucket index) or a name (Horovod's); names hash with CRC-32, the same in
+    every process (Python's hash() of a str is not)."""
+    k = key if isinstance(key, (int, np.integer)) else zlib.crc32(repr(key).encode())
+    return rng.derive_seed(base, step, rank, int(k)) & (2**63 - 1)
+
+
 class AllgatherTopkReducer:
     """The sparse path without the switch (whose dense aggregation cannot sum index sets): top-`ratio`
     with error feedback, each rank's sparse gradient in a DeepReduce container, exchanged with the
-    framework's allgather (`reducer.allgather`)."""
+    framework's allgather (`reducer.allgather`). Codecs that draw random numbers (a `seed` parameter:
+    qsgd, nc, bloom) get a fresh seed per (step, rank, tensor) from the one given (default 0), so a
+    run is reproducible; steps are counted per tensor key and pickle with the state."""
 
     uses_switch = False
 
@@ -128,8 +140,23 @@ class AllgatherTopkReducer:
         from .. import sparse
 
         self.sparsifier = sparse.Sparsifier("topk", ratio, error_feedback=error_feedback)
-        self.container = sparse.DeepReduce(index, value, index_params, value_params)
+        self.container = sparse.DeepReduce(index, value, index_params, value_params)  # checks the options
+        self.codecs = (index, value, dict(index_params or {}), dict(value_params or {}))
+        self.steps: dict = {}  # tensor key -> steps done
         self.bytes_sent = 0
+
+    def container_for(self, step: int, rank: int, key):
+        """The DeepReduce of this (step, rank, tensor): each seeded codec's seed derived from its own."""
+        from ..sparse import DeepReduce
+
+        index, value, index_params, value_params = self.codecs
+        seeded = []
+        for codec, params in ((self.container.index, index_params), (self.container.value, value_params)):
+            seed = codec.params().get("seed")
+            seeded.append(params if seed is None else {**params, "seed": stream_seed(seed, step, rank, key)})
+        if seeded == [index_params, value_params]:
+            return self.container
+        return DeepReduce(index, value, *seeded)
 
     def average(self, reducer, flat: np.ndarray, key) -> np.ndarray:
         """As DenseReducer.average, through reducer.allgather instead of the switch.
@@ -139,8 +166,10 @@ class AllgatherTopkReducer:
         """
         from ..sparse import DeepReduce
 
+        step = self.steps.get(key, 0)
+        self.steps[key] = step + 1
         idx, val = self.sparsifier(flat, key)
-        blob = self.container.encode(idx, val, flat.size)
+        blob = self.container_for(step, getattr(reducer, "rank", 0) or 0, key).encode(idx, val, flat.size)
         self.bytes_sent += len(blob)
         total = np.zeros(flat.size, np.float64)
         for data in reducer.allgather(blob):
@@ -212,7 +241,7 @@ class GradientReducer:
         self.connect_kwargs = connect_kwargs
         self.comm: Communicator | None = None
         self.allgather = None  # bytes -> list of every rank's bytes (the allgather path)
-        self.world_size = None
+        self.rank = self.world_size = None
         self._lock = threading.Lock()
 
     @property
@@ -237,7 +266,7 @@ class GradientReducer:
             TimeoutError, INAError: as in hostlib.connect.
         """
         with self._lock:
-            self.world_size = world_size
+            self.rank, self.world_size = rank, world_size
             if getattr(self.strategy, "uses_switch", True) and self.comm is None:
                 self.comm = Communicator(switch_address(self.switch), rank, world_size, job=self.job,
                                          codec=self.codec, **self.connect_kwargs)

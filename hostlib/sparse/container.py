@@ -3,7 +3,8 @@
 Layout (big-endian): b"DR", version, index codec id, value codec id, flags (bit 0: values reordered),
 params length (u16) + params as JSON ({"index": {...}, "value": {...}}), size (u64), number of values
 (u64), index part length (u64) + index part, value part length (u64) + value part, and when reordered the
-map from sorted to original value position, ceil(log2 n) bits per entry. decode() needs nothing else."""
+map from sorted to original value position, ceil(log2 n) bits per entry (DeepReduce Sec. 5.1). decode()
+needs nothing else; parts() counts a container's bits the way the paper's Fig. 1 does."""
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ from .bits import CodecError, pack_fixed, unpack_fixed, width_for
 from .index import INDEX_CODECS
 from .values import VALUE_CODECS
 
-MAGIC, VERSION = b"DR", 1
+MAGIC, VERSION = b"DR", 2  # 2: bitmap index; polyfit and dexp send their layout packed
 # append-only: ids are on the wire
 INDEX_IDS = {"bloom-naive": 1, "bloom-p0": 2, "bloom-p1": 3, "bloom-p2": 4, "rle": 5, "huffman": 6, "golomb": 7,
-             "delta": 8}
+             "delta": 8, "bitmap": 9}
 VALUE_IDS = {"none": 1, "deflate": 2, "nc": 3, "qsgd": 4, "polyfit": 5, "dexp": 6}
 HEAD = struct.Struct(">2sBBBBH")
 MAX_SIZE = 1 << 31  # elements of a decoded tensor: a header cannot make the decoder allocate more
@@ -91,15 +92,15 @@ class DeepReduce:
         return out
 
     @staticmethod
-    def decode(data) -> tuple[np.ndarray, np.ndarray, int]:
-        """(indices, values, size) from a container; CodecError for anything malformed or truncated."""
-        data = bytes(data)
+    def _parse(data: bytes):
+        """The container's fields: (index codec, value codec, flags, size, n, index part, value part,
+        offset of the reordering map); CodecError for a malformed or truncated header or part."""
         try:
             magic, version, iid, vid, flags, plen = HEAD.unpack_from(data)
         except struct.error:
             raise CodecError("DeepReduce: truncated header") from None
         if magic != MAGIC or version != VERSION:
-            raise CodecError(f"DeepReduce: not a container (magic {magic!r}, version {version})")
+            raise CodecError(f"DeepReduce: not a version {VERSION} container (magic {magic!r}, version {version})")
         names_i = {v: k for k, v in INDEX_IDS.items()}
         names_v = {v: k for k, v in VALUE_IDS.items()}
         if iid not in names_i or vid not in names_v or flags & ~FLAG_REORDERED:
@@ -114,19 +115,23 @@ class DeepReduce:
         off += plen
         try:
             size, n, ilen = struct.unpack_from(">QQQ", data, off)
-            off += 24
-            index_data = data[off:off + ilen]
-            off += ilen
-            (vlen,) = struct.unpack_from(">Q", data, off)
+            index_data = data[off + 24:off + 24 + ilen]
+            (vlen,) = struct.unpack_from(">Q", data, off + 24 + ilen)
         except struct.error:
             raise CodecError("DeepReduce: truncated") from None
-        off += 8
+        off += 24 + ilen + 8
         value_data = data[off:off + vlen]
-        off += vlen
         if len(index_data) != ilen or len(value_data) != vlen:
             raise CodecError("DeepReduce: truncated part")
         if size > MAX_SIZE or n > size:
             raise CodecError(f"DeepReduce: {n} values of a tensor of {size} (at most {MAX_SIZE} elements)")
+        return index, value, flags, size, n, index_data, value_data, off + vlen
+
+    @staticmethod
+    def decode(data) -> tuple[np.ndarray, np.ndarray, int]:
+        """(indices, values, size) from a container; CodecError for anything malformed or truncated."""
+        data = bytes(data)
+        index, value, flags, size, n, index_data, value_data, off = DeepReduce._parse(data)
         positions = index.decode(index_data, size, n)
         if positions.size != n:
             raise CodecError(f"DeepReduce: {positions.size} positions for {n} values")
@@ -144,3 +149,18 @@ class DeepReduce:
         elif off != len(data):
             raise CodecError("DeepReduce: trailing bytes")
         return positions.astype(np.int64), values, int(size)
+
+    @staticmethod
+    def parts(data) -> dict[str, int]:
+        """Bits of a container by part, as DeepReduce's Fig. 1 counts them: "index" (the index codec's
+        output), "values" (the value codec's output less its metadata, e.g. polyfit's coefficients),
+        "reordering" (the map, ceil(log2 n) bits per value, padded to a byte), and apart from those
+        "value metadata" (e.g. polyfit's segment layout) and "framing" (header, codec parameters as JSON,
+        size, count and part lengths). Each is whole bytes x 8; they sum to 8 * len(data)."""
+        data = bytes(data)
+        index, value, flags, size, n, index_data, value_data, off = DeepReduce._parse(data)
+        meta = value.metadata_length(value_data, n)
+        bits = {"index": 8 * len(index_data), "values": 8 * (len(value_data) - meta), "value metadata": 8 * meta,
+                "reordering": 8 * (len(data) - off)}
+        bits["framing"] = 8 * len(data) - sum(bits.values())
+        return bits

@@ -1,5 +1,6 @@
 """Index codecs, one file each behind `IndexCodec`."""
 from .base import IndexCodec
+from .bitmap import BitmapCodec
 from .bloom import BloomCodec
 from .delta import DeltaCodec
 from .golomb import GolombCodec
@@ -15,6 +16,7 @@ INDEX_CODECS = {
     "huffman": HuffmanCodec,
     "golomb": GolombCodec,
     "delta": DeltaCodec,
+    "bitmap": BitmapCodec,
 }
 
 __all__ = ["IndexCodec", "INDEX_CODECS"]

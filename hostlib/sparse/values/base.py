@@ -19,3 +19,8 @@ class ValueCodec:
 
     def decode(self, data: bytes, n: int) -> np.ndarray:
         raise NotImplementedError
+
+    def metadata_length(self, data: bytes, n: int) -> int:
+        """Leading bytes of `data` that describe its layout rather than values (DeepReduce's "metadata",
+        counted apart from the value bits in DeepReduce.parts)."""
+        return 0
