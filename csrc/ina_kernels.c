@@ -1,127 +1,104 @@
 /* Worker-side codec kernels, bit-identical to the numpy references in hostlib/codecs/ for the same seed
- * and offset (tests/test_native.py checks every code). The main loops are branch-free so the compiler
- * can vectorise them; rare cases (values below the floor level) get a second pass. */
+ * and offset (tests/test_native.py, tests/test_simd.py). The per-element arithmetic is ina_ncmath.h's, shared
+ * with the CUDA kernels; this file picks an instruction set at run time (ina_simd_set) and holds the scalar
+ * path, which is the reference the AVX2 and AVX-512 paths (ina_kernels_avx2.c, ina_kernels_avx512.c) match. */
 #include "ina_kernels.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "ina_rng.h"
+#include "ina_kernels_ops.h"
 #include "ina_wire.h"
 
-/* Second pass over the elements below the floor (|x| < 2^floor): 0 or 2^floor, up with probability
- * |x| / 2^floor, exact in double for float and double inputs. Returns 1 where 2^floor is above the top level. */
-static int nc_below_floor(const float *x32, const double *x64, size_t n, uint8_t *codes, uint64_t key,
-                          uint64_t offset, int deterministic, int floor)
+const ina_kernel_ops ina_ops_scalar = {
+    "scalar", ina_scalar_nc_encode, ina_scalar_nc_decode, ina_scalar_fixed_nearest, ina_scalar_fixed_sr,
+    ina_scalar_fixed_value, ina_scalar_dither_natural, ina_scalar_dither_standard,
+};
+
+static const ina_kernel_ops *const OPS[] = {&ina_ops_scalar, &ina_ops_avx2, &ina_ops_avx512};
+static int simd_level = -1; /* -1: not chosen yet (the best the CPU has, on first use) */
+
+int ina_simd_supported(int level)
 {
-    const double scale = ldexp(1.0, 53 - floor);
-    int over = 0;
-    for (size_t i = 0; i < n; i++) {
-        double v = x32 ? (double)x32[i] : x64[i];
-        int a;
-        frexp(v, &a); /* v = 0.5..1 * 2^a: 2^(a-1) <= |v| */
-        if (v != 0.0 && a - 1 >= floor)
-            continue;
-        double p = fabs(v) * scale;
-        int up = deterministic ? p >= 0x1p52 : (double)(ina_rng_word(key, offset + i) >> 11) < p;
-        over |= up && floor > INA_NC_LEVEL_MAX;
-        codes[i] = up ? (uint8_t)((uint32_t)(floor + INA_NC_BIAS) | (uint32_t)(signbit(v) != 0) << 7) : 0;
+    __builtin_cpu_init();
+    switch (level) {
+    case INA_SIMD_SCALAR:
+        return 1;
+    case INA_SIMD_AVX2:
+        return __builtin_cpu_supports("avx2");
+    case INA_SIMD_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    default:
+        return 0;
     }
-    return over;
 }
 
-static int nc_status(int bad, int over) { return bad ? INA_KERNEL_NONFINITE : over ? INA_KERNEL_OVERFLOW : 0; }
+int ina_simd_set(int level)
+{
+    if (level < 0)
+        level = ina_simd_supported(INA_SIMD_AVX512) ? INA_SIMD_AVX512
+                : ina_simd_supported(INA_SIMD_AVX2) ? INA_SIMD_AVX2 : INA_SIMD_SCALAR;
+    if (!ina_simd_supported(level))
+        return -1;
+    simd_level = level;
+    return 0;
+}
+
+int ina_simd_get(void)
+{
+    if (simd_level < 0)
+        ina_simd_set(-1);
+    return simd_level;
+}
+
+static const ina_kernel_ops *ops(void) { return OPS[ina_simd_get()]; }
 
 int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                   int floor)
 {
-    const uint32_t *bits = (const uint32_t *)x;
-    const uint64_t key = ina_rng_key(seed);
-    uint32_t bad = 0, below = 0, over = 0;
-    floor = floor < INA_NC_LEVEL_MIN ? INA_NC_LEVEL_MIN : floor; /* no code below 2^NC_LEVEL_MIN */
-    for (size_t i = 0; i < n; i++) {
-        uint32_t b = bits[i];
-        uint32_t e = (b >> 23) & 0xFF, mant = b & 0x7FFFFF;
-        int a = (int)e - 127;
-        uint32_t up = deterministic ? mant >= (1u << 22)
-                                    : (uint32_t)(ina_rng_word(key, offset + i) >> 41) < mant;
-        bad |= e == 0xFF;
-        below |= a < floor;
-        over |= a >= INA_NC_LEVEL_MAX; /* |x| >= 2^63, whichever way it would round */
-        codes[i] = (uint8_t)((uint32_t)(a + (int)up + INA_NC_BIAS) | (b >> 31) << 7);
-    }
-    if (!bad && below)
-        over |= nc_below_floor(x, NULL, n, codes, key, offset, deterministic, floor);
-    return nc_status(bad, over);
+    return ina_nc_status(ops()->nc_encode(x, n, codes, seed, offset, deterministic, ina_nc_clamp_floor(floor)));
 }
 
 int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                       int floor)
 {
-    const uint64_t *bits = (const uint64_t *)x;
-    const uint64_t key = ina_rng_key(seed);
-    uint32_t bad = 0, below = 0, over = 0;
-    floor = floor < INA_NC_LEVEL_MIN ? INA_NC_LEVEL_MIN : floor; /* no code below 2^NC_LEVEL_MIN */
+    ina_stream s0 = {seed, 0, INA_SUB_MAIN, {0, 0, 0, 0}, 0}, s1 = {seed, 0, INA_SUB_EXTRA, {0, 0, 0, 0}, 0};
+    uint32_t err = 0;
+    floor = ina_nc_clamp_floor(floor);
     for (size_t i = 0; i < n; i++) {
-        uint64_t b = bits[i];
-        uint64_t e = (b >> 52) & 0x7FF, mant = b & 0xFFFFFFFFFFFFFull;
-        int a = (int)e - 1023;
-        uint32_t up = deterministic ? mant >= (1ull << 51) : (ina_rng_word(key, offset + i) >> 12) < mant;
-        bad |= e == 0x7FF;
-        below |= a < floor;
-        over |= a >= INA_NC_LEVEL_MAX;
-        codes[i] = (uint8_t)((uint32_t)(a + (int)up + INA_NC_BIAS) | (uint32_t)(b >> 63) << 7);
+        uint64_t b;
+        memcpy(&b, x + i, 8);
+        uint32_t w0 = deterministic ? 0 : ina_stream_word(&s0, offset + i);
+        uint32_t w1 = deterministic ? 0 : ina_stream_word(&s1, offset + i);
+        codes[i] = (uint8_t)ina_nc_code_f64(b, w0, w1, floor, deterministic, &err);
     }
-    if (!bad && below)
-        over |= nc_below_floor(NULL, x, n, codes, key, offset, deterministic, floor);
-    return nc_status(bad, over);
-}
-
-static float nc_value_f32(uint8_t c)
-{
-    int m = c & 0x7F;
-    float v = m ? ldexpf(1.0f, m - INA_NC_BIAS) : 0.0f;
-    return (c & 0x80) ? -v : v;
+    return ina_nc_status(err);
 }
 
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out)
 {
-    float table[256];
-    for (int c = 0; c < 256; c++)
-        table[c] = nc_value_f32((uint8_t)c);
-    uint8_t invalid = 0;
-    for (size_t i = 0; i < n; i++) {
-        invalid |= codes[i] == 0x80;
-        out[i] = table[codes[i]];
-    }
-    return invalid ? INA_KERNEL_BAD_CODE : 0;
+    return ops()->nc_decode(codes, n, out) ? INA_KERNEL_BAD_CODE : 0;
 }
 
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be)
 {
-    const double lim = (double)limit;
-    for (size_t i = 0; i < n; i++) {
-        double q = rint((double)x[i] * scale); /* round half to even (default mode), as np.rint */
-        q = q > lim ? lim : q < -lim ? -lim : q;
-        uint32_t v = __builtin_bswap32((uint32_t)(int32_t)q);
-        memcpy(out_be + 4 * i, &v, 4);
-    }
+    ops()->fixed_nearest(x, n, scale, (double)limit, out_be);
 }
 
 void ina_fixed_quantize_sr(const float *x, size_t n, double scale, int32_t limit, uint64_t seed, uint64_t offset,
                            uint8_t *out_be)
 {
-    const uint64_t key = ina_rng_key(seed);
-    const double lim = (double)limit;
-    for (size_t i = 0; i < n; i++) {
-        double t = (double)x[i] * scale;
-        double lo = floor(t);
-        double frac = t - lo; /* exact: t and lo share t's ulp */
-        double q = lo + (double)((double)(ina_rng_word(key, offset + i) >> 11) < frac * 0x1p53);
-        q = q > lim ? lim : q < -lim ? -lim : q;
-        uint32_t v = __builtin_bswap32((uint32_t)(int32_t)q);
-        memcpy(out_be + 4 * i, &v, 4);
-    }
+    ops()->fixed_sr(x, n, scale, (double)limit, seed, offset, out_be);
+}
+
+void ina_dither_encode(const float *x, size_t n, double norm, int levels, int standard, uint64_t seed,
+                       uint64_t offset, void *codes)
+{
+    if (standard)
+        ops()->dither_standard(x, n, norm, levels, seed, offset, (uint16_t *)codes);
+    else
+        ops()->dither_natural(x, n, norm, levels, seed, offset, (uint8_t *)codes);
 }
 
 double ina_fixed_scale(int exp, int world)
@@ -164,10 +141,9 @@ int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out)
 
 void ina_fixed_dequantize(const int32_t *sums, size_t n, size_t k, const int8_t *exps, int world, float *out)
 {
+    const ina_kernel_ops *o = ops();
     for (size_t lo = 0, b = 0; lo < n; lo += k, b++) {
-        size_t hi = n - lo < k ? n : lo + k;
-        double scale = ina_fixed_scale(exps[b], world);
-        for (size_t i = lo; i < hi; i++)
-            out[i] = (float)((double)sums[i] / scale);
+        size_t len = n - lo < k ? n - lo : k;
+        o->fixed_value(sums + lo, len, ina_fixed_scale(exps[b], world), out + lo);
     }
 }

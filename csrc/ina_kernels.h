@@ -1,4 +1,6 @@
-/* Worker-side codec kernels (natural compression, fixed point, block exponents) used by hostlib when built. */
+/* Worker-side codec kernels (natural compression, fixed point, dithering, block exponents) used by hostlib
+ * when built. Stochastic rounding draws from the Philox stream of ina_philox.h (docs/protocol.md, "Random
+ * stream"); each kernel has a scalar, an AVX2 and an AVX-512 path, bit-identical, chosen at run time. */
 #ifndef INA_KERNELS_H
 #define INA_KERNELS_H
 #include <stddef.h>
@@ -8,12 +10,21 @@
 #define INA_KERNEL_OVERFLOW 2  /* |x| >= 2^63, the top level (or a result level above it) */
 #define INA_KERNEL_BAD_CODE 3  /* the invalid NC code 0x80 */
 
+#define INA_SIMD_SCALAR 0
+#define INA_SIMD_AVX2 1
+#define INA_SIMD_AVX512 2
+
+/* whether this CPU runs a path; choose one (-1: the best), 0 or -1 if unsupported; the one in use */
+int ina_simd_supported(int level);
+int ina_simd_set(int level);
+int ina_simd_get(void);
+
 /* NC codes for float32 x, elements offset.. of the stream of seed; values below 2^floor go to 0 / 2^floor.
  * Returns 0, INA_KERNEL_NONFINITE (NaN/Inf), or INA_KERNEL_OVERFLOW (some |x| >= 2^INA_NC_LEVEL_MAX). */
 int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                   int floor);
-/* the same for float64 x, rounded from its 52 mantissa bits (the top 52 of each random word): a double that
- * holds a float gets the float's codes */
+/* the same for float64 x, rounded from its 52 mantissa bits with the 52-bit uniform word0 << 20 | word1 >> 12:
+ * a double that holds a float gets the float's codes (scalar only) */
 int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                       int floor);
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
@@ -21,10 +32,14 @@ int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
 double ina_fixed_scale(int exp, int world);
 /* big-endian int32 of rint(x * scale), clipped to +-limit */
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be);
-/* the same with stochastic rounding: floor(x * scale) + 1 with probability frac(x * scale), decided by the top
- * 53 bits of element i's word of the stream (seed, offset + i): unbiased, and rebuilt bit for bit */
+/* the same with stochastic rounding: floor(x * scale) + 1 iff word0 2^-32 < frac(x * scale), word0 element i's
+ * word of the stream (seed, offset + i): unbiased to 2^-32 of a step, and rebuilt bit for bit */
 void ina_fixed_quantize_sr(const float *x, size_t n, double scale, int32_t limit, uint64_t seed, uint64_t offset,
                            uint8_t *out_be);
+/* dithering level codes of float32 x with the vector's norm (codecs/dithering.py): natural (standard = 0)
+ * writes uint8 codes (sign bit 7), standard uint16 (sign bit 15) */
+void ina_dither_encode(const float *x, size_t n, double norm, int levels, int standard, uint64_t seed,
+                       uint64_t offset, void *codes);
 /* block exponents of float32 x in blocks of k (the last one short): the rule of codecs/base.py
  * block_exponents. Returns 0, or INA_KERNEL_OVERFLOW if a finite block needs an exponent above EXP_MAX. */
 int ina_block_exponents(const float *x, size_t n, size_t k, int8_t *out);

@@ -111,10 +111,10 @@ INA_HD uint32_t ina_nc_code_f64(uint64_t bits, uint32_t w0, uint32_t w1, int flo
         *err |= INA_NC_FLAG_NONFINITE;
         return 0;
     }
+    *err |= b >= (uint64_t)(INA_NC_LEVEL_MAX + 1023) << 52 ? INA_NC_FLAG_OVERFLOW : 0u;
     if (ina_nc_below_f64(bits, floor))
         return ina_nc_below_code(ina_f64_of_bits(b), sign, w1, floor, det, err);
     uint64_t u = det ? 1ull << 51 : (uint64_t)w0 << 20 | w1 >> 12;
-    *err |= b >= (uint64_t)(INA_NC_LEVEL_MAX + 1023) << 52 ? INA_NC_FLAG_OVERFLOW : 0u;
     return (uint32_t)(((b + u) >> 52) - (1023 - INA_NC_BIAS)) | sign << 7;
 }
 

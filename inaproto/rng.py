@@ -1,7 +1,12 @@
 """Counter-based random bits: element i of a stream (seed, offset) depends only on (seed, offset + i).
 
-So a retransmitted packet is rebuilt bit for bit, and a C or CUDA kernel can reproduce the stream
-without state. The mix is SplitMix64 (Steele et al.), applied to (key(seed) + counter * golden gamma).
+So a retransmitted packet is rebuilt bit for bit, and a C, SIMD or CUDA kernel can reproduce the stream
+without state. Two generators (docs/protocol.md, "Random stream"):
+
+- `philox`: Philox-4x32-10 (Salmon et al., SC'11, as Random123), the worker codecs' stream (NC, stochastic
+  fixed point, dithering); csrc/ina_philox.h is its C/CUDA twin.
+- `bits64`: SplitMix64 (Steele et al.) of key(seed) + counter * golden gamma, kept for the switch's own NC
+  re-compression, the network impairments, Bloom hashes and seed derivation.
 """
 from __future__ import annotations
 
@@ -44,3 +49,48 @@ def derive_seed(*parts: int) -> int:
     for p in parts:
         s = key(s ^ (int(p) & MASK64))
     return s
+
+
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+MASK32 = np.uint64(0xFFFFFFFF)
+SUB_MAIN, SUB_EXTRA, SUB_RAISE = 0, 1, 2  # sub-streams: main uniform, second uniform, reserved
+
+
+def philox4x32_10(ctr, key) -> np.ndarray:
+    """Random123's philox4x32_R(10, ctr, key) on arrays: ctr is 4 arrays (or ints) of 32-bit words, key 2
+    ints; returns a (4, n) uint64 array of 32-bit words. The 32x32->64 products fit uint64 exactly."""
+    x = [np.atleast_1d(np.asarray(c, dtype=np.uint64)) & MASK32 for c in ctr]
+    x = np.broadcast_arrays(*x)
+    x0, x1, x2, x3 = (a.copy() for a in x)
+    k0, k1 = (int(k) & 0xFFFFFFFF for k in key)
+    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
+    for _ in range(10):
+        p0 = x0 * m0
+        p1 = x2 * m1
+        x0, x1, x2, x3 = ((p1 >> np.uint64(32)) ^ x1 ^ np.uint64(k0), p1 & MASK32,
+                          (p0 >> np.uint64(32)) ^ x3 ^ np.uint64(k1), p0 & MASK32)
+        k0 = (k0 + PHILOX_W[0]) & 0xFFFFFFFF
+        k1 = (k1 + PHILOX_W[1]) & 0xFFFFFFFF
+    return np.stack([x0, x1, x2, x3])
+
+
+def philox_at(seed: int, positions, substream: int = SUB_MAIN) -> np.ndarray:
+    """The uint32 words of absolute stream positions (any order) of one sub-stream: position i is word
+    i & 3 of the draw with counter (i >> 2, i >> 34, substream, 0) and key (seed low, seed high)."""
+    pos = np.asarray(positions, dtype=np.uint64)
+    q = pos >> np.uint64(2)
+    seed = int(seed) & MASK64
+    out = philox4x32_10((q, q >> np.uint64(32), substream, 0), (seed, seed >> 32))
+    return np.take_along_axis(out, (pos & np.uint64(3)).astype(np.int64)[None], 0)[0].astype(np.uint32)
+
+
+def philox(seed: int, offset: int, n: int, substream: int = SUB_MAIN) -> np.ndarray:
+    """n uint32 words of the worker codecs' stream for positions offset .. offset+n-1 (one draw per 4)."""
+    if n <= 0:
+        return np.zeros(0, dtype=np.uint32)
+    q0, q1 = offset >> 2, (offset + n - 1) >> 2
+    q = np.arange(q0, q1 + 1, dtype=np.uint64)
+    seed = int(seed) & MASK64
+    words = philox4x32_10((q, q >> np.uint64(32), substream, 0), (seed, seed >> 32))
+    return words.T.reshape(-1)[offset & 3:(offset & 3) + n].astype(np.uint32)

@@ -16,6 +16,12 @@ def test_rng_is_counter_based():
     assert not np.array_equal(a, rng.bits64(8, 100, 50))
     u = (rng.bits64(1, 0, 200000) >> np.uint64(40)).astype(np.float64) / 2**24
     assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
+    # the worker codecs' Philox stream: the same properties, per sub-stream
+    w = rng.philox(7, 101, 50)
+    assert np.array_equal(w[9:], rng.philox(7, 110, 41)) and w.dtype == np.uint32
+    assert not np.array_equal(w, rng.philox(8, 101, 50)) and not np.array_equal(w, rng.philox(7, 101, 50, 1))
+    u = rng.philox(1, 0, 200000).astype(np.float64) / 2**32
+    assert abs(u.mean() - 0.5) < 0.005 and abs(u.var() - 1 / 12) < 0.002
 
 
 def test_nc_code_table():
@@ -221,18 +227,21 @@ def test_nc_float64_up_rate_is_the_float64_probability(kernel_path, frac):
     exactly when the word's next 29 bits are below that: rate frac; through float32 the mantissa rounds to
     top or top + 1 and the rate is 0 or 1."""
     n, seed, offset = 20000, 11, 5
-    r = rng.bits64(seed, offset, n)
+    w0 = rng.philox(seed, offset, n).astype(np.uint64)
+    w1 = rng.philox(seed, offset, n, rng.SUB_EXTRA).astype(np.uint64)
+    u = (w0 << np.uint64(20)) | (w1 >> np.uint64(12))  # the 52-bit uniform added to the mantissa
     low = np.uint64(int(frac * 2**29))
-    mant = ((r >> np.uint64(41)) << np.uint64(29)) | low
+    top = np.uint64(2**23 - 1) - (u >> np.uint64(29))  # top 23 bits sum to 2^23 - 1: the low 29 decide
+    mant = (top << np.uint64(29)) | low
     x = ((np.uint64(1023) << np.uint64(52)) | mant).view(np.float64)  # 1 + mant / 2^52
     codes = natural.encode(x, seed=seed, offset=offset)
     assert set(codes.tolist()) <= {64, 65}
     p = int(low) / 2**29
     assert abs((codes == 65).mean() - p) <= 5 * np.sqrt(p * (1 - p) / n)
-    # unconditionally: up exactly when the top 52 bits of the word are below the 52-bit mantissa
+    # unconditionally: up exactly when the 52-bit uniform plus the 52-bit mantissa carries
     y = 1 + np.random.default_rng(1).random(n)
     up = natural.encode(y, seed=seed, offset=offset) == 65
-    assert np.array_equal(up, (r >> np.uint64(12)) < (y.view(np.uint64) & np.uint64(2**52 - 1)))
+    assert np.array_equal(up, u + (y.view(np.uint64) & np.uint64(2**52 - 1)) >= np.uint64(2**52))
     # a float64 holding a float32 value gets the float32's codes (same stream, same decision)
     x32 = (np.random.default_rng(2).standard_normal(5000) * np.exp2(np.arange(5000) % 120 - 70)).astype(np.float32)
     same = natural.encode(x32, seed=3, offset=9)

@@ -32,7 +32,9 @@ def test_dither_codec_levels_unbiased_and_the_worker_variance_bound():
     assert set(np.unique(np.abs(out))) == {0.0} | {2.0**j for j in range(f, e + 1)}
     v = ditherswitch.worker_variance(x, [e], x.size, s)
     err = out - x
-    assert np.all(np.abs(err.mean(0)) <= 5 * np.sqrt(v / draws))
+    # 5 sd, plus one floor unit per run of draws: an element far below 2^f goes up ~draws |x| / 2^f < 1 times,
+    # where one hit more or less is a lattice step the normal bound does not see
+    assert np.all(np.abs(err.mean(0)) <= 5 * np.sqrt(v / draws) + 2.0**f / draws)
     mse, var = float((err**2).sum(1).mean()), float(v.sum())
     assert abs(mse - var) <= 0.05 * var
     x64 = x.astype(np.float64)

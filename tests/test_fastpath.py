@@ -19,6 +19,7 @@ from switchsim.server import UDPServer
 from .test_e2e import run_workers
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+KERNEL_SOURCES = [os.path.join(CSRC, f) for f in ("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c")]
 
 
 class RecordingSwitch(Switch):
@@ -229,7 +230,7 @@ def test_c_loop_under_address_sanitizer(tmp_path):
     exe = tmp_path / "worker_echo"
     subprocess.run(["gcc", "-std=gnu11", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer", "-I", CSRC, os.path.join(CSRC, "tests", "worker_echo.c"),
-                    os.path.join(CSRC, "ina_worker.c"), os.path.join(CSRC, "ina_kernels.c"), "-lm", "-lpthread",
+                    os.path.join(CSRC, "ina_worker.c"), *KERNEL_SOURCES, "-lm", "-lpthread",
                     "-o", str(exe)], check=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})

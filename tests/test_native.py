@@ -21,6 +21,7 @@ from switchsim.model import Switch
 from .conftest import ROOT
 
 CSRC = os.path.join(ROOT, "csrc")
+KERNEL_SOURCES = [os.path.join(CSRC, f) for f in ("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c")]
 CONTROL = {bytes([m]) for m in wire.CONTROL_REQUESTS}
 
 
@@ -313,7 +314,7 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
     exe = tmp_path / "replay"
     subprocess.run(["gcc", "-std=gnu11", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer", "-I", CSRC, os.path.join(CSRC, "tests", "replay.c"),
-                    os.path.join(CSRC, "ina_core.c"), os.path.join(CSRC, "ina_kernels.c"), "-lm", "-o", str(exe)],
+                    os.path.join(CSRC, "ina_core.c"), *KERNEL_SOURCES, "-lm", "-o", str(exe)],
                    check=True)
     for seed, rounding in ((11, "stochastic"), (12, "deterministic")):
         model, _, clock = switches(rounding, seed)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import rng
+from .. import kernels, rng
 from .base import float_values
 
 PARTITIONS = ("natural", "standard")
@@ -50,7 +50,7 @@ def level_table(levels: int, partition: str = "natural") -> np.ndarray:
     j = np.arange(levels + 1, dtype=np.float64)
     if partition == "standard":
         return j / levels
-    table = np.exp2(j - levels)
+    table = np.ldexp(1.0, (j - levels).astype(np.int64))  # exact powers of two, as the C kernels take them
     table[0] = 0.0
     return table
 
@@ -94,19 +94,29 @@ def encode(x, levels: int = 8, p: float = 2.0, seed: int = 0, offset: int = 0, p
     table = level_table(levels, partition)
     if not p >= 1:
         raise ValueError(f"dithering: p must be >= 1 (a norm), not {p}")
-    v = float_values(x).astype(np.float64, copy=False)
+    flat = float_values(x)
+    v = flat.astype(np.float64, copy=False)
     if not np.all(np.isfinite(v)):
         raise ValueError(f"{partition} dithering: input contains NaN or Inf")
     dtype = np.uint8 if partition == "natural" else np.uint16
     norm = _norm32(v, p)
     if norm == 0:
         return norm, np.zeros(v.size, dtype=dtype)
+    if flat.dtype == np.float32 and kernels.enabled():
+        return norm, kernels.dither_encode(flat, float(norm), levels, partition == "standard", seed, offset)
+    return norm, encode_reference(v, norm, table, seed, offset, dtype, _SIGN[partition])
+
+
+def encode_reference(v: np.ndarray, norm: np.float32, table: np.ndarray, seed: int, offset: int, dtype,
+                     sign: int) -> np.ndarray:
+    """The numpy definition of encode's codes that the C kernels match bit for bit: y = |v| / norm rounds
+    to its upper level iff word 2^-32 < (y - lo) / (hi - lo), word from the Philox stream (seed, offset)."""
     y, lo, hi = _neighbours(v, norm, table)
-    u = (rng.bits64(seed, offset, v.size) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    u = rng.philox(seed, offset, v.size).astype(np.float64) * 2.0**-32
     up = u < (y - table[lo]) / (table[hi] - table[lo])
     codes = np.where(up, hi, lo).astype(dtype)
-    codes[v < 0] |= dtype(_SIGN[partition])
-    return norm, codes
+    codes[v < 0] |= dtype(sign)
+    return codes
 
 
 def decode(norm, codes, levels: int = 8, partition: str = "natural", dtype=np.float32) -> np.ndarray:

@@ -79,8 +79,9 @@ def quantize_reference(block: np.ndarray, scale: float, limit: int, seed: int | 
         block: float values.
         scale: scale_for the block's agreed exponent.
         limit: the clip, INT32_MAX // world_size.
-        seed, offset: stochastic rounding's counter-based stream and the position of block[0] in it: t = x *
-            scale goes to floor(t) + 1 with probability t - floor(t), decided by the top 53 bits of the word.
+        seed, offset: stochastic rounding's counter-based stream (Philox, inaproto.rng.philox) and the
+            position of block[0] in it: t = x * scale goes to floor(t) + 1 iff word 2^-32 < t - floor(t),
+            i.e. with probability frac(t) rounded up to a multiple of 2^-32 (bias below 2^-32 of a step).
 
     Returns:
         Big-endian int32 values, the packet's payload elements.
@@ -90,8 +91,8 @@ def quantize_reference(block: np.ndarray, scale: float, limit: int, seed: int | 
         q = np.rint(t)
     else:
         q = np.floor(t)
-        u = (rng.bits64(seed, offset, t.size) >> np.uint64(11)).astype(np.float64)
-        q += u < (t - q) * 2.0**53  # t - floor(t) is exact, so P(up) = frac(t) to the last bit of t
+        u = rng.philox(seed, offset, t.size).astype(np.float64)
+        q += u < (t - q) * 2.0**32  # t - floor(t) and the scaling are exact
     np.clip(q, -limit, limit, out=q)
     return q.astype(">i4")
 

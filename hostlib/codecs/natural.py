@@ -2,9 +2,10 @@
 
 Codes are one byte: bit 7 the sign, bits 6..0 m, with m = 0 for zero and 2^(m-64) otherwise (see
 wire.py / docs/protocol.md). In the float bit view rounding is exact: |x| = 2^a (1 + mant/2^M) rounds
-up with probability mant/2^M, decided by comparing the M mantissa bits (23 for float32, 52 for float64)
-with the top M bits of the element's random word. Values below the floor
-level 2^F go to 0 or 2^F with probability |x|/2^F, so the operator stays unbiased over its whole range.
+up with probability mant/2^M: a uniform M-bit integer (23 for float32, 52 for float64, from the Philox
+stream of inaproto.rng) added to the bits carries into the exponent exactly that often. Values below the
+floor level 2^F go to 0 or 2^F with probability |x|/2^F (to 2^-32 of 2^F), so the operator stays unbiased
+over its whole range.
 
 The switch side of the code table (`codes_to_int`, `int_to_codes`) lives in inaproto.nc, which both
 sides import; it is re-exported here.
@@ -25,7 +26,7 @@ BAD_CODE_MESSAGE = "natural compression: 0x80 is not a valid code"
 
 
 def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
-           floor: int = wire.NC_LEVEL_MIN) -> np.ndarray:
+           floor: int = wire.NC_LEVEL_MIN, out: np.ndarray | None = None) -> np.ndarray:
     """NC codes (uint8) for x, rounded from x's own bits (float64 from its 52-bit mantissa, never through
     float32, whose rounding would bias it); the C kernel when built.
 
@@ -35,9 +36,11 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
             for a retransmission gets the same codes (a float64 holding a float32 value gets its codes).
         deterministic: round to nearest instead of stochastically (biased, but no RNG).
         floor: the smallest level kept (2^floor); smaller values round to 0 or 2^floor, unbiased.
+        out: a contiguous uint8 array of x's size to write the codes into (reused across calls, so a
+            training loop allocates nothing per step).
 
     Returns:
-        uint8 codes, one per element (flat).
+        uint8 codes, one per element (flat): out where given.
 
     Raises:
         ValueError: NaN or Inf in x.
@@ -47,8 +50,12 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
     """
     v = float_values(x)
     if not kernels.enabled():
-        return encode_reference(v, seed, offset, deterministic, floor)
-    codes, status = kernels.nc_encode(v, seed, offset, deterministic, floor)
+        codes = encode_reference(v, seed, offset, deterministic, floor)
+        if out is None:
+            return codes
+        out.reshape(-1)[...] = codes
+        return out
+    codes, status = kernels.nc_encode(v, seed, offset, deterministic, floor, out)
     if status == kernels.NONFINITE:
         raise ValueError(NONFINITE_MESSAGE)
     if status == kernels.OVERFLOW:
@@ -60,32 +67,42 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
 _FORMATS = {np.dtype(np.float32): (np.uint32, 23, 0xFF, 127), np.dtype(np.float64): (np.uint64, 52, 0x7FF, 1023)}
 
 
+def _uniform(x: np.ndarray, seed: int, offset: int, deterministic: bool) -> np.ndarray:
+    """The integer added to each element's mantissa bits: its carry into the exponent is the round-up.
+    float32: word0 >> 9 (23 bits); float64: word0 << 20 | word1 >> 12 (52 bits, so a double holding a float32
+    value carries exactly when the float does); deterministic: half the mantissa's range (round half up)."""
+    if x.dtype == np.float32:
+        if deterministic:
+            return np.uint64(1 << 22)
+        return (rng.philox(seed, offset, x.size) >> np.uint32(9)).astype(np.uint64)
+    if deterministic:
+        return np.uint64(1 << 51)
+    w0 = rng.philox(seed, offset, x.size).astype(np.uint64)
+    w1 = rng.philox(seed, offset, x.size, rng.SUB_EXTRA).astype(np.uint64)
+    return (w0 << np.uint64(20)) | (w1 >> np.uint64(12))
+
+
 def encode_reference(x: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int) -> np.ndarray:
-    """The numpy definition of `encode` that the C kernels match bit for bit (same arguments, returns and
-    errors; x must already be flat float32 or float64). A float's m mantissa bits are compared with the top
-    m bits of its random word, so float64 and float32 draw on the same stream."""
+    """The numpy definition of `encode` that the C kernels (scalar, AVX2, AVX-512) and CUDA match bit for
+    bit (same arguments, returns and errors; x must already be flat float32 or float64). At or above the
+    floor, a uniform integer added to |x|'s bits rounds up when it carries into the exponent (probability
+    mantissa / 2^M); below it, 2^floor iff word1 of sub-stream 1 < |x| 2^(32 - floor) (docs/protocol.md)."""
     uint, m, emask, ebias = _FORMATS[x.dtype]
     floor = max(floor, wire.NC_LEVEL_MIN)  # no code below 2^NC_LEVEL_MIN
     bits = x.view(uint).astype(np.uint64)
-    expf = ((bits >> np.uint64(m)) & np.uint64(emask)).astype(np.int64)
-    if np.any(expf == emask):
+    mag = bits & np.uint64((1 << (8 * x.itemsize - 1)) - 1)
+    a = (mag >> np.uint64(m)).astype(np.int64) - ebias  # 2^a <= |x| < 2^(a+1) for normal numbers
+    if np.any(a == emask - ebias):
         raise ValueError(NONFINITE_MESSAGE)
-    mant = bits & np.uint64((1 << m) - 1)
-    a = expf - ebias  # 2^a <= |x| < 2^(a+1) for normal numbers
-    if deterministic:
-        up = mant >= np.uint64(1 << (m - 1))
-    else:
-        r = rng.bits64(seed, offset, x.size)
-        up = (r >> np.uint64(64 - m)) < mant
-    level = a + up
-    below = a < floor
-    if np.any(below):
-        # |x| < 2^floor: 0 or 2^floor, up with probability |x| / 2^floor (exact in float64)
-        p = np.abs(x[below]).astype(np.float64) * 2.0 ** (53 - floor)
+    level = ((mag + _uniform(x, seed, offset, deterministic)) >> np.uint64(m)).astype(np.int64) - ebias
+    below = np.flatnonzero(a < floor)
+    if below.size:
+        # |x| < 2^floor: 0 or 2^floor, up with probability |x| / 2^floor (to 2^-32; the product is exact)
+        t = np.abs(x[below]).astype(np.float64) * 2.0 ** (32 - floor)
         if deterministic:
-            up_b = p >= 2.0**52
+            up_b = t >= 2.0**31
         else:
-            up_b = (r[below] >> np.uint64(11)).astype(np.float64) < p
+            up_b = rng.philox_at(seed, np.uint64(offset & rng.MASK64) + below.astype(np.uint64), rng.SUB_EXTRA).astype(np.float64) < t
         level[below] = np.where(up_b, floor, wire.NC_LEVEL_MIN - 1)  # NC_LEVEL_MIN-1 marks zero
     if np.any(a >= wire.NC_LEVEL_MAX) or (level.size and level.max() > wire.NC_LEVEL_MAX):
         raise OverflowError(OVERFLOW_MESSAGE)
@@ -102,12 +119,13 @@ for _m in range(1, 128):
     _DECODE[_m | 0x80] = -(2.0 ** (_m - wire.NC_BIAS))
 
 
-def decode(codes, dtype=np.float32) -> np.ndarray:
+def decode(codes, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
     """Values of NC codes.
 
     Args:
         codes: uint8 codes, any shape.
         dtype: of the result; float32 takes the C kernel when built.
+        out: a contiguous array of dtype and codes' size to write into (reused across calls).
 
     Returns:
         Values of codes' shape.
@@ -117,13 +135,16 @@ def decode(codes, dtype=np.float32) -> np.ndarray:
     """
     c = np.asarray(codes, dtype=np.uint8)
     if dtype == np.float32 and kernels.enabled():
-        out, status = kernels.nc_decode(np.ascontiguousarray(c).reshape(-1))
+        values, status = kernels.nc_decode(np.ascontiguousarray(c).reshape(-1), out)
         if status:
             raise ValueError(BAD_CODE_MESSAGE)
-        return out.reshape(c.shape)
+        return values.reshape(c.shape) if out is None else out
     if np.any(c == _SIGN):
         raise ValueError(BAD_CODE_MESSAGE)
-    return _DECODE[c].astype(dtype, copy=False)
+    if out is None:
+        return _DECODE[c].astype(dtype, copy=False)
+    out.reshape(c.shape)[...] = _DECODE[c]
+    return out
 
 
 def allreduce_expected_sq_error(inputs, exact: np.ndarray) -> float:
