@@ -204,6 +204,24 @@ def cmd_p4(args) -> int:
         return 2
 
 
+def dissector_path() -> str:
+    """The Wireshark dissector the package ships (inaproto/ina.lua, generated from wire.py)."""
+    from importlib import resources
+
+    return str(resources.files("inaproto").joinpath("ina.lua"))
+
+
+def cmd_dissector(args) -> int:
+    """`switchsim dissector [--path]`: the Lua dissector's text, or where it is (for tshark -X lua_script:)."""
+    path = dissector_path()
+    if args.path:
+        print(path)
+        return 0
+    with open(path) as f:
+        sys.stdout.write(f.read())
+    return 0
+
+
 def cmd_stats(args) -> int:
     """`switchsim stats`: print a running switch's counters as JSON, or watch them (--watch).
 
@@ -345,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="build: regenerate p4/ina.p4 from wire.py and compile it with p4c-bm2-ss into p4/build/; "
                          "check: exit 1 if p4/ina.p4 is out of date; info: its tables, counters and limits")
     p4.set_defaults(func=cmd_p4)
+
+    ds = sub.add_parser("dissector", help="the Wireshark/tshark dissector of the INA protocol (Lua)",
+                        description="Print the Lua dissector (generated from inaproto/wire.py), e.g. into "
+                                    "~/.local/lib/wireshark/plugins/ina.lua; or with --path where it is: "
+                                    "tshark -X lua_script:$(switchsim dissector --path) -r FILE -Y ina")
+    ds.add_argument("--path", action="store_true", help="print the installed file's absolute path instead")
+    ds.set_defaults(func=cmd_dissector)
 
     d = sub.add_parser("demo", help="switch + N worker processes on loopback, checked against numpy")
     d.add_argument("--workers", type=int, default=4)
