@@ -5,9 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install install-test demo test clean
+.PHONY: install install-test demo test clean cuda
 
-NATIVE_SOURCES := setup.py $(wildcard csrc/*.c csrc/*.h csrc/build_ffi.py)
+NATIVE_SOURCES := setup.py $(wildcard csrc/*.c csrc/*.h csrc/build_ffi.py csrc/cuda/*.cu csrc/cuda/*.cuh csrc/cuda/*.py)
 
 # the C parts (csrc/) are built by cffi during pip install; DPDK's only where pkg-config finds libdpdk
 $(VENV)/.base: pyproject.toml $(NATIVE_SOURCES)
@@ -24,6 +24,10 @@ $(VENV)/.test: $(VENV)/.base tools/install-horovod.sh
 
 install: $(VENV)/.base
 install-test: $(VENV)/.test
+
+# the CUDA kernels alone (pip install also builds them where nvcc exists): hostlib/_ina_cuda.so
+cuda:
+	$(PY) csrc/cuda/build_cuda.py
 
 demo: $(VENV)/.base
 	$(VENV)/bin/switchsim demo --workers 4 --size 4194304 --codec nc

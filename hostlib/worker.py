@@ -12,6 +12,7 @@ rebuilt from the source tensor (the counter-based RNG makes the rebuild bit-iden
 """
 from __future__ import annotations
 
+import functools
 import secrets
 import select
 import socket
@@ -195,7 +196,9 @@ class Communicator:
         """Sum x over all workers of the job.
 
         Args:
-            x: numpy array or torch tensor (any shape; CUDA tensors go through host memory).
+            x: numpy array or torch tensor (any shape). A CUDA tensor with codec nc or dither is encoded and
+                decoded on its GPU (hostlib.cuda: 1 byte per element crosses to the host) where the CUDA
+                kernels are built; other CUDA tensors go through host memory.
             progress: optional callable, called with the number of elements done so far.
             sparse: block-sparse INA (OmniReduce-style): only blocks of elements_per_packet elements that
                 are non-zero on this worker carry data; every worker of the job must pass the same flag.
@@ -213,25 +216,48 @@ class Communicator:
         if self._broken:
             raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
         torch_like = type(x).__module__.startswith("torch")
+        if torch_like and not sparse and x.numel() and _on_gpu_path(self.codec, x):
+            return self._timed(functools.partial(self._allreduce_cuda, x, progress), x.numel())
         arr = _to_numpy(x) if torch_like else np.asarray(x)
         flat = np.ascontiguousarray(arr).reshape(-1)
         self.codec.check_input(flat)
+        if not flat.size:
+            run = flat.copy
+        elif sparse:
+            run = functools.partial(self._allreduce_sparse, flat, progress)
+        else:
+            run = functools.partial(self._allreduce_flat, flat, progress)
+        out = self._timed(run, flat.size).reshape(arr.shape)
+        return _from_numpy(out, x) if torch_like else out
+
+    def _timed(self, run, elements: int):
+        """run() counted in the stats; a timeout leaves the communicator broken."""
         start = time.perf_counter()
         try:
-            if not flat.size:
-                out = flat.copy()
-            elif sparse:
-                out = self._allreduce_sparse(flat, progress)
-            else:
-                out = self._allreduce_flat(flat, progress)
+            out = run()
         except TimeoutError as e:
             self.mark_broken(str(e))
             raise
         self.stats.seconds += time.perf_counter() - start
         self.stats.allreduces += 1
-        self.stats.elements += flat.size
-        out = out.reshape(arr.shape)
-        return _from_numpy(out, x) if torch_like else out
+        self.stats.elements += elements
+        return out
+
+    def _allreduce_cuda(self, x, progress):
+        """A CUDA tensor with nc/dither (hostlib.cuda): exponents and codes made on the GPU, each block with
+        the floor of this worker's own exponent; the Python loop sends each block's codes with the floor
+        raised to the agreed exponent's; the result codes are decoded on the GPU into x's dtype and shape."""
+        from . import cuda
+
+        flat = x.detach().reshape(-1)
+        exps_dev, exps = cuda.own_exponents(flat, self.k)
+        exps = self.codec.check_exponents(exps)
+        slots, seed, _ = self._begin_call(None)
+        codes = cuda.precode(flat, exps_dev, self.codec, self.k, seed)
+        stream = DenseStream(self, codes, exps, seed, slots)
+        stream.codec = cuda.PrecodedNC(self.codec)
+        self._drive(stream, progress)
+        return cuda.decode_like(stream.result[:stream.N], x)
 
     def _allreduce_flat(self, flat: np.ndarray, progress):
         exps = self.codec.flat_exponents(flat, self.k) if self.codec.negotiates_exponent else None
@@ -263,7 +289,14 @@ class Communicator:
         return self._window_loop(SparseStream(self, flat, exps, seed, slots, held), progress)
 
     def _window_loop(self, stream, progress) -> np.ndarray:
-        """Drive a stream (streams.py) to the end: send what is ready, take results, resend what is overdue."""
+        """Drive a stream to the end and decode its result."""
+        self._drive(stream, progress)
+        values = self.codec.decode(stream.result, stream.agreed, self.world_size, self.k)[:stream.N]
+        return values.astype(stream.flat.dtype, copy=False)
+
+    def _drive(self, stream, progress):
+        """Drive a stream (streams.py) to the end: send what is ready, take results, resend what is overdue;
+        then raise what the agreed exponents or the OVERFLOW flag say."""
         inflight: dict[int, InFlight] = {}
         next_scan = 0.0
         while not stream.finished():
@@ -288,8 +321,6 @@ class Communicator:
         if progress is not None:
             progress(stream.N)
         self._check_result(stream.exps, stream.agreed, stream.overflow)
-        values = self.codec.decode(stream.result, stream.agreed, self.world_size, self.k)[:stream.N]
-        return values.astype(stream.flat.dtype, copy=False)
 
     def _scan(self, stream, inflight: dict, now: float):
         """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout."""
@@ -303,11 +334,12 @@ class Communicator:
             rec.rto = min(rec.rto * 2, self.rtt.max_rto)
             rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
 
-    def _begin_call(self, flat: np.ndarray):
-        """This call's slots (CallSlots), RNG seed, and the C loop's kind for it (None: the Python loop)."""
+    def _begin_call(self, flat: np.ndarray | None):
+        """This call's slots (CallSlots), RNG seed, and the C loop's kind for flat (None: the Python loop,
+        always for flat None)."""
         seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
         self._calls += 1
-        kind = fastpath.kind(self.codec, flat) if self.fast is not False else None
+        kind = fastpath.kind(self.codec, flat) if self.fast is not False and flat is not None else None
         return CallSlots(self._next_slot, self._uses), seed, kind
 
     def _run_c_loop(self, kind, flat, exps, seed: int, slots, progress, held=None) -> np.ndarray:
@@ -375,6 +407,16 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _on_gpu_path(codec, x) -> bool:
+    """Whether allreduce encodes x on its GPU (hostlib.cuda.allreduce_applies; hostlib.cuda loads ctypes and
+    the library only for CUDA tensors)."""
+    if not getattr(x, "is_cuda", False):
+        return False
+    from . import cuda
+
+    return cuda.allreduce_applies(codec, x)
 
 
 def _to_numpy(t):

@@ -7,7 +7,9 @@ Rank, world size and the job come from the initialised process group (torchrun, 
 the switch address from `switch`, $INA_SWITCH, or $MASTER_ADDR:$INA_SWITCH_PORT. The hook returns a
 torch Future at once; a worker thread per state runs the buckets in DDP's order (the same on every
 rank, which is what the switch's packet stream needs), so backward keeps computing meanwhile; the C
-protocol loop releases the GIL. Works with CUDA gradients (copied through host memory).
+protocol loop releases the GIL. CUDA buckets with codec 'nc' (without error feedback) are encoded and
+decoded on their GPU (hostlib.cuda: only the 8-bit codes cross to the host) where the CUDA kernels are
+built; other CUDA buckets are copied through host memory.
 """
 # no `from __future__ import annotations`: DDP checks that the bucket annotation is dist.GradBucket itself
 
@@ -16,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from .common import GradientReducer
+from .common import DenseReducer, GradientReducer
 
 
 class INAHookState:
@@ -94,9 +96,32 @@ class INAHookState:
         self.reducer.close()
 
 
+def _gpu_codes(state: INAHookState, buffer: torch.Tensor) -> bool:
+    """Whether the bucket takes the GPU path: dense NC without error feedback (whose residuals live in host
+    memory) on a CUDA buffer, with the CUDA kernels available (hostlib.cuda.allreduce_applies)."""
+    strategy, comm = state.reducer.strategy, state.reducer.comm
+    if not buffer.is_cuda or not isinstance(strategy, DenseReducer) or strategy.codec != "nc":
+        return False
+    from ..cuda import allreduce_applies
+
+    return not strategy.memory.enabled and allreduce_applies(comm.codec, buffer)
+
+
+def _average_on_gpu(comm, buffer: torch.Tensor) -> torch.Tensor:
+    """DenseReducer.average's NC mean on the GPU, rounded as the host path: the sum in float32, divided by the
+    world size in float32, rounded into the buffer's dtype. The divisor is a device tensor, since torch
+    multiplies by the reciprocal of a Python-number divisor (another rounding)."""
+    total = comm.allreduce(buffer.detach().float())
+    total.div_(torch.full((), comm.world_size, dtype=torch.float32, device=total.device))
+    buffer.copy_(total.view_as(buffer))
+    return buffer
+
+
 def _average_bucket(state: INAHookState, buffer: torch.Tensor, key) -> torch.Tensor:
     """The mean over ranks of the bucket, written into the bucket's buffer in place (as allreduce_hook)."""
     state.connect(*state.rank_and_size())
+    if _gpu_codes(state, buffer):
+        return _average_on_gpu(state.reducer.comm, buffer)
     host = buffer.detach().to("cpu", copy=True)
     as_float = host.float() if host.dtype in (torch.float16, torch.bfloat16) else host
     mean = state.reducer.average(as_float.numpy().reshape(-1), key)
