@@ -12,7 +12,7 @@
 
 const ina_kernel_ops ina_ops_scalar = {
     "scalar", ina_scalar_nc_encode, ina_scalar_nc_decode, ina_scalar_fixed_nearest, ina_scalar_fixed_sr,
-    ina_scalar_fixed_value, ina_scalar_dither_natural, ina_scalar_dither_standard,
+    ina_scalar_fixed_value, ina_scalar_dither_natural, ina_scalar_dither_standard, ina_scalar_philox_fill,
 };
 
 static const ina_kernel_ops *const OPS[] = {&ina_ops_scalar, &ina_ops_avx2, &ina_ops_avx512};
@@ -100,6 +100,13 @@ void ina_dither_encode(const float *x, size_t n, double norm, int levels, int st
     else
         ops()->dither_natural(x, n, norm, levels, seed, offset, (uint8_t *)codes);
 }
+
+void ina_philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t substream, uint32_t *out)
+{
+    ops()->philox_fill(seed, offset, n, substream, out);
+}
+
+void ina_philox_raw(uint32_t ctr[4], uint32_t k0, uint32_t k1) { ina_philox4x32_10(ctr, k0, k1); }
 
 double ina_fixed_scale(int exp, int world)
 {

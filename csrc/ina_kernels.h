@@ -19,6 +19,11 @@ int ina_simd_supported(int level);
 int ina_simd_set(int level);
 int ina_simd_get(void);
 
+/* n words of the worker codecs' Philox stream (seed, sub-stream) from position offset (ina_philox.h) */
+void ina_philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t substream, uint32_t *out);
+/* ctr := philox4x32_10(ctr, (k0, k1)), for the known-answer tests */
+void ina_philox_raw(uint32_t ctr[4], uint32_t k0, uint32_t k1);
+
 /* NC codes for float32 x, elements offset.. of the stream of seed; values below 2^floor go to 0 / 2^floor.
  * Returns 0, INA_KERNEL_NONFINITE (NaN/Inf), or INA_KERNEL_OVERFLOW (some |x| >= 2^INA_NC_LEVEL_MAX). */
 int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,

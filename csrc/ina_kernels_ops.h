@@ -27,6 +27,8 @@ typedef struct {
                            uint8_t *codes);
     void (*dither_standard)(const float *x, size_t n, double norm, int s, uint64_t seed, uint64_t offset,
                             uint16_t *codes);
+    /* the stream's words alone (tests, and the benchmark's cost of the draws) */
+    void (*philox_fill)(uint64_t seed, uint64_t offset, size_t n, uint32_t s, uint32_t *out);
 } ina_kernel_ops;
 
 extern const ina_kernel_ops ina_ops_scalar, ina_ops_avx2, ina_ops_avx512;
@@ -59,6 +61,13 @@ static inline uint32_t ina_stream_word(ina_stream *st, uint64_t pos)
         ina_philox_draw(st->seed, st->q, st->s, st->w);
     }
     return st->w[pos & 3];
+}
+
+static inline void ina_scalar_philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, uint32_t *out)
+{
+    ina_stream st = {seed, 0, s, {0, 0, 0, 0}, 0};
+    for (size_t i = 0; i < n; i++)
+        out[i] = ina_stream_word(&st, offset + i);
 }
 
 static inline uint32_t ina_scalar_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed,

@@ -26,7 +26,10 @@
 #define INA_NC_FLAG_NONFINITE 1u /* NaN or Inf */
 #define INA_NC_FLAG_OVERFLOW 2u  /* |x| >= 2^INA_NC_LEVEL_MAX, or a level above it */
 
-INA_HD int ina_nc_status(uint32_t flags) { return (flags & INA_NC_FLAG_NONFINITE) ? 1 : (flags & INA_NC_FLAG_OVERFLOW) ? 2 : 0; }
+INA_HD int ina_nc_status(uint32_t flags)
+{
+    return (flags & INA_NC_FLAG_NONFINITE) ? 1 : (flags & INA_NC_FLAG_OVERFLOW) ? 2 : 0;
+}
 
 INA_HD float ina_f32_of_bits(uint32_t b)
 {

@@ -113,6 +113,21 @@ def dither_encode(x32: np.ndarray, norm: float, levels: int, standard: bool, see
     return codes
 
 
+def philox(seed: int, offset: int, n: int, substream: int = 0, out=None) -> np.ndarray:
+    """n uint32 words of the worker codecs' stream on the active path (inaproto.rng.philox's twin)."""
+    words = _out(out, n, np.uint32)
+    lib.ina_philox_fill(seed & MASK64, offset & MASK64, n, substream & 0xFFFFFFFF,
+                        ffi.from_buffer("uint32_t[]", words, require_writable=True))
+    return words
+
+
+def philox_raw(ctr, key) -> list[int]:
+    """Random123's philox4x32_R(10, ctr, key) on one counter (4 words) and key (2 words), in C."""
+    c = ffi.new("uint32_t[4]", [int(v) & 0xFFFFFFFF for v in ctr])
+    lib.ina_philox_raw(c, int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF)
+    return list(c)
+
+
 def block_exponents(x32: np.ndarray, k: int):
     """(int8 exponent per block of k, status) for contiguous float32 x32; status is 0 or OVERFLOW."""
     out = np.empty(-(-x32.size // k), dtype=np.int8)
