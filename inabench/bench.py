@@ -30,29 +30,101 @@ def best(fn, repeat=3) -> float:
 
 
 # ---------------------------------------------------------------- codecs
-def bench_codecs(mib: int = 64, repeat: int = 3) -> list[dict]:
+KERNELS = ("NC encode", "NC decode", "fixed quantize", "fixed quantize SR", "fixed dequantize",
+           "dithering natural s=8", "Philox words alone")
+
+
+def _codec_calls(x: np.ndarray, impl: str) -> dict:
+    """Per kernel: a call that writes into buffers made here once (as a training loop would reuse them).
+    impl "numpy" runs the references; otherwise the C kernels on the path now selected."""
     from hostlib import kernels
-    from hostlib.codecs import fixed, natural
+    from hostlib.codecs import dithering, fixed, natural
+    from inaproto import rng
+
+    n = x.size
+    scale, limit, k = float(fixed.scale_for(4, 4)), fixed.INT32_MAX // 4, 1024
+    exps = np.full(-(-n // k), 4, np.int8)
+    codes, values, q = np.empty(n, np.uint8), np.empty(n, np.float32), np.empty(n, ">i4")
+    sums = np.empty(n, np.int32)
+    natural.encode(x, seed=1, out=codes)
+    sums[:] = fixed.quantize_reference(x, scale, limit)
+    norm = dithering._norm32(x.astype(np.float64), 2.0)
+    dcodes, words = np.empty(n, np.uint8), np.empty(n, np.uint32)
+    if impl == "numpy":
+        table, scales = dithering.level_table(8), np.repeat(fixed.scale_for(exps, 4), k)[:n]
+        return {"NC encode": lambda: natural.encode(x, seed=1, out=codes),
+                "NC decode": lambda: natural.decode(codes, out=values),
+                "fixed quantize": lambda: fixed.quantize_reference(x, scale, limit),
+                "fixed quantize SR": lambda: fixed.quantize_reference(x, scale, limit, 1, 0),
+                "fixed dequantize": lambda: np.divide(sums, scales, out=values, casting="unsafe"),
+                "dithering natural s=8": lambda: dithering.encode_reference(x.astype(np.float64), norm, table, 1, 0,
+                                                                            np.uint8, 0x80),
+                "Philox words alone": lambda: rng.philox(1, 0, n)}
+    return {"NC encode": lambda: kernels.nc_encode(x, 1, 0, False, wire.NC_LEVEL_MIN, codes),
+            "NC decode": lambda: kernels.nc_decode(codes, values),
+            "fixed quantize": lambda: kernels.fixed_quantize(x, scale, limit, q),
+            "fixed quantize SR": lambda: kernels.fixed_quantize_sr(x, scale, limit, 1, 0, q),
+            "fixed dequantize": lambda: kernels.fixed_dequantize(sums, exps, 4, k, values),
+            "dithering natural s=8": lambda: kernels.dither_encode(x, float(norm), 8, False, 1, 0, dcodes),
+            "Philox words alone": lambda: kernels.philox(1, 0, n, 0, words)}
+
+
+def _cuda_calls(x: np.ndarray):
+    """The GPU kernels (hostlib.cuda) on the same values, each followed by a device sync; None where they do
+    not run here (no module, no device, no torch)."""
+    try:
+        from hostlib import cuda
+    except ImportError:
+        return None
+    if not cuda.available()[0]:
+        return None
+    import torch
+
+    def synced(fn):
+        return lambda: (fn(), torch.cuda.synchronize())
+
+    xd = torch.from_numpy(x).cuda()
+    codes, values = torch.empty(x.size, dtype=torch.uint8, device="cuda"), torch.empty_like(xd)
+    q, copy = torch.empty(x.size, dtype=torch.int32, device="cuda"), torch.empty_like(xd)
+    cuda.nc_encode(xd, seed=1, out=codes)
+    cuda.fixed_quantize(xd, 4, 4, out=q)
+    return {"torch copy_ (device)": synced(lambda: copy.copy_(xd)),
+            "NC encode": synced(lambda: cuda.nc_encode(xd, seed=1, out=codes)),
+            "NC decode": synced(lambda: cuda.nc_decode(codes, out=values)),
+            "fixed quantize": synced(lambda: cuda.fixed_quantize(xd, 4, 4, out=q)),
+            "fixed quantize SR": synced(lambda: cuda.fixed_quantize(xd, 4, 4, stochastic=True, seed=1, out=q)),
+            "fixed dequantize": synced(lambda: cuda.fixed_dequantize(q, 4, 4, out=values))}
+
+
+def bench_codecs(mib: int = 64, repeat: int = 5) -> list[dict]:
+    """Each codec kernel on every path this machine runs (scalar C, AVX2, AVX-512, numpy; the GPU's where
+    hostlib.cuda runs) over one float32 buffer of mib MiB, against np.copyto of the same buffer in the same
+    run: GiB/s of float32 input (decode and dequantize: of float32 output) and the ratio to the copy."""
+    from hostlib import kernels
 
     n = mib * (1 << 20) // 4
     x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
     dst = np.empty_like(x)
+    np.copyto(dst, x)  # touch the pages first: the baseline times the copy, not page faults
     t_copy = best(lambda: np.copyto(dst, x), repeat)
     rows = [{"what": f"np.copyto {mib} MiB (baseline)", "seconds": t_copy}]
-    impls = (["native"] if kernels.lib is not None else []) + ["numpy"]
-    scale, limit = float(fixed.scale_for(4, 4)), fixed.INT32_MAX // 4
-    for impl in impls:
-        os.environ["INA_KERNELS"] = impl
-        try:
-            codes = natural.encode(x, seed=1)
-            rows.append({"what": f"NC encode ({impl})", "seconds": best(lambda: natural.encode(x, seed=1), repeat)})
-            rows.append({"what": f"NC decode ({impl})", "seconds": best(lambda: natural.decode(codes), repeat)})
-            rows.append({"what": f"NC encode+decode ({impl})",
-                         "seconds": rows[-1]["seconds"] + rows[-2]["seconds"]})
-            quantize = kernels.fixed_quantize if impl == "native" else fixed.quantize_reference
-            rows.append({"what": f"fixed quantize ({impl})", "seconds": best(lambda: quantize(x, scale, limit), repeat)})
-        finally:
-            os.environ.pop("INA_KERNELS", None)
+    paths = kernels.simd_supported() if kernels.lib is not None else []
+    before = kernels.simd_path() if paths else None
+    try:
+        for impl in [*paths, "numpy"]:
+            if impl != "numpy":
+                kernels.set_simd(impl)
+            os.environ["INA_KERNELS"] = "numpy" if impl == "numpy" else "native"
+            for name, fn in _codec_calls(x, impl).items():
+                fn()  # warm: buffers touched, code paged in
+                rows.append({"what": f"{name} ({impl})", "seconds": best(fn, repeat if impl != "numpy" else 1)})
+    finally:
+        os.environ.pop("INA_KERNELS", None)
+        if paths:
+            kernels.set_simd(None if before == "numpy" else before)
+    for name, fn in (_cuda_calls(x) or {}).items():
+        fn()
+        rows.append({"what": f"{name} (cuda)", "seconds": best(fn, repeat)})
     for r in rows:
         r["GiB/s"] = mib / 1024 / r["seconds"]
         r["x copyto"] = t_copy / r["seconds"]
