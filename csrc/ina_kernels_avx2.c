@@ -97,9 +97,10 @@ static inline __m256i nc_below8(__m256i code, __m256i below, __m256i xv, __m256i
     return _mm256_and_si256(_mm256_blendv_epi8(code, v, below), _mm256_set1_epi32(0xFF));
 }
 
-/* 8 lanes with some |x| outside [2^floor, 2^63): the flags, and the codes of the lanes below the floor */
+/* 8 lanes with some |x| outside [2^floor, 2^63): the flags, and the codes of the lanes below the floor; the
+ * block's sub-stream 1 words (w1) are drawn on the first need and kept for its other lanes */
 static inline __m256i nc_rare8(__m256i code, __m256i xv, __m256i b, __m256i low, const keys_t *k, uint64_t q,
-                               int j, int floor, int det, uint32_t *err)
+                               __m256i *w1, int *have_w1, int j, int floor, int det, uint32_t *err)
 {
     __m256i bad = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(0x7F7FFFFF));
     __m256i over = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(((INA_NC_LEVEL_MAX + 127) << 23) - 1));
@@ -111,10 +112,11 @@ static inline __m256i nc_rare8(__m256i code, __m256i xv, __m256i b, __m256i low,
     __m256i nz = _mm256_andnot_si256(zero, below);
     if (_mm256_testz_si256(nz, nz))
         return code;
-    __m256i w1[4] = {_mm256_setzero_si256()};
-    if (!det)
+    if (!det && !*have_w1) {
         philox32(k, q, INA_SUB_EXTRA, w1);
-    return nc_below8(code, nz, xv, w1[j], floor, det, err);
+        *have_w1 = 1;
+    }
+    return nc_below8(code, nz, xv, det ? _mm256_setzero_si256() : w1[j], floor, det, err);
 }
 
 /* 32 int32 codes (each 0..255) of 4 vectors to 32 bytes in order */
@@ -142,7 +144,8 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     const __m256i flip = _mm256_set1_epi32((int)0x80000000u);
     const __m256i lim = _mm256_xor_si256(_mm256_sub_epi32(span, _mm256_set1_epi32(1)), flip);
     for (; n - i >= BLOCK; i += BLOCK) {
-        __m256i w[4] = {_mm256_setzero_si256()}, c[4];
+        __m256i w[4] = {_mm256_setzero_si256()}, c[4], w1[4];
+        int have_w1 = 0;
         if (!det)
             philox32(&k, (offset + i) >> 2, INA_SUB_MAIN, w);
         for (int j = 0; j < 4; j++) {
@@ -153,7 +156,7 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
             /* unsigned b - low > span - 1, as a signed compare of both sides with the top bit flipped */
             __m256i out = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_sub_epi32(b, low), flip), lim);
             if (!_mm256_testz_si256(out, out))
-                c[j] = nc_rare8(c[j], xv, b, low, &k, (offset + i) >> 2, j, floor, det, &err);
+                c[j] = nc_rare8(c[j], xv, b, low, &k, (offset + i) >> 2, w1, &have_w1, j, floor, det, &err);
         }
         store_codes32(codes + i, c);
     }

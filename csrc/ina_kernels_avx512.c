@@ -125,9 +125,10 @@ static inline __m512i nc_below16(__m512i code, __mmask16 below, __m512i xv, __m5
     return _mm512_mask_mov_epi32(code, below, v);
 }
 
-/* 16 lanes with some |x| outside [2^floor, 2^63): the flags, and the codes of the lanes below the floor */
+/* 16 lanes with some |x| outside [2^floor, 2^63): the flags, and the codes of the lanes below the floor; the
+ * block's sub-stream 1 words (w1) are drawn on the first need and kept for its other lanes */
 static inline __m512i nc_rare16(__m512i code, __m512i xv, __m512i b, __m512i low, keys_t *k, uint64_t q,
-                                int j, int floor, int det, uint32_t *err)
+                                __m512i *w1, int *have_w1, int j, int floor, int det, uint32_t *err)
 {
     *err |= (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(0x7F800000)) ? INA_NC_FLAG_NONFINITE : 0u) |
             (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23)) ? INA_NC_FLAG_OVERFLOW : 0u);
@@ -136,10 +137,11 @@ static inline __m512i nc_rare16(__m512i code, __m512i xv, __m512i b, __m512i low
     code = _mm512_mask_mov_epi32(code, below, _mm512_setzero_si512()); /* 0 never rounds up */
     if (!nz)
         return code;
-    __m512i w1[4] = {_mm512_setzero_si512()};
-    if (!det)
+    if (!det && !*have_w1) {
         philox64(k, q, INA_SUB_EXTRA, w1);
-    return nc_below16(code, nz, xv, w1[j], floor, det, err);
+        *have_w1 = 1;
+    }
+    return nc_below16(code, nz, xv, det ? _mm512_setzero_si512() : w1[j], floor, det, err);
 }
 
 static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int det,
@@ -157,7 +159,8 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     /* one unsigned compare finds every lane outside [low, 2^63): b - low >= 2^63 - low */
     const __m512i span = _mm512_sub_epi32(_mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
     for (; n - i >= BLOCK; i += BLOCK) {
-        __m512i w[4] = {_mm512_setzero_si512()};
+        __m512i w[4] = {_mm512_setzero_si512()}, w1[4];
+        int have_w1 = 0;
         if (!det)
             philox64(&k, (offset + i) >> 2, INA_SUB_MAIN, w);
         for (int j = 0; j < 4; j++) {
@@ -166,7 +169,7 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
             __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(b, u), 23), bias);
             code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), c80, 0xF8); /* code | (x>>24 & 0x80) */
             if (_mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span))
-                code = nc_rare16(code, xv, b, low, &k, (offset + i) >> 2, j, floor, det, &err);
+                code = nc_rare16(code, xv, b, low, &k, (offset + i) >> 2, w1, &have_w1, j, floor, det, &err);
             _mm_storeu_si128((__m128i *)(codes + i + 16 * j), _mm512_cvtepi32_epi8(code));
         }
     }
