@@ -477,3 +477,31 @@ def test_ddp_hook_averages_cuda_buckets_on_the_gpu_as_the_host_path(tmp_path, mo
     finally:
         dist.destroy_process_group()
     assert all(a.is_cuda and torch.equal(a, b) for a, b in zip(on_gpu, on_host))
+
+
+# ---------------------------------------------------------------- the benchmark
+
+def load_benchmark():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import cuda_codecs
+
+    return cuda_codecs
+
+
+def test_the_benchmarks_naive_torch_baseline_computes_the_same_codes():
+    """The baseline the kernels are measured against is the same computation (checked here on CPU tensors)."""
+    bench = load_benchmark()
+    rs = np.random.default_rng(4)
+    x, ref = as_input(np.concatenate([random_values(rs, 5001, torch.float32), edge_values()]), torch.float32, "cpu",
+                      finite=True)
+    for seed, floor in ((5, wire.NC_LEVEL_MIN), (2**33 + 7, -20)):
+        assert np.array_equal(bench.naive_encode(x, seed, floor).numpy(), natural.encode(ref, seed, 0, False, floor))
+    codes = np.array([c for c in range(256) if c != 0x80], np.uint8)
+    assert torch.equal(bench.naive_decode(torch.from_numpy(codes)), torch.from_numpy(natural.decode(codes)))
+
+
+def test_the_benchmark_without_a_gpu_says_why_and_exits_0(capsys):
+    if GPU_OK:
+        pytest.skip("a GPU is here: the benchmark runs instead (python benchmarks/cuda_codecs.py)")
+    assert load_benchmark().main([]) == 0
+    assert GPU_WHY in capsys.readouterr().out

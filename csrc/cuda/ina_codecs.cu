@@ -3,12 +3,13 @@
  * codes, block exponents, fixed-point quantize/dequantize. C ABI and conventions: ina_cuda.h; the per-thread
  * work: ina_cuda_ops.cuh.
  *
- * Each kernel is one pass over memory: a thread loads N consecutive elements with 16-byte loads, draws
- * Philox in registers (one 128-bit draw per 4 elements), computes with the CPU kernels' element functions
- * and stores N results; grid-stride loops; no random-number tensor; data errors go to a flag word in device
- * memory (one atomicOr per thread that saw one), so nothing waits for the host. Pointers not aligned to 16
- * bytes, or a stream offset that is not a multiple of 4 (a draw feeds 4 aligned positions), take the
- * one-element-per-thread kernel; the tail of a vectorised launch does too.
+ * Each kernel is one pass over memory: a thread loads vectors of N consecutive elements (the wider of input
+ * and output moves 16 bytes per access, the narrower 4 or 8, a warp's access one contiguous stretch), four
+ * vectors' loads in flight at once, draws Philox in registers (one 128-bit draw per 4 elements), computes
+ * with the CPU kernels' element functions and stores; grid-stride loops; no random-number tensor; data
+ * errors go to a flag word in device memory (one atomicOr per thread that saw one), so nothing waits for
+ * the host. Pointers not aligned to a vector, or a stream offset that is not a multiple of 4 (a draw feeds
+ * 4 aligned positions), take the one-element-per-thread kernel; the tail of a vectorised launch does too.
  *
  * Built with -DINA_CUDA_EMULATE, the library also exports ina_emu_* twins of the launchers (same arguments,
  * host pointers, the stream ignored) that run the same thread bodies on the CPU: the tests compare them with
@@ -23,11 +24,11 @@ namespace {
 constexpr int THREADS = 256;
 constexpr int BLOCKS_PER_SM = 16; /* grid-stride: enough resident warps to keep loads in flight */
 
-template <int N, class Op>
+template <class Op>
 __global__ void __launch_bounds__(THREADS)
     map_vec(const typename Op::In *x, typename Op::Out *y, size_t nvec, uint64_t offset, Op op, uint32_t *flags)
 {
-    uint32_t err = map_vec_body<N>(x, y, nvec, offset, op, blockIdx.x * (size_t)blockDim.x + threadIdx.x,
+    uint32_t err = map_vec_body(x, y, nvec, offset, op, blockIdx.x * (size_t)blockDim.x + threadIdx.x,
                                    (size_t)gridDim.x * blockDim.x);
     if (err && flags)
         atomicOr(flags, err);
@@ -81,11 +82,11 @@ unsigned grid_for(size_t items)
 struct GpuExec {
     cudaStream_t stream;
 
-    template <int N, class Op>
+    template <class Op>
     void vec(const typename Op::In *x, typename Op::Out *y, size_t nvec, uint64_t offset, const Op &op,
              uint32_t *flags) const
     {
-        map_vec<N, Op><<<grid_for(nvec), THREADS, 0, stream>>>(x, y, nvec, offset, op, flags);
+        map_vec<Op><<<grid_for((nvec + UNROLL - 1) / UNROLL), THREADS, 0, stream>>>(x, y, nvec, offset, op, flags);
     }
     template <class Op>
     void one(const typename Op::In *x, typename Op::Out *y, size_t n, uint64_t offset, const Op &op,
@@ -107,13 +108,13 @@ struct GpuExec {
 struct HostExec {
     static constexpr size_t THREADS_EMU = 7;
 
-    template <int N, class Op>
+    template <class Op>
     void vec(const typename Op::In *x, typename Op::Out *y, size_t nvec, uint64_t offset, const Op &op,
              uint32_t *flags) const
     {
         uint32_t none = 0;
         for (size_t t = 0; t < THREADS_EMU; t++)
-            *(flags ? flags : &none) |= map_vec_body<N>(x, y, nvec, offset, op, t, THREADS_EMU);
+            *(flags ? flags : &none) |= map_vec_body(x, y, nvec, offset, op, t, THREADS_EMU);
     }
     template <class Op>
     void one(const typename Op::In *x, typename Op::Out *y, size_t n, uint64_t offset, const Op &op,
@@ -147,15 +148,15 @@ struct HostExec {
 bool aligned(const void *p, size_t bytes) { return ((uintptr_t)p % bytes) == 0; }
 
 /* the vectorised body over the aligned whole vectors, the one-element body over the rest */
-template <int N, class Op, class Exec>
+template <class Op, class Exec>
 cudaError_t run_map(const typename Op::In *x, typename Op::Out *y, size_t n, uint64_t offset, Op op,
                     uint32_t *flags, const Exec &ex)
 {
-    constexpr size_t OUT_BYTES = N * sizeof(typename Op::Out), STORE = OUT_BYTES < 16 ? OUT_BYTES : 16;
-    bool vec = aligned(x, 16) && aligned(y, STORE) && (!Op::PHASED || offset % 4 == 0);
+    constexpr size_t N = vec_elems<Op>();
+    bool vec = aligned(x, N * sizeof(*x)) && aligned(y, N * sizeof(*y)) && (!Op::PHASED || offset % 4 == 0);
     size_t nvec = vec ? n / N : 0, done = nvec * N;
     if (nvec)
-        ex.template vec<N>(x, y, nvec, offset, op, flags);
+        ex.vec(x, y, nvec, offset, op, flags);
     if (done < n) {
         op.rebase(done);
         ex.one(x + done, y + done, n - done, offset + done, op, flags);
@@ -188,7 +189,7 @@ cudaError_t nc_encode(const void *x, int dtype, size_t n, uint8_t *codes, uint64
     return by_dtype(dtype, [&](auto d) {
         using D = decltype(d);
         NcEncode<D> op{seed, floors, det};
-        return run_map<8>(static_cast<const typename D::Raw *>(x), codes, n, offset, op, flags, ex);
+        return run_map(static_cast<const typename D::Raw *>(x), codes, n, offset, op, flags, ex);
     });
 }
 
@@ -198,7 +199,7 @@ cudaError_t nc_decode(const uint8_t *codes, size_t n, void *out, int dtype, floa
 {
     return by_dtype(dtype, [&](auto d) {
         using D = decltype(d);
-        return run_map<16>(codes, static_cast<typename D::Raw *>(out), n, 0, NcDecode<D>{divisor}, flags, ex);
+        return run_map(codes, static_cast<typename D::Raw *>(out), n, 0, NcDecode<D>{divisor}, flags, ex);
     });
 }
 
@@ -209,7 +210,7 @@ cudaError_t nc_raise_floor(uint8_t *codes, size_t n, uint64_t seed, uint64_t off
     if (per_block && !k)
         return cudaErrorInvalidValue;
     NcRaise op{seed, make_per_block(floor, per_block, k, span), det};
-    return run_map<16>(codes, codes, n, offset, op, flags, ex);
+    return run_map(codes, codes, n, offset, op, flags, ex);
 }
 
 template <class Exec>
@@ -238,7 +239,7 @@ cudaError_t fixed_quantize(const void *x, int dtype, size_t n, int32_t *out, int
     return by_dtype(dtype, [&](auto d) {
         using D = decltype(d);
         FixedQuantize<D> op{seed, exps, world, stochastic, big_endian};
-        return run_map<8>(static_cast<const typename D::Raw *>(x), reinterpret_cast<uint32_t *>(out), n, offset, op,
+        return run_map(static_cast<const typename D::Raw *>(x), reinterpret_cast<uint32_t *>(out), n, offset, op,
                           flags, ex);
     });
 }
@@ -253,7 +254,7 @@ cudaError_t fixed_dequantize(const int32_t *sums, size_t n, void *out, int dtype
     return by_dtype(dtype, [&](auto d) {
         using D = decltype(d);
         FixedDequantize<D> op{exps, world};
-        return run_map<4>(reinterpret_cast<const uint32_t *>(sums), static_cast<typename D::Raw *>(out), n, 0, op,
+        return run_map(reinterpret_cast<const uint32_t *>(sums), static_cast<typename D::Raw *>(out), n, 0, op,
                           (uint32_t *)nullptr, ex);
     });
 }

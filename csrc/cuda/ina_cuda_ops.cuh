@@ -18,8 +18,10 @@
 /* unroll hints for the device pass only (the host compiler of the same code knows no such pragma) */
 #ifdef __CUDA_ARCH__
 #define INA_UNROLL _Pragma("unroll")
+#define INA_UNROLL4 _Pragma("unroll 4")
 #else
 #define INA_UNROLL
+#define INA_UNROLL4
 #endif
 
 namespace ina_cuda {
@@ -99,11 +101,11 @@ template <int N, typename E> INA_HD void load_vec(const E *p, E (&v)[N])
         W w;
         E e[PER];
     };
-INA_UNROLL
+    INA_UNROLL
     for (int c = 0; c < N / PER; c++) {
         U u;
         u.w = reinterpret_cast<const W *>(p)[c];
-INA_UNROLL
+        INA_UNROLL
         for (int j = 0; j < PER; j++)
             v[c * PER + j] = u.e[j];
     }
@@ -118,10 +120,10 @@ template <int N, typename E> INA_HD void store_vec(E *p, const E (&v)[N])
         W w;
         E e[PER];
     };
-INA_UNROLL
+    INA_UNROLL
     for (int c = 0; c < N / PER; c++) {
         U u;
-INA_UNROLL
+        INA_UNROLL
         for (int j = 0; j < PER; j++)
             u.e[j] = v[c * PER + j];
         reinterpret_cast<W *>(p)[c] = u.w;
@@ -184,7 +186,7 @@ template <class D> struct NcEncode {
     {
         uint32_t b[4], w0[4] = {0, 0, 0, 0}, w1[4] = {0, 0, 0, 0};
         int f[4], below = 0;
-INA_UNROLL
+        INA_UNROLL
         for (int j = 0; j < 4; j++) {
             b[j] = D::bits(x[j]);
             f[j] = floors.floor(j0 + j);
@@ -195,7 +197,7 @@ INA_UNROLL
             if (below)
                 ina_philox_draw(seed, pos0 >> 2, INA_SUB_EXTRA, w1);
         }
-INA_UNROLL
+        INA_UNROLL
         for (int j = 0; j < 4; j++)
             y[j] = (Out)ina_nc_code_f32(b[j], w0[j], w1[j], f[j], det, err);
     }
@@ -223,7 +225,7 @@ template <class D> struct NcDecode {
     }
     INA_HD void group4(const In *x, Out *y, size_t j0, uint64_t pos0, uint32_t *err) const
     {
-INA_UNROLL
+        INA_UNROLL
         for (int j = 0; j < 4; j++)
             one(x[j], y + j, j0 + j, pos0 + j, err);
     }
@@ -231,8 +233,9 @@ INA_UNROLL
 };
 
 /* P = 2^-d from sub-stream INA_SUB_RAISE: the top d bits of the element's 128-bit uniform are zero; counter
- * word 3 numbers its 32-bit pieces (d <= 126 for codes in [2^-63, 2^63]; pieces drawn only while needed) */
-INA_HD int raise_draw(uint64_t seed, uint64_t pos, int d)
+ * word 3 numbers its 32-bit pieces (d <= 126 for codes in [2^-63, 2^63]; pieces drawn only while needed).
+ * Not inlined: few codes lie below the floor, and 64 inlined copies per thread would spill registers. */
+__host__ __device__ __noinline__ int raise_draw(uint64_t seed, uint64_t pos, int d)
 {
     for (uint32_t piece = 0; d > 0; piece++, d -= 32) {
         uint32_t w[4] = {(uint32_t)(pos >> 2), (uint32_t)(pos >> 34), INA_SUB_RAISE, piece};
@@ -278,7 +281,7 @@ struct NcRaise {
     }
     INA_HD void group4(const In *x, Out *y, size_t j0, uint64_t pos0, uint32_t *err) const
     {
-INA_UNROLL
+        INA_UNROLL
         for (int j = 0; j < 4; j++)
             one(x[j], y + j, j0 + j, pos0 + j, err);
     }
@@ -291,6 +294,13 @@ INA_HD double fixed_scale(int e, int world)
     return (double)(2147483647 / world) / ina_pow2(e == INA_EXP_NONE ? 0 : e);
 }
 
+/* the scale of element j: the double division only where the exponent differs from element j0's */
+INA_HD double scale_at(const PerBlock &exps, size_t j, int e0, double s0, int world)
+{
+    int e = exps.raw(j);
+    return e == e0 ? s0 : fixed_scale(e, world);
+}
+
 template <class D> struct FixedQuantize {
     using In = typename D::Raw;
     using Out = uint32_t;
@@ -299,11 +309,11 @@ template <class D> struct FixedQuantize {
     PerBlock exps;
     int world, stochastic, big_endian;
 
-    INA_HD Out quant(In x, size_t j, uint32_t w0, uint32_t *err) const
+    INA_HD Out quant(In x, double scale, uint32_t w0, uint32_t *err) const
     {
         uint32_t b = D::bits(x);
         *err |= (b & 0x7FFFFFFFu) >= 0x7F800000u ? INA_CUDA_FLAG_NONFINITE : 0u;
-        double scale = fixed_scale(exps.raw(j), world), lim = (double)(2147483647 / world);
+        double lim = (double)(2147483647 / world);
         float f = ina_f32_of_bits(b);
         uint32_t q = (uint32_t)(stochastic ? ina_fixed_sr(f, scale, lim, w0) : ina_fixed_nearest(f, scale, lim));
         return big_endian ? byte_swap(q) : q;
@@ -313,13 +323,16 @@ template <class D> struct FixedQuantize {
         uint32_t w[4] = {0, 0, 0, 0};
         if (stochastic)
             ina_philox_draw(seed, pos0 >> 2, INA_SUB_MAIN, w);
-INA_UNROLL
+        int e0 = exps.raw(j0);
+        double s0 = fixed_scale(e0, world);
+        INA_UNROLL
         for (int j = 0; j < 4; j++)
-            y[j] = quant(x[j], j0 + j, w[j], err);
+            y[j] = quant(x[j], scale_at(exps, j0 + j, e0, s0, world), w[j], err);
     }
     INA_HD void one(In x, Out *y, size_t j, uint64_t pos, uint32_t *err) const
     {
-        *y = quant(x, j, stochastic ? ina_philox_word(seed, pos, INA_SUB_MAIN) : 0u, err);
+        uint32_t w0 = stochastic ? ina_philox_word(seed, pos, INA_SUB_MAIN) : 0u;
+        *y = quant(x, fixed_scale(exps.raw(j), world), w0, err);
     }
     void rebase(size_t d) { exps.base += d; }
 };
@@ -335,30 +348,51 @@ template <class D> struct FixedDequantize {
     {
         *y = D::from(ina_fixed_value((int32_t)s, fixed_scale(exps.raw(j), world)));
     }
-    INA_HD void group4(const In *x, Out *y, size_t j0, uint64_t pos0, uint32_t *err) const
+    INA_HD void group4(const In *x, Out *y, size_t j0, uint64_t, uint32_t *) const
     {
-INA_UNROLL
+        int e0 = exps.raw(j0);
+        double s0 = fixed_scale(e0, world);
+        INA_UNROLL
         for (int j = 0; j < 4; j++)
-            one(x[j], y + j, j0 + j, pos0 + j, err);
+            y[j] = D::from(ina_fixed_value((int32_t)x[j], scale_at(exps, j0 + j, e0, s0, world)));
     }
     void rebase(size_t d) { exps.base += d; }
 };
 
-/* thread t of `threads`: vectors t, t + threads, ... of N elements (pos = offset + index); returns the
- * error flags seen */
-template <int N, class Op>
+/* elements per vector: the wider side (input or output) moves 16 bytes, the other 4 or 8, so each load and
+ * store instruction of a warp covers one contiguous stretch; a multiple of 4 (one Philox draw) */
+template <class Op> __host__ __device__ constexpr int vec_elems()
+{
+    return 16 / (int)(sizeof(typename Op::In) > sizeof(typename Op::Out) ? sizeof(typename Op::In)
+                                                                          : sizeof(typename Op::Out));
+}
+constexpr int UNROLL = 4; /* independent vectors per thread and step: loads in flight before any use */
+
+/* thread t of `threads`: vectors t, t + threads, ... of N elements (pos = offset + index), UNROLL at a
+ * time with their loads issued first; returns the error flags seen */
+template <class Op>
 INA_HD uint32_t map_vec_body(const typename Op::In *x, typename Op::Out *y, size_t nvec, uint64_t offset,
                              const Op &op, size_t t, size_t threads)
 {
+    constexpr int N = vec_elems<Op>();
     uint32_t err = 0;
-    for (size_t v = t; v < nvec; v += threads) {
-        typename Op::In in[N];
-        typename Op::Out out[N];
-        load_vec<N>(x + v * N, in);
-INA_UNROLL
-        for (int g = 0; g < N; g += 4)
-            op.group4(in + g, out + g, v * N + g, offset + v * N + g, &err);
-        store_vec<N>(y + v * N, out);
+    for (size_t v0 = t; v0 < nvec; v0 += UNROLL * threads) {
+        typename Op::In in[UNROLL][N];
+        INA_UNROLL
+        for (int u = 0; u < UNROLL; u++)
+            if (v0 + u * threads < nvec)
+                load_vec<N>(x + (v0 + u * threads) * N, in[u]);
+        INA_UNROLL
+        for (int u = 0; u < UNROLL; u++) {
+            size_t v = v0 + u * threads;
+            if (v >= nvec)
+                break;
+            typename Op::Out out[N];
+            INA_UNROLL
+            for (int g = 0; g < N; g += 4)
+                op.group4(in[u] + g, out + g, v * N + g, offset + v * N + g, &err);
+            store_vec<N>(y + v * N, out);
+        }
     }
     return err;
 }
@@ -397,10 +431,11 @@ INA_HD uint32_t lane_max(const typename D::Raw *x, size_t lo, size_t hi, int vec
     uint32_t m = 0;
     size_t i = lo;
     if (vec) {
+        INA_UNROLL4
         for (size_t v = lo / N + lane; v < hi / N; v += 32) {
             typename D::Raw e[N];
             load_vec<N>(x + v * N, e);
-INA_UNROLL
+            INA_UNROLL
             for (int j = 0; j < N; j++) {
                 uint32_t a = D::bits(e[j]) & 0x7FFFFFFFu;
                 m = a > m ? a : m;
