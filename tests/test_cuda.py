@@ -439,6 +439,37 @@ def test_allreduce_on_the_gpu_path_raises_the_floor_of_lower_blocks(device, monk
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("bad,error", [(float("nan"), ValueError), (2.0**64, OverflowError)], ids=["nan", "2^64"])
+def test_allreduce_on_the_gpu_path_raises_as_the_host_path(device, monkeypatch, bad, error):
+    """NaN on one worker: every worker learns it through the exponents and raises ValueError at the end; a
+    value beyond NC's range: OverflowError on its worker before anything is sent (as on the host path)."""
+    if device.type == "cpu":
+        monkeypatch.setattr(hostlib.worker, "_on_gpu_path", lambda c, x: True)
+    sw = SwitchProcess("--workers", 2, backend="python")
+    xs = [torch.ones(3000, device=device), torch.ones(3000, device=device)]
+    xs[1][2100] = bad
+    outs, errors = [None] * 2, [None] * 2
+
+    def work(r):
+        try:
+            with hostlib.connect(sw.address, r, 2, codec="nc", timeout=5, join_timeout=30) as comm:
+                outs[r] = comm.allreduce(xs[r])
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[r] = e
+
+    try:
+        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sw.stop()
+    assert isinstance(errors[1], error)
+    if error is ValueError:
+        assert isinstance(errors[0], ValueError)
+
+
 @needs_gpu
 def test_int32_and_fixed_cuda_tensors_return_cuda_tensors_equal_to_the_host_path():
     rs = np.random.default_rng(1)
