@@ -144,6 +144,32 @@ static inline __m512i nc_rare16(__m512i code, __m512i xv, __m512i b, __m512i low
     return nc_below16(code, nz, xv, det ? _mm512_setzero_si512() : w1[j], floor, det, err);
 }
 
+/* one vector of 16 codes the long way (a block with a lane outside [2^floor, 2^63)): dword codes, the rare
+ * lanes fixed, narrowed and stored */
+static inline void nc_group16(__m512i xv, __m512i w, uint8_t *out, int floor, int det, uint32_t *err,
+                              keys_t *k, uint64_t q, __m512i *w1, int *have_w1, int j)
+{
+    const __m512i low = _mm512_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
+    __m512i b = _mm512_and_si512(xv, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_srli_epi32(w, 9);
+    __m512i code = _mm512_srli_epi32(_mm512_add_epi32(b, u), 23);
+    code = _mm512_sub_epi32(code, _mm512_set1_epi32(127 - INA_NC_BIAS));
+    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), _mm512_set1_epi32(0x80), 0xF8); /* | sign */
+    code = nc_rare16(code, xv, b, low, k, q, w1, have_w1, j, floor, det, err);
+    _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(code));
+}
+
+/* 64 codes from their exponent fields after the carry (e, each 64..190) and signs: packed to bytes in order,
+ * minus the bias, the sign added as bit 7 */
+static inline void nc_pack64(const __m512i e[4], __mmask16 neg[4], uint8_t *out)
+{
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i p = _mm512_packus_epi16(_mm512_packus_epi32(e[0], e[1]), _mm512_packus_epi32(e[2], e[3]));
+    p = _mm512_sub_epi8(_mm512_permutexvar_epi32(order, p), _mm512_set1_epi8(127 - INA_NC_BIAS));
+    __mmask64 m = _mm512_kunpackd(_mm512_kunpackw(neg[3], neg[2]), _mm512_kunpackw(neg[1], neg[0]));
+    _mm512_storeu_si512(out, _mm512_mask_add_epi8(p, m, p, _mm512_set1_epi8((char)0x80)));
+}
+
 static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int det,
                           int floor)
 {
@@ -153,25 +179,31 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     uint32_t err = ina_scalar_nc_encode(x, i, codes, seed, offset, det, floor);
     keys_t k;
     keys_init(&k, seed);
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), c80 = _mm512_set1_epi32(0x80);
-    const __m512i bias = _mm512_set1_epi32(127 - INA_NC_BIAS);
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
     const __m512i low = _mm512_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
     /* one unsigned compare finds every lane outside [low, 2^63): b - low >= 2^63 - low */
     const __m512i span = _mm512_sub_epi32(_mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
     for (; n - i >= BLOCK; i += BLOCK) {
-        __m512i w[4] = {_mm512_setzero_si512()}, w1[4];
-        int have_w1 = 0;
+        __m512i w[4] = {_mm512_setzero_si512()}, xv[4], e[4];
+        __mmask16 neg[4], out = 0;
         if (!det)
             philox64(&k, (offset + i) >> 2, INA_SUB_MAIN, w);
         for (int j = 0; j < 4; j++) {
-            __m512i xv = _mm512_loadu_si512(x + i + 16 * j), b = _mm512_and_si512(xv, abs);
+            xv[j] = _mm512_loadu_si512(x + i + 16 * j);
+            __m512i b = _mm512_and_si512(xv[j], abs);
             __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_srli_epi32(w[j], 9);
-            __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(b, u), 23), bias);
-            code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), c80, 0xF8); /* code | (x>>24 & 0x80) */
-            if (_mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span))
-                code = nc_rare16(code, xv, b, low, &k, (offset + i) >> 2, w1, &have_w1, j, floor, det, &err);
-            _mm_storeu_si128((__m128i *)(codes + i + 16 * j), _mm512_cvtepi32_epi8(code));
+            e[j] = _mm512_srli_epi32(_mm512_add_epi32(b, u), 23); /* the mantissa add's carry is the round-up */
+            neg[j] = _mm512_movepi32_mask(xv[j]);
+            out |= _mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span);
         }
+        if (!out) {
+            nc_pack64(e, neg, codes + i);
+            continue;
+        }
+        __m512i w1[4];
+        int have_w1 = 0;
+        for (int j = 0; j < 4; j++)
+            nc_group16(xv[j], w[j], codes + i + 16 * j, floor, det, &err, &k, (offset + i) >> 2, w1, &have_w1, j);
     }
     return err | ina_scalar_nc_encode(x + i, n - i, codes + i, seed, offset + i, det, floor);
 }
