@@ -52,7 +52,7 @@ def _ffi(name, header_includes, sources, **kw):
 
 
 core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h"],
-                _src("ina_core.c", "ina_udp.c"))
+                _src("ina_core.c", "ina_core_simd.c", "ina_udp.c"))
 kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_worker.h"],
                    _src("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c", "ina_bloom.c", "ina_worker.c"),
                    libraries=["m"], cflags=["-ffp-contract=off"])  # SIMD files set their own target; no FMA
@@ -72,5 +72,5 @@ def _pkg_config(*args):
 
 if dpdk_available():
     dpdk_ffi = _ffi("switchsim._dpdk", ["ina_core.h", "ina_dpdk.h"],
-                    _src("ina_core.c", "ina_dpdk.c"), cflags=_pkg_config("--cflags"),
+                    _src("ina_core.c", "ina_core_simd.c", "ina_dpdk.c"), cflags=_pkg_config("--cflags"),
                     extra_link_args=_pkg_config("--libs"))

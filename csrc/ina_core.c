@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ina_core_lanes.h"
 #include "ina_packet.h"
 #include "ina_rng.h"
 
@@ -39,6 +40,7 @@ typedef struct {
 struct ina_switch {
     uint32_t slots, max_elements;
     int nc_deterministic;
+    const ina_lane_ops *lanes; /* scalar, AVX2 or AVX-512 lane arithmetic, chosen once (ina_core_simd.c) */
     uint64_t seed, rng_key;
     uint64_t nc_elements_rounded;
     ina_counters c;
@@ -66,6 +68,7 @@ ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_determi
     sw->nc_deterministic = nc_deterministic;
     sw->seed = seed;
     sw->rng_key = ina_rng_key(seed);
+    sw->lanes = ina_lanes_pick();
     memset(sw->job_index, 0xff, sizeof sw->job_index);
     return sw;
 }
@@ -132,6 +135,7 @@ void ina_switch_free(ina_switch *sw)
 const ina_counters *ina_switch_counters(const ina_switch *sw) { return &sw->c; }
 uint32_t ina_switch_jobs(const ina_switch *sw) { return sw->n_jobs; }
 uint32_t ina_switch_slots(const ina_switch *sw) { return sw->slots; }
+const char *ina_switch_lanes(const ina_switch *sw) { return sw->lanes->name; }
 void ina_switch_count_out(ina_switch *sw, uint64_t n) { sw->c.packets_out += n; }
 
 void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
@@ -191,16 +195,11 @@ void ina_switch_count_drop(ina_switch *sw, int reason)
 /* ------------------------------------------------------------------ data plane */
 /* payload -> int64 (int32 elements, or NC codes as multiples of the block's floor level); 0 if a code is
  * invalid for the block's exponent (model: natural.codes_to_int) */
-static int values(const header *h, const uint8_t *p, int64_t *v, int add)
+static int values(const ina_switch *sw, const header *h, const uint8_t *p, int64_t *v, int add)
 {
     uint32_t n = h->count;
     if (h->codec == INA_CODEC_INT32) {
-        if (add)
-            for (uint32_t i = 0; i < n; i++)
-                v[i] += (int32_t)rd32(p + 4 * i);
-        else
-            for (uint32_t i = 0; i < n; i++)
-                v[i] = (int32_t)rd32(p + 4 * i);
+        sw->lanes->int32_values(p, n, v, add);
         return 1;
     }
     if (h->exp_cur == INA_EXP_NONE) {
@@ -216,17 +215,9 @@ static int values(const header *h, const uint8_t *p, int64_t *v, int add)
     int floor = nc_floor(h->exp_cur);
     int top = h->exp_cur < INA_NC_LEVEL_MAX ? h->exp_cur : INA_NC_LEVEL_MAX;
     /* validate first, so a bad packet leaves the accumulator untouched */
-    for (uint32_t i = 0; i < n; i++) {
-        int m = p[i] & 0x7F;
-        if (m == 0 ? p[i] != 0 : (m - INA_NC_BIAS < floor || m - INA_NC_BIAS > top))
-            return 0;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        int m = p[i] & 0x7F;
-        int64_t x = m ? (int64_t)1 << (m - INA_NC_BIAS - floor) : 0;
-        x = (p[i] & 0x80) ? -x : x;
-        v[i] = add ? v[i] + x : x;
-    }
+    if (!sw->lanes->nc_valid(p, n, floor, top))
+        return 0;
+    sw->lanes->nc_values(p, n, floor, v, add);
     return 1;
 }
 
@@ -242,12 +233,7 @@ static void finish(ina_switch *sw, slot_set *st)
         wr32(st->result + 4, st->next_block);
     }
     if (st->codec == INA_CODEC_INT32) {
-        int over = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            over |= acc[i] < INT32_MIN || acc[i] > INT32_MAX;
-            wr32(res + 4 * i, (uint32_t)acc[i]); /* wraps like the hardware; the flag says so */
-        }
-        if (over) {
+        if (sw->lanes->int32_finish(acc, n, res)) { /* wraps like the hardware; the flag says so */
             st->flags |= INA_FLAG_OVERFLOW;
             sw->c.overflows++;
         }
@@ -255,30 +241,12 @@ static void finish(ina_switch *sw, slot_set *st)
         return;
     }
     int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
-    const uint64_t key = sw->rng_key, base = sw->nc_elements_rounded;
-    const int det = sw->nc_deterministic;
-    uint32_t over = 0;
-    /* branch-free so it vectorises: |s| = 2^a + rem rounds up with probability rem / 2^a */
-    for (uint32_t i = 0; i < n; i++) {
-        int64_t s = acc[i];
-        uint64_t mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
-        int a = 63 - __builtin_clzll(mag | 1);
-        uint64_t rem = mag ^ ((uint64_t)1 << a); /* mag = 0 gives 1, harmless: a = 0 never rounds up */
-        uint64_t half = (uint64_t)1 << (a > 0 ? a - 1 : 0);
-        int shift = a > 0 ? 64 - a : 63;
-        uint32_t up = det ? rem >= half : (ina_rng_word(key, base + i) >> shift) < rem;
-        up &= a > 0;
-        int level = floor + a + (int)up;
-        over |= (mag != 0) & (level > INA_NC_LEVEL_MAX);
-        level = level > INA_NC_LEVEL_MAX ? INA_NC_LEVEL_MAX : level;
-        uint8_t code = (uint8_t)((level + INA_NC_BIAS) | (s < 0 ? 0x80 : 0));
-        res[i] = mag ? code : 0;
-    }
-    sw->nc_elements_rounded += n;
-    if (over) {
+    /* word i of the switch's stream rounds the round's element i, counting over every NC round finished */
+    if (sw->lanes->nc_finish(acc, n, floor, sw->nc_deterministic, sw->rng_key, sw->nc_elements_rounded, res)) {
         st->flags |= INA_FLAG_OVERFLOW;
         sw->c.overflows++;
     }
+    sw->nc_elements_rounded += n;
     st->result_len = ext + n;
 }
 
@@ -386,7 +354,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         uint32_t expected = next_round(st, other, x, j->first_id, &none);
         if (none || h->packet_id != expected)
             return drop(sw, behind_or_ahead(h->packet_id, expected, none), j, (int)s);
-        if (!values(h, payload, st->acc, 0))
+        if (!values(sw, h, payload, st->acc, 0))
             return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
         st->round_id = h->packet_id;
         st->has_round = 1;
@@ -408,7 +376,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
             return drop(sw, INA_DROP_MISMATCH, j, (int)s);
         /* a sparse round's first elements are written, later ones added */
         int add = !sparse || st->block != INA_BLOCK_NONE;
-        if (!values(h, payload, st->acc, add))
+        if (!values(sw, h, payload, st->acc, add))
             return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
         if (sparse) {
             sparse_add(st, h);

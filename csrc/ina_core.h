@@ -53,6 +53,8 @@ void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uin
                          uint64_t *generation);
 const uint64_t *ina_switch_job_slot_counters(const ina_switch *sw, uint32_t i);
 uint32_t ina_switch_slots(const ina_switch *sw);
+/* the lane arithmetic this switch runs: "scalar", "avx2" or "avx512" (INA_SWITCH_SIMD at creation asks) */
+const char *ina_switch_lanes(const ina_switch *sw);
 /* process n packets stored back to back (benchmarks: no interpreter per packet); returns packets emitted */
 uint64_t ina_switch_replay(ina_switch *sw, const uint8_t *pkts, const uint32_t *lens, const uint64_t *srcs, size_t n);
 

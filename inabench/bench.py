@@ -184,12 +184,36 @@ def bench_switch(packets: int = 100_000, workers: int = 4, backend: str = "core"
         blob = b"".join(d for d, _ in stream)
         lens = native.ffi.new("uint32_t[]", [len(d) for d, _ in stream])
         srcs = native.ffi.new("uint64_t[]", [s for _, s in stream])
-        replay_core = native.new_core(config)
-        native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, native.ffi.new("uint64_t[]", list(range(workers))))
-        t = best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1)
-        rows.append({"what": f"C core, one core, {name}", "packets/s": len(stream) / t,
-                     "x python": len(stream) / t / base})
+        addrs = native.ffi.new("uint64_t[]", list(range(workers)))
+        for path in _SIMD_PATHS:  # the lane arithmetic each forced path runs (INA_SWITCH_SIMD, read at creation)
+            times = []
+            for _ in range(3):  # a fresh core each time: a replayed stream's ids are stale the second time
+                replay_core, took = _core_with_lanes(native, config, path)
+                native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, addrs)
+                times.append(best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1))
+            if took != path:
+                continue  # this CPU lacks it
+            t = min(times)
+            rows.append({"what": f"C core, one core, {path}, {name}", "packets/s": len(stream) / t,
+                         "G elements/s": len(stream) * k / t / 1e9, "x python": len(stream) / t / base})
     return rows
+
+
+_SIMD_PATHS = ("scalar", "avx2", "avx512")
+
+
+def _core_with_lanes(native, config, path):
+    """A replay core made with INA_SWITCH_SIMD=path, and the lane path it took."""
+    before = os.environ.get("INA_SWITCH_SIMD")
+    os.environ["INA_SWITCH_SIMD"] = path
+    try:
+        core = native.new_core(config)
+    finally:
+        if before is None:
+            del os.environ["INA_SWITCH_SIMD"]
+        else:
+            os.environ["INA_SWITCH_SIMD"] = before
+    return core, native.ffi.string(native.lib.ina_switch_lanes(core)).decode()
 
 
 def _gloo_rank(rank, n, port, numel, reps, out):

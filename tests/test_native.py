@@ -267,6 +267,89 @@ def test_core_matches_model_packet_for_packet(seed, rounding):
     assert sparse_blocks > 20 and sparse_empty > 5  # block-sparse rounds, with and without elements
 
 
+SIMD_PATHS = ("scalar", "avx2", "avx512")
+
+
+def forced_core(monkeypatch, path, config, **kw):
+    """A CoreSwitch whose lane arithmetic is `path` (INA_SWITCH_SIMD, read when the core is made); skips
+    where this CPU cannot run it."""
+    monkeypatch.setenv("INA_SWITCH_SIMD", path)
+    core = native.CoreSwitch(config, **kw)
+    took = native.ffi.string(native.lib.ina_switch_lanes(core.core)).decode()
+    if took != path:
+        pytest.skip(f"this CPU runs {took}, not {path}")
+    return core
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
+@pytest.mark.parametrize("path", SIMD_PATHS)
+def test_each_simd_path_matches_model_on_random_traffic(monkeypatch, path, rounding):
+    """The random traffic above (every drop reason, invalid codes, overflow, sparse rounds) through each
+    forced lane path."""
+    model, _, clock = switches(rounding, 7)
+    core = forced_core(monkeypatch, path, JOBS, slots=SLOTS, max_elements=K, nc_rounding=rounding, seed=7,
+                       keys=KEYS, secret=SECRET, clock=clock, member_idle=0.5, join_expiry=1.0)
+    for i, (data, src, want, t) in enumerate(traffic(7, model, clock, 3000)):
+        clock.t = t
+        assert core.process(data, src) == want, f"packet {i}: {data.hex()}"
+    assert core.stats(per_slot=True) == model.stats(per_slot=True)
+
+
+def edge_codes(rs, n, exp, style):
+    """NC codes of one worker for block exponent exp: the edges the lane arithmetic must get right."""
+    floor, top = wire.nc_floor(exp), min(exp, wire.NC_LEVEL_MAX)
+    if top < floor:  # below the table: only zeros are valid
+        return np.zeros(n, np.uint8)
+    if style == "top":  # every worker at the top level, one sign: sums up to 64 * 2^55, overflow past 63
+        lv, sign = np.full(n, top), np.zeros(n, np.uint8)
+    elif style == "floor":  # sums of +-1 floor units: a = 0 and cancellation to zero
+        lv, sign = np.full(n, floor), rs.integers(0, 2, n).astype(np.uint8)
+    else:  # anywhere in the block, with zeros
+        lv, sign = rs.integers(floor, top + 1, n), rs.integers(0, 2, n).astype(np.uint8)
+    codes = (lv + wire.NC_BIAS).astype(np.uint8) | (sign << 7)
+    codes[rs.random(n) < (0.0 if style == "top" else 0.2)] = 0
+    return codes
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
+@pytest.mark.parametrize("path", SIMD_PATHS)
+def test_each_simd_path_matches_model_on_wide_nc_rounds(monkeypatch, path, rounding):
+    """Full rounds of 64 workers with long and odd-length NC blocks (vector bodies and scalar tails),
+    exponents from the bottom of the table to past its top (overflow), codes at the block's edges, a
+    bad code in a late packet, and int32 rounds that overflow: the core's bytes and counters = the model's."""
+    workers, k = 64, 1031
+    config = dict(slots=4, max_elements=k, nc_rounding=rounding, seed=99)
+    model = Switch({1: workers}, **config)
+    core = forced_core(monkeypatch, path, {1: workers}, **config)
+    for sw in (model, core):
+        sw.admit(1, 1, 0x5E55, 0, list(range(workers)))
+    rs = np.random.default_rng(5)
+    for q in range(24):
+        exp, style = [(-70, "any"), (-8, "floor"), (0, "any"), (40, "top"), (57, "top"), (58, "top"),
+                      (63, "any"), (100, "top")][q % 8]
+        n = int(rs.choice([k, k - 8, 7, 64, 1]))
+        codec = wire.CODEC_INT32 if q % 6 == 5 else wire.CODEC_NC8
+        for r in range(workers):
+            if codec == wire.CODEC_INT32:
+                payload = rs.integers(-(2**31), 2**31, n).astype(">i4").tobytes()
+            else:
+                payload = edge_codes(rs, n, exp, style).tobytes()
+                if r == workers - 1 and q % 4 == 1:  # a code above the block: dropped, the round stays open
+                    bad = bytearray(payload)
+                    top = min(exp, wire.NC_LEVEL_MAX)
+                    bad[n - 1] = top + 1 + wire.NC_BIAS if top < wire.NC_LEVEL_MAX else 0x80
+                    pkt = wire.pack(wire.MSG_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n, codec, exp, exp, 0,
+                                    bytes(bad), 0x5E55)
+                    assert model.process(pkt, r) == [] and core.process(pkt, r) == []
+            pkt = wire.pack(wire.MSG_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n, codec, exp, exp, 0, payload,
+                            0x5E55)
+            want = model.process(pkt, r)
+            assert core.process(pkt, r) == want, f"round {q}, rank {r}"
+        assert len(want) == workers
+    stats = model.stats(per_slot=True)
+    assert core.stats(per_slot=True) == stats and stats["overflows"] > 0 and stats["dropped"]["bad_codes"] > 0
+
+
 def test_core_answers_control_requests_like_the_model():
     clocks = [Clock(), Clock()]
     model = Switch({1: 2}, secret=5, clock=clocks[0])
@@ -314,7 +397,7 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
     exe = tmp_path / "replay"
     subprocess.run(["gcc", "-std=gnu11", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer", "-I", CSRC, os.path.join(CSRC, "tests", "replay.c"),
-                    os.path.join(CSRC, "ina_core.c"), *KERNEL_SOURCES, "-lm", "-o", str(exe)],
+                    os.path.join(CSRC, "ina_core.c"), os.path.join(CSRC, "ina_core_simd.c"), *KERNEL_SOURCES, "-lm", "-o", str(exe)],
                    check=True)
     for seed, rounding in ((11, "stochastic"), (12, "deterministic")):
         model, _, clock = switches(rounding, seed)
@@ -331,13 +414,15 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
         gen.send = lambda data, src: (records.append(("packet", data, src)), send(data, src))
         log = gen.run(2000)
         write_replay(tmp_path / "in", records, rounding, seed)
-        run = subprocess.run([str(exe), str(tmp_path / "in"), str(tmp_path / "out")], capture_output=True, text=True,
-                             env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"}, timeout=300)
-        assert run.returncode == 0, run.stderr[-4000:]
-        assert "ERROR" not in run.stderr and "runtime error" not in run.stderr, run.stderr[-4000:]
         # the data plane's answers (control requests are the Python control plane's, not the core's)
         want = [(i, dst, pkt) for i, (data, _, out, _) in enumerate(log) if data[1:2] not in CONTROL for pkt, dst in out]
-        assert read_replay_output(tmp_path / "out") == want
+        for path in SIMD_PATHS:  # each lane path (one the CPU lacks falls back, and is checked again)
+            env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "INA_SWITCH_SIMD": path}
+            run = subprocess.run([str(exe), str(tmp_path / "in"), str(tmp_path / "out")], capture_output=True,
+                                 text=True, env=env, timeout=300)
+            assert run.returncode == 0, run.stderr[-4000:]
+            assert "ERROR" not in run.stderr and "runtime error" not in run.stderr, run.stderr[-4000:]
+            assert read_replay_output(tmp_path / "out") == want, path
 
 
 # ---------------------------------------------------------------- kernels
