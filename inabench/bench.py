@@ -1,4 +1,4 @@
-"""`switchsim bench`: codec kernels vs memcpy, aggregator packets/s, allreduce time vs torch gloo.
+"""`switchsim bench`: codec kernels vs memcpy, aggregator packets/s, allreduce as nccl-tests reports it.
 
 Every figure is a ratio to a baseline measured in the same run on the same machine (np.copyto of the same
 buffer, the Python reference switch, gloo's allreduce of the same tensors).
@@ -17,7 +17,7 @@ import numpy as np
 from hostlib import wire
 from hostlib.codecs import get_codec
 
-from .harness import free_port, run_ranks  # noqa: F401 - free_port: part of this module's interface
+from .harness import SwitchProcess, free_port, run_ranks  # noqa: F401 - free_port: part of this module's interface
 
 
 def best(fn, repeat=3) -> float:
@@ -264,27 +264,6 @@ def _with_gloo(workers_list, sizes_mib, gloo: bool, rows: list):
             yield workers, mib, numel, base
 
 
-def bench_allreduce(sizes_mib, workers_list, backends, codecs, payloads=(1024,), gloo=True,
-                    progress=None) -> list[dict]:
-    rows = []
-    for workers, mib, numel, base in _with_gloo(workers_list, sizes_mib, gloo, rows):
-        for backend, codec, payload in itertools.product(backends, codecs, payloads):
-            if progress:
-                progress(f"{workers} workers, {mib} MiB, {backend}, {codec}, {payload} B/packet")
-            r = demo_run(backend, codec, numel, workers, payload=payload)
-            row = {"workers": workers, "MiB": mib, "backend": backend, "codec": codec,
-                   "payload B": payload}
-            if r.get("errors"):
-                row["error"] = "; ".join(r["errors"])[:200]
-            else:
-                secs = r["allreduce_seconds"]
-                row.update({"seconds": secs, "x gloo": secs / base if base else None,
-                            "bytes/worker x float32": r.get("bytes_ratio_vs_float32"),
-                            "retransmissions": r.get("retransmissions")})
-            rows.append(row)
-    return rows
-
-
 def bench_block_sparse(sizes_mib, workers_list, backends, codecs, densities, payload: int = 1024, gloo=True,
                        progress=None) -> list[dict]:
     """Block-sparse INA against dense INA of the same block-sparse tensors (same switch, same codec) and
@@ -312,6 +291,232 @@ def bench_block_sparse(sizes_mib, workers_list, backends, codecs, densities, pay
                                 "retransmissions": r["retransmissions"]})
                 rows.append(row)
     return rows
+
+
+# ---------------------------------------------------------------- allreduce, as nccl-tests reports it
+NCCL_COLUMNS = ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size written like nccl-tests' -b/-e ("64K", "1M"; K/M/G are powers of 1024, KiB/KB the
+    same); a whole number of float32 elements, so every configuration gets the same count."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    size = int(float(t[:len(t) - len(unit)]) * _UNITS[unit])
+    if size < 4 or size % 4:
+        raise ValueError(f"size {text!r} is not a positive multiple of 4 bytes")
+    return size
+
+
+def bandwidths(size: int, seconds: float, ranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 B/s) with nccl-tests' allreduce definitions: algbw = size / time;
+    busbw = algbw * 2(n-1)/n, what each rank's link carries in a ring, so it compares with link speed."""
+    algbw = size / seconds / 1e9
+    return algbw, algbw * 2 * (ranks - 1) / ranks
+
+
+def _iterations(size: int) -> tuple[int, int]:
+    """(warm-up, timed) calls per size: about 32 MiB per size, 1 to 20 calls, as nccl-tests' -w/-n do."""
+    return 1, max(1, min(20, (32 << 20) // size))
+
+
+def _nc_grid_round(v: np.ndarray, unit: np.ndarray, up: bool) -> np.ndarray:
+    """|v| (v >= 0) rounded down or up to NC's levels {0} + {2^m: 2^m >= unit} (frexp: exact, unlike log2)."""
+    m, e = np.frexp(v)
+    if up:
+        lv = np.ldexp(1.0, np.where(m == 0.5, e - 1, e))
+        return np.where(v > 0, np.maximum(lv, unit), 0.0)
+    return np.where(v < unit, 0.0, np.ldexp(1.0, e - 1))
+
+
+def nc_interval(inputs, exact: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per element, the interval an NC allreduce result must lie in.
+
+    Each worker rounds x to a neighbouring level (2^a <= |x| < 2^(a+1) goes to 2^a or 2^(a+1); below the
+    block's floor 2^F, to 0 or 2^F), so it errs by at most max(|x|, 2^F); the switch's integer sum S' is thus
+    within E = sum_i max(|x_i|, 2^F) of the exact S, and the switch rounds S' to a neighbouring level too.
+    Rounding is monotone, so the result lies in [down(S - E), up(S + E)] on the signed level grid."""
+    e = np.full(-(-exact.size // k), wire.EXP_NONE, dtype=np.int64)
+    for x in inputs:
+        e = np.maximum(e, get_codec("nc").flat_exponents(np.ravel(x).astype(np.float32), k))
+    unit = np.repeat(np.ldexp(1.0, np.maximum(e - wire.NC_SPAN + 1, wire.NC_LEVEL_MIN)), k)[:exact.size]
+    err = np.sum([np.maximum(np.abs(np.ravel(x).astype(np.float64)), unit) for x in inputs], axis=0)
+    a, b = exact - err, exact + err
+    lo = np.where(a >= 0, _nc_grid_round(np.abs(a), unit, False), -_nc_grid_round(np.abs(a), unit, True))
+    hi = np.where(b >= 0, _nc_grid_round(np.abs(b), unit, True), -_nc_grid_round(np.abs(b), unit, False))
+    return lo, hi
+
+
+def count_wrong(codec: str, inputs, out, k: int) -> int | None:
+    """nccl-tests' #wrong: elements of out outside the codec's proven bound around the exact sum.
+
+    int32: exact (int64 sum). fixed: fixed.allreduce_error_bound. nc: nc_interval, and |out| a power of two
+    or 0. float32 (gloo): a float32 sum of n terms is within gamma_(n-1) * sum|x_i| (u = 2^-24). Other
+    codecs have no element-wise bound: None."""
+    got = np.ravel(np.asarray(out))
+    if codec == "int32":
+        return int(np.count_nonzero(got.astype(np.int64) != np.sum([np.ravel(x).astype(np.int64) for x in inputs], 0)))
+    exact = np.sum([np.ravel(x).astype(np.float64) for x in inputs], axis=0)
+    got = got.astype(np.float64)
+    if codec == "fixed":
+        from hostlib.codecs import fixed
+
+        return int(np.count_nonzero(np.abs(got - exact) > fixed.allreduce_error_bound(inputs, k, exact)))
+    if codec == "nc":
+        lo, hi = nc_interval(inputs, exact, k)
+        off_grid = ~np.isin(np.frexp(got)[0], (0.0, 0.5, -0.5))
+        return int(np.count_nonzero((got < lo) | (got > hi) | off_grid))
+    if codec == "float32":
+        n, u = len(inputs), 2.0 ** -24
+        gamma = (n - 1) * u / (1 - (n - 1) * u)
+        return int(np.count_nonzero(np.abs(got - exact) > gamma * np.sum([np.abs(np.ravel(x)) for x in inputs], 0)))
+    return None
+
+
+def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, out):
+    """One INA rank: per count, warm-up then timed allreduces on one connection; rank 0 checks the last
+    result of each size after the loop (checking in between would delay the next size's first call)."""
+    import hostlib
+
+    from .demo import make_input
+
+    times, last = [], []
+    with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60) as comm:
+        for count in counts:
+            x = make_input(codec, count, rank)
+            warm, iters = _iterations(4 * count)
+            for _ in range(warm):
+                comm.allreduce(x)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                res = comm.allreduce(x)
+            times.append((time.perf_counter() - t0) / iters)
+            last.append(res if rank == 0 else None)
+    wrong = [count_wrong(codec, [make_input(codec, c, r) for r in range(n)], res, elements) if rank == 0 else None
+             for c, res in zip(counts, last)]
+    out.put((rank, times, wrong))
+
+
+def _gloo_sizes_rank(rank, n, port, counts, out):
+    """One gloo rank: per count, warm-up then timed in-place all_reduce (as nccl-tests' in-place run), then
+    one on a fresh copy of the input for the check."""
+    import torch
+    import torch.distributed as dist
+
+    from .demo import make_input
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    times, wrong = [], []
+    for count in counts:
+        x = make_input("float32", count, rank)
+        t = torch.from_numpy(x.copy())
+        warm, iters = _iterations(4 * count)
+        for _ in range(warm):
+            dist.all_reduce(t)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        times.append((time.perf_counter() - t0) / iters)
+        t = torch.from_numpy(x.copy())
+        dist.all_reduce(t)
+        wrong.append(count_wrong("float32", [make_input("float32", count, r) for r in range(n)], t.numpy(), count)
+                     if rank == 0 else None)
+    out.put((rank, times, wrong))
+    dist.destroy_process_group()
+
+
+def copyto_seconds(size: int) -> float:
+    """Seconds of np.copyto of a size-byte float32 buffer (best of 3 batches): the memory-bound reference."""
+    src = np.ones(size // 4, np.float32)
+    dst = np.empty_like(src)
+    reps = max(1, min(1000, (64 << 20) // size))
+    np.copyto(dst, src)
+    return best(lambda: [np.copyto(dst, src) for _ in range(reps)]) / reps
+
+
+def _rows(config: dict, sizes, reports, n: int, dtype: str, in_place: bool) -> list[dict]:
+    """nccl-tests' columns per size from every rank's (rank, times, wrong): time is the mean over ranks
+    (nccl-tests' default -a 1) of each rank's mean per call, in microseconds."""
+    rows = []
+    for i, size in enumerate(sizes):
+        secs = float(np.mean([r[1][i] for r in reports]))
+        algbw, busbw = bandwidths(size, secs, n)
+        wrong = next(r[2][i] for r in reports if r[0] == 0)
+        rows.append({**config, "size": size, "count": size // 4, "type": dtype, "redop": "sum", "time": secs * 1e6,
+                     "algbw": algbw, "busbw": busbw, "#wrong": wrong, "in place": in_place})
+    return rows
+
+
+def _ina_config(backend, codec, workers, payload, sizes) -> list[dict]:
+    """One INA configuration over every size: one switch, one connection per rank."""
+    elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
+    config = {"config": f"{backend}/{codec} x{workers} {payload} B", "backend": backend, "codec": codec,
+              "workers": workers, "payload B": payload}
+    sw = None
+    try:  # a switch that does not start (dpdk without root) or ranks that die: error rows, the run goes on
+        sw = SwitchProcess("--workers", workers, "--elements-per-packet", max(elements, 1024), backend=backend)
+        reports = run_ranks(_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes]),
+                            expect=workers)
+    except RuntimeError as e:
+        return [{**config, "size": s, "error": " ".join(str(e).split())[:200]} for s in sizes]
+    finally:
+        if sw is not None:
+            sw.stop()
+    return _rows(config, sizes, reports, workers, "int32" if codec == "int32" else "float", in_place=False)
+
+
+def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None) -> list[dict]:
+    """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload, and
+    gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
+    "x gloo" is the time over gloo's at the same size and worker count."""
+    rows = [{"config": "np.copyto", "backend": "memory", "codec": "float32", "workers": 1, "size": s,
+             "count": s // 4, "type": "float", "time": t * 1e6, "algbw": s / t / 1e9}
+            for s, t in ((s, copyto_seconds(s)) for s in sizes)]
+    for workers in workers_list:
+        base = {}
+        if gloo:
+            if progress:
+                progress(f"gloo x{workers}")
+            config = {"config": f"gloo x{workers}", "backend": "gloo", "codec": "float32", "workers": workers}
+            reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes],), expect=workers)
+            rows += _rows(config, sizes, reports, workers, "float", in_place=True)
+            base = {r["size"]: r["time"] for r in rows[-len(sizes):]}
+        for backend, codec, payload in itertools.product(backends, codecs, payloads):
+            if progress:
+                progress(f"{backend}/{codec} x{workers} {payload} B/packet")
+            for r in _ina_config(backend, codec, workers, payload, sizes):
+                r["x gloo"] = r["time"] / base[r["size"]] if "time" in r and base else None
+                rows.append(r)
+    return rows
+
+
+def _fmt_size_row(r: dict) -> str:
+    """One nccl-tests-like line: right-aligned, time in us to 1 decimal, GB/s to 2."""
+    if "error" in r:
+        return f"{r['size']:>12}  {r['size'] // 4:>12}  error: {r['error']}"
+    busbw = "-" if r.get("busbw") is None else f"{r['busbw']:.2f}"
+    wrong = "N/A" if r.get("#wrong") is None else str(r["#wrong"])
+    return (f"{r['size']:>12}  {r['count']:>12}  {r['type']:>6}  {r.get('redop', '-'):>5}  {r['time']:>10.1f}  "
+            f"{r['algbw']:>7.2f}  {busbw:>7}  {wrong:>6}")
+
+
+def nccl_table(rows: list[dict]) -> str:
+    """The allreduce rows as nccl-tests prints them: one block per configuration, a header line each."""
+    head = (f"#{'size':>11}  {'count':>12}  {'type':>6}  {'redop':>5}  {'time':>10}  {'algbw':>7}  {'busbw':>7}  "
+            f"{'#wrong':>6}\n#{'(B)':>11}  {'(elements)':>12}  {'':>6}  {'':>5}  {'(us)':>10}  {'(GB/s)':>7}  "
+            f"{'(GB/s)':>7}  {'':>6}")
+    lines = ["# busbw = algbw * 2(n-1)/n (nccl-tests' allreduce); #wrong: elements outside the codec's bound",
+             "# INA: out of place (allreduce returns a new array); gloo: in place (all_reduce(t))"]
+    for config in dict.fromkeys(r["config"] for r in rows):
+        block = [r for r in rows if r["config"] == config]
+        note = ("memory bound: np.copyto of the same buffer, one core (algbw = size / copy time)"
+                if block[0]["backend"] == "memory" else
+                f"{config}: {'in place' if block[0].get('in place') else 'out of place'}")
+        lines += ["", f"# {note}", head, *map(_fmt_size_row, block)]
+    return "\n".join(line.rstrip() for line in lines)
 
 
 # ---------------------------------------------------------------- output
@@ -344,20 +549,36 @@ def pyplot():
     return plt
 
 
-def series(r):
-    return r["backend"], r["codec"], r["workers"], r.get("payload B", 0)
-
-
-def label(key) -> str:
-    backend, codec, w, payload = key
-    return f"{backend}/{codec}" + (f" x{w}" if w is not None else "") + (f" {payload} B" if payload else "")
+def _allreduce_panel(ax, rows: list[dict], plt) -> None:
+    """algbw against size, log-log: one colour per INA configuration, gloo dashed greys, np.copyto dotted black
+    (the references a reader compares against)."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    ina = [c for c in configs if not c.startswith(("gloo", "np.copyto"))]
+    for config in configs:
+        pts = sorted((r["size"], r["algbw"]) for r in rows if r["config"] == config and "algbw" in r)
+        if not pts:
+            continue
+        if config == "np.copyto":
+            style = {"color": "black", "linestyle": ":", "label": "memory bound: np.copyto, same buffer"}
+        elif config.startswith("gloo"):
+            shade = ("dimgray", "darkgray", "silver")[[c for c in configs if c.startswith("gloo")].index(config) % 3]
+            style = {"color": shade, "linestyle": "--", "label": f"{config} (torch gloo, float32)"}
+        else:
+            style = {"color": colors[ina.index(config) % len(colors)], "linestyle": "-", "label": config}
+        ax.plot(*zip(*pts), marker="o", markersize=3, **style)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: next(
+        f"{v / m:g}{u}" for m, u in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K"), (1, "")) if v >= m or m == 1)))
+    ax.set_yscale("log")
+    ax.set_xlabel("size: bytes of float32 per worker")
+    ax.set_ylabel("algbw (GB/s) = size / time")
+    ax.legend(fontsize=7)
 
 
 def plot(results: dict, path: str) -> None:
     plt = pyplot()
     panels = [k for k in ("codecs", "switch", "allreduce", "blocksparse") if results.get(k)]
-    if len({r["workers"] for r in results.get("allreduce", [])}) > 1:
-        panels.append("allreduce vs workers")
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, key in zip(axes[0], panels):
         rows = results.get(key)
@@ -392,27 +613,7 @@ def plot(results: dict, path: str) -> None:
             ax.set_ylabel("allreduce seconds")
             ax.legend(fontsize=7)
         elif key == "allreduce":
-            for s in sorted({series(r) for r in rows}, key=str):
-                pts = [(r["MiB"], r["seconds"]) for r in rows if series(r) == s and "seconds" in r]
-                if pts:
-                    ax.plot(*zip(*sorted(pts)), marker="o", label=label(s))
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("MiB of float32 per worker")
-            ax.set_ylabel("allreduce seconds")
-            ax.legend(fontsize=7)
-        else:  # time against the number of workers, at the largest size measured
-            rows = results["allreduce"]
-            mib = max(r["MiB"] for r in rows)
-            for s in sorted({series(r)[:2] + (None, series(r)[3]) for r in rows}, key=str):
-                pts = [(r["workers"], r["seconds"]) for r in rows
-                       if r["MiB"] == mib and series(r)[:2] + (None, series(r)[3]) == s and "seconds" in r]
-                if pts:
-                    ax.plot(*zip(*sorted(pts)), marker="o", label=label(s))
-            ax.set_yscale("log")
-            ax.set_xlabel(f"workers ({mib} MiB of float32 each)")
-            ax.set_ylabel("allreduce seconds")
-            ax.legend(fontsize=7)
+            _allreduce_panel(ax, rows, plt)
         ax.set_title(key)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -431,7 +632,7 @@ def run_benchmarks(runs: dict[str, dict], as_json: bool = False, plot_path: str 
             bench_sparse.bench_sparcml, convergence.run), run in BENCHMARKS order so `bench all` reads
             the same whatever order the caller built the dict in.
         as_json: print one JSON object keyed by benchmark (train adds "exponent_histogram") and no
-            progress lines, so a script can parse the output.
+            progress lines, so a script can parse the output (progress lines go only to a terminal anyway).
         plot_path: a PNG for codecs/switch/allreduce/blocksparse; train writes `<base>-train<ext>` next to
             it, since its panels do not fit the others' figure.
 
@@ -444,7 +645,7 @@ def run_benchmarks(runs: dict[str, dict], as_json: bool = False, plot_path: str 
     unknown = set(runs) - set(BENCHMARKS)
     if unknown:
         raise ValueError(f"unknown benchmarks {sorted(unknown)}")
-    progress = None if as_json else (lambda s: print(f"... {s}", file=sys.stderr))
+    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
     results, train = {}, None
     for name in (n for n in BENCHMARKS if n in runs):
         kwargs = runs[name]
@@ -469,7 +670,7 @@ def run_benchmarks(runs: dict[str, dict], as_json: bool = False, plot_path: str 
         print(json.dumps({**results, **({"exponent_histogram": train["exponents"]} if train else {})}, indent=2))
     else:
         for key, rows in results.items():
-            print(f"\n== {key}\n{table(rows)}")
+            print(f"\n== {key}\n{nccl_table(rows) if key == 'allreduce' else table(rows)}")
     if plot_path:
         if set(results) & {"codecs", "switch", "allreduce", "blocksparse"}:
             plot(results, plot_path)

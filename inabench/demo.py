@@ -123,6 +123,16 @@ def run_demo(args) -> int:
             ns.close()
 
 
+def progress_bar(args):
+    """A tqdm bar on stderr only when stderr is a terminal: in a pipe or a log its redraws are noise."""
+    if args.json or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=args.size * args.workers, unit="el", unit_scale=True,
+                desc=f"allreduce {args.codec} x{args.workers}", file=sys.stderr)
+
+
 def _run(args, ns) -> int:
     sw = start_switch(args, ns)
     address = sw.address
@@ -136,12 +146,7 @@ def _run(args, ns) -> int:
         p.start()
     reports = []
     try:
-        bar = None
-        if not args.json:
-            from tqdm import tqdm
-
-            bar = tqdm(total=args.size * args.workers, unit="el", unit_scale=True,
-                       desc=f"allreduce {args.codec} x{args.workers}", file=sys.stderr)
+        bar = progress_bar(args)
         deadline = time.monotonic() + args.timeout * 4 + 120
         while len(reports) < args.workers and time.monotonic() < deadline:
             try:
@@ -149,8 +154,11 @@ def _run(args, ns) -> int:
             except Exception:
                 pass
             if bar is not None:
-                bar.n = sum(v.value for v in progress)
+                bar.n = min(sum(v.value for v in progress), bar.total)
                 bar.refresh()
+                if bar.n >= bar.total:  # done: stop redrawing while the ranks report
+                    bar.close()
+                    bar = None
         if bar is not None:
             bar.close()
     finally:

@@ -406,10 +406,17 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--plot", metavar="PNG", default=argparse.SUPPRESS, help=plot)
         return sp
 
-    def ina_runs(sp):
-        """allreduce and blocksparse: demo runs against gloo on the same tensors."""
-        sp.add_argument("--sizes", dest="sizes_mib", type=csv(float), default="1,16,64", metavar="LIST",
-                        help="MiB of float32 per worker (comma list; default %(default)s)")
+    def size_list(text):
+        """bench allreduce's --sizes: "1K,64M" -> bytes (inabench imported only when parsed)."""
+        from inabench.bench import parse_size
+
+        return [parse_size(v) for v in text.split(",") if v]
+
+    def ina_runs(sp, sizes=True):
+        """allreduce and blocksparse: INA against gloo on the same tensors (blocksparse: sizes in MiB)."""
+        if sizes:
+            sp.add_argument("--sizes", dest="sizes_mib", type=csv(float), default="1,16,64", metavar="LIST",
+                            help="MiB of float32 per worker (comma list; default %(default)s)")
         sp.add_argument("--workers", dest="workers_list", type=csv(int), default="2,4", metavar="LIST",
                         help="worker counts (comma list; default %(default)s)")
         sp.add_argument("--backends", type=csv(str), default="python,c", metavar="LIST",
@@ -431,8 +438,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rates", type=csv(int), default="2000,5000,10000,20000,40000", metavar="LIST",
                     help="bmv2: offered packets/s (comma list; default %(default)s)")
     sp.add_argument("--seconds", type=float, default=1.0, help="bmv2: seconds of traffic per rate (default %(default)s)")
-    sp = bench_parser("allreduce", "allreduce time per backend, codec and payload against torch gloo")
-    ina_runs(sp)
+    sp = bench_parser("allreduce", "allreduce as nccl-tests reports it (size, count, type, redop, time, algbw, busbw, "
+                                   "#wrong) per backend, codec, workers and payload, with torch gloo and np.copyto "
+                                   "in the same run",
+                      plot="write algbw vs size, log-log, with gloo and np.copyto as references (needs matplotlib)")
+    ina_runs(sp, sizes=False)
+    sp.add_argument("--sizes", type=size_list, default="1K,4K,16K,64K,256K,1M,4M,16M,64M", metavar="LIST",
+                    help="bytes of float32 per worker, K/M/G = 1024^n (comma list; default %(default)s; "
+                         "nccl-tests' top is 256M)")
+    sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`
     sp.add_argument("--payloads", type=csv(int), default="1024", metavar="LIST",
                     help="payload bytes per packet (comma list, default %(default)s; 1024 = 256 int32 or 1024 NC codes, SwitchML's "
                          "large packets; loopback carries up to 64 KiB)")

@@ -1,0 +1,119 @@
+"""`switchsim bench allreduce` as nccl-tests reports it: the bandwidth arithmetic, the table's columns, the
+#wrong checker, and no terminal codes when the output goes to a pipe."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hostlib.codecs import natural
+from inabench import bench
+from inabench.demo import make_input
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bandwidths_follow_nccl_tests():
+    """nccl-tests (doc/PERFORMANCE.md): algbw = S/t; allreduce busbw = algbw * 2(n-1)/n."""
+    algbw, busbw = bench.bandwidths(1 << 30, 0.5, 8)
+    assert algbw == pytest.approx(2 * 1.073741824)  # GB = 1e9 bytes
+    assert busbw == pytest.approx(algbw * 14 / 8)
+    assert bench.bandwidths(4096, 1e-3, 2) == pytest.approx((4.096e-3, 4.096e-3))  # n=2: busbw = algbw
+    assert bench.bandwidths(4096, 1e-3, 1)[1] == 0.0
+
+
+def test_parse_size_units():
+    assert [bench.parse_size(t) for t in ("1K", "64K", "1M", "256M", "4096", "2KiB", "1G")] == \
+        [1024, 65536, 1 << 20, 256 << 20, 4096, 2048, 1 << 30]
+    for bad in ("3", "0", "1.5"):
+        with pytest.raises(ValueError):
+            bench.parse_size(bad)
+
+
+def _rows():
+    """Rows as bench_allreduce makes them: two configurations, two sizes, plus the memory line."""
+    reports = [(0, [1e-4, 2e-3], [0, 3]), (1, [3e-4, 4e-3], [None, None])]
+    rows = bench._rows({"config": "c/int32 x2 1024 B", "backend": "c"}, [4096, 65536], reports, 2, "int32", False)
+    rows += bench._rows({"config": "gloo x2", "backend": "gloo"}, [4096, 65536], reports, 2, "float", True)
+    return rows
+
+
+def test_table_has_nccl_columns_and_one_row_per_configuration_and_size():
+    rows = _rows()
+    assert rows[0]["time"] == pytest.approx(200.0)  # mean over ranks, in us
+    assert rows[1]["#wrong"] == 3 and rows[0]["algbw"] == pytest.approx(4096 / 2e-4 / 1e9)
+    text = bench.nccl_table(rows)
+    headers = [line.split() for line in text.splitlines() if line.startswith("#") and "redop" in line]
+    assert headers == [["#", *bench.NCCL_COLUMNS]] * 2
+    data = [line.split() for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(data) == 4 and all(len(d) == len(bench.NCCL_COLUMNS) for d in data)
+    assert [d[0] for d in data] == ["4096", "65536"] * 2 and data[1][-1] == "3"
+    assert "out of place" in text and "in place" in text
+
+
+def test_wrong_is_zero_for_exact_int32_and_counts_corruption():
+    xs = [make_input("int32", 5000, r) for r in range(3)]
+    out = np.sum(xs, axis=0, dtype=np.int64).astype(np.int32)
+    assert bench.count_wrong("int32", xs, out, 256) == 0
+    out[[3, 77, 4999]] += 1
+    assert bench.count_wrong("int32", xs, out, 256) == 3
+
+
+def test_wrong_float32_bound_for_gloo():
+    xs = [make_input("float32", 5000, r) for r in range(4)]
+    out = (xs[0] + xs[1]) + (xs[2] + xs[3])  # float32, any order
+    assert bench.count_wrong("float32", xs, out, 5000) == 0
+    out[10] += 1e-3
+    assert bench.count_wrong("float32", xs, out, 5000) == 1
+
+
+def test_wrong_nc_accepts_every_level_rounding_and_flags_corruption():
+    """The NC interval holds for results made by rounding the workers' codes' sum up or down (its two
+    extremes) and stochastically; a value off the power-of-two grid or far out is counted."""
+    k, xs = 1024, [make_input("nc", 4096, r) for r in range(2)]
+    codes = [natural.encode(x, seed=r + 1) for r, x in enumerate(xs)]
+    s = np.sum([natural.decode(c, np.float64) for c in codes], axis=0)
+    mag, sign = np.abs(s), np.sign(s)
+    m, e = np.frexp(mag)
+    down = sign * np.where(mag > 0, np.ldexp(1.0, e - 1), 0.0)
+    up = sign * np.where(mag > 0, np.ldexp(1.0, np.where(m == 0.5, e - 1, e)), 0.0)
+    stochastic = natural.decode(natural.encode(s.astype(np.float32), seed=9))
+    for out in (down, up, stochastic):
+        assert bench.count_wrong("nc", xs, out.astype(np.float32), k) == 0
+    bad = stochastic.copy()
+    bad[5] = 0.75                       # not a power of two
+    bad[6] = 2.0 ** 20                  # far beyond the sum of |x_i|
+    bad[7] = -np.sign(s[7]) * 64.0      # the wrong sign and far out
+    assert bench.count_wrong("nc", xs, bad, k) == 3
+
+
+def _no_terminal_codes(run):
+    assert run.returncode == 0, run.stderr
+    for stream in (run.stdout, run.stderr):
+        assert "\r" not in stream and "\x1b" not in stream
+
+
+def test_demo_in_a_pipe_draws_no_progress_bar():
+    run = subprocess.run([sys.executable, "-m", "switchsim", "demo", "--backend", "c", "--workers", "2",
+                          "--size", "20000", "--codec", "int32"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    _no_terminal_codes(run)
+    assert "result" in run.stdout and not run.stderr.strip()
+
+
+def test_bench_allreduce_small_run_in_a_pipe():
+    """One size, int32 on the C switch with gloo: the JSON rows and the table, without terminal codes."""
+    cmd = [sys.executable, "-m", "switchsim", "bench", "allreduce", "--sizes", "4K", "--workers", "2",
+           "--backends", "c", "--codecs", "int32"]
+    run = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    _no_terminal_codes(run)
+    rows = {r["config"]: r for r in json.loads(run.stdout)["allreduce"]}
+    assert set(rows) == {"np.copyto", "gloo x2", "c/int32 x2 1024 B"}
+    ina = rows["c/int32 x2 1024 B"]
+    assert ina["#wrong"] == 0 and ina["count"] == 1024 and ina["x gloo"] > 0 and rows["gloo x2"]["#wrong"] == 0
+    assert ina["busbw"] == pytest.approx(ina["algbw"]) == pytest.approx(4096 / ina["time"] / 1e3)
+    run = subprocess.run(cmd + ["--no-gloo"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    _no_terminal_codes(run)
+    assert "#       size         count    type  redop" in run.stdout
