@@ -11,10 +11,16 @@
 #include "ina_core_lanes.h"
 
 /* ------------------------------------------------------------------ scalar */
+/* portable C; add and write are separate loops because gcc -O3 -march=native vectorises those (not a
+ * conditional load) */
 static void int32_values_scalar(const uint8_t *p, uint32_t n, int64_t *v, int add)
 {
-    for (uint32_t i = 0; i < n; i++)
-        v[i] = (add ? v[i] : 0) + (int32_t)rd32(p + 4 * i);
+    if (add)
+        for (uint32_t i = 0; i < n; i++)
+            v[i] += (int32_t)rd32(p + 4 * i);
+    else
+        for (uint32_t i = 0; i < n; i++)
+            v[i] = (int32_t)rd32(p + 4 * i);
 }
 
 static int int32_finish_scalar(const int64_t *acc, uint32_t n, uint8_t *res)
@@ -37,8 +43,12 @@ static int nc_valid_scalar(const uint8_t *p, uint32_t n, int floor, int top)
 
 static void nc_values_scalar(const uint8_t *p, uint32_t n, int floor, int64_t *v, int add)
 {
-    for (uint32_t i = 0; i < n; i++)
-        v[i] = (add ? v[i] : 0) + ina_nc_code_int(p[i], floor);
+    if (add)
+        for (uint32_t i = 0; i < n; i++)
+            v[i] += ina_nc_code_int(p[i], floor);
+    else
+        for (uint32_t i = 0; i < n; i++)
+            v[i] = ina_nc_code_int(p[i], floor);
 }
 
 static int nc_finish_scalar(const int64_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
