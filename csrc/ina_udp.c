@@ -9,12 +9,16 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "ina_gso.h"
 #include "ina_loop.h"
 
 #define RX_BUF 65536
 #define CTRL_COPY 1024 /* transient payloads copied into the send batch up to this size */
 #define IDLE_MS 10
 #define RUN_BATCHES 256 /* then return, so the caller sees signals and its stop flag */
+/* packets queued before a flush: a result goes to every worker of its job, so a batch of 256 gives each
+ * of 4 workers GSO runs of up to 64 results */
+#define SEND_BATCH 256
 
 struct ina_udp {
     ina_loop loop; /* core, impairments, punt queue */
@@ -26,14 +30,25 @@ struct ina_udp {
     struct mmsghdr rmsg[INA_UDP_BATCH];
     struct iovec riov[INA_UDP_BATCH];
     struct sockaddr_in raddr[INA_UDP_BATCH];
+    char rctrl[INA_UDP_BATCH][INA_GRO_CMSG_SPACE];
     uint8_t *rbuf;
-    /* send batch */
-    struct mmsghdr smsg[INA_UDP_BATCH];
-    struct iovec siov[INA_UDP_BATCH][2];
-    struct sockaddr_in saddr[INA_UDP_BATCH];
-    uint8_t shdr[INA_UDP_BATCH][INA_HEADER_SIZE];
-    uint8_t sctrl[INA_UDP_BATCH][CTRL_COPY];
+    int gro; /* UDP_GRO is on: a receive may hold a run of datagrams */
+    /* send batch: per queued packet its header, payload, destination */
+    struct iovec siov[SEND_BATCH][2];
+    struct sockaddr_in saddr[SEND_BATCH];
+    uint64_t sdst[SEND_BATCH];
+    uint8_t shdr[SEND_BATCH][INA_HEADER_SIZE];
+    uint8_t sctrl[SEND_BATCH][CTRL_COPY];
     int n_send;
+    /* ... and as sent: packets grouped by destination (giov, glen in that order), one message per GSO run
+     * or single packet, with its first position in giov and its packet count */
+    int gso; /* INA_UDP_GSO_*; OFF once the kernel refused UDP_SEGMENT */
+    struct iovec giov[SEND_BATCH][2];
+    uint32_t glen[SEND_BATCH];
+    int gpkt[SEND_BATCH];
+    struct mmsghdr gmsg[SEND_BATCH];
+    char gctrl[SEND_BATCH][INA_GSO_CMSG_SPACE];
+    int gfirst[SEND_BATCH], gcount[SEND_BATCH];
 };
 
 static void send_sink(void *ctx, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
@@ -54,6 +69,8 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
         return NULL;
     }
     u->fd = fd;
+    u->gso = INA_UDP_GSO_LOOPBACK;
+    u->gro = ina_gro_set(fd, 1) == 0; /* RX_BUF already holds the largest coalesced receive */
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -72,6 +89,7 @@ void ina_udp_free(ina_udp *u)
 }
 
 void ina_udp_stop(ina_udp *u) { u->stop = 1; }
+void ina_udp_set_gso(ina_udp *u, int mode) { u->gso = mode; }
 const ina_udp_counters *ina_udp_counters_of(const ina_udp *u)
 {
     ina_udp_counters *c = (ina_udp_counters *)&u->c;
@@ -108,22 +126,85 @@ static inline uint64_t addr_id(const struct sockaddr_in *a)
 }
 
 /* ------------------------------------------------------------------ sending */
-static void flush(ina_udp *u)
+/* the send batch into giov/glen/gpkt, grouped by destination in queue order within each (each worker
+ * sees its results in the order the core emitted them; the order across workers is nobody's concern) */
+static void group_by_destination(ina_udp *u)
 {
-    int done = 0;
-    while (done < u->n_send) {
-        int r = sendmmsg(u->fd, u->smsg + done, (unsigned)(u->n_send - done), 0);
+    uint8_t taken[SEND_BATCH] = {0};
+    int m = 0;
+    for (int i = 0; i < u->n_send; i++) {
+        if (taken[i])
+            continue;
+        for (int j = i; j < u->n_send; j++)
+            if (!taken[j] && u->sdst[j] == u->sdst[i]) {
+                taken[j] = 1;
+                u->giov[m][0] = u->siov[j][0];
+                u->giov[m][1] = u->siov[j][1];
+                u->glen[m] = (uint32_t)(u->siov[j][0].iov_len + u->siov[j][1].iov_len);
+                u->gpkt[m++] = j;
+            }
+    }
+}
+
+/* messages for the grouped packets from position `from` on: a run of same-size packets to one destination
+ * becomes one GSO message (the kernel cuts it into the datagrams sendmmsg would have sent) */
+static int pack(ina_udp *u, int from)
+{
+    int m = 0;
+    for (int k = from; k < u->n_send; m++) {
+        int same = 1;
+        while (k + same < u->n_send && u->sdst[u->gpkt[k + same]] == u->sdst[u->gpkt[k]])
+            same++;
+        uint64_t dst = u->sdst[u->gpkt[k]];
+        int gso = u->gso == INA_UDP_GSO_ALL || (u->gso == INA_UDP_GSO_LOOPBACK && dst >> 40 == 127);
+        int run = gso ? ina_gso_run(u->glen + k, same) : 1;
+        struct msghdr *h = &u->gmsg[m].msg_hdr;
+        memset(h, 0, sizeof *h);
+        h->msg_name = &u->saddr[u->gpkt[k]];
+        h->msg_namelen = sizeof u->saddr[0];
+        h->msg_iov = u->giov[k];
+        h->msg_iovlen = 2 * (size_t)run; /* header and payload per packet, one after the other */
+        if (run > 1)
+            ina_gso_cmsg(h, u->gctrl[m], (uint16_t)u->glen[k]);
+        u->gfirst[m] = k;
+        u->gcount[m] = run;
+        k += run;
+    }
+    return m;
+}
+
+/* send the grouped packets from position `from` on; where to go on from after a GSO message the kernel
+ * refused (GSO is off from then on), else n_send */
+static int send_from(ina_udp *u, int from)
+{
+    int m = pack(u, from), done = 0;
+    while (done < m) {
+        int r = sendmmsg(u->fd, u->gmsg + done, (unsigned)(m - done), 0);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            u->c.send_errors++; /* e.g. a worker that went away; never fatal to the switch */
+            if (u->gcount[done] > 1 && ina_gso_refused(errno)) {
+                u->gso = INA_UDP_GSO_OFF;
+                return u->gfirst[done];
+            }
+            u->c.send_errors += (uint64_t)u->gcount[done]; /* e.g. a worker that went away; never fatal */
             done++;
             continue;
         }
-        for (int i = done; i < done + r; i++)
-            u->c.bytes_out += u->smsg[i].msg_len;
+        for (int i = done; i < done + r; i++) {
+            u->c.bytes_out += u->gmsg[i].msg_len;
+            u->c.gso_sends += u->gcount[i] > 1;
+        }
         done += r;
     }
+    return u->n_send;
+}
+
+static void flush(ina_udp *u)
+{
+    group_by_destination(u);
+    for (int from = 0; from < u->n_send;)
+        from = send_from(u, from);
     u->n_send = 0;
 }
 
@@ -141,16 +222,12 @@ static void queue(ina_udp *u, uint64_t dst, const uint8_t *hdr, const uint8_t *p
     a->sin_family = AF_INET;
     a->sin_addr.s_addr = htonl((uint32_t)(dst >> 16));
     a->sin_port = htons((uint16_t)dst);
+    u->sdst[i] = dst;
     u->siov[i][0] = (struct iovec){u->shdr[i], INA_HEADER_SIZE};
     u->siov[i][1] = (struct iovec){(void *)payload, len};
-    memset(&u->smsg[i], 0, sizeof u->smsg[i]);
-    u->smsg[i].msg_hdr.msg_name = a;
-    u->smsg[i].msg_hdr.msg_namelen = sizeof *a;
-    u->smsg[i].msg_hdr.msg_iov = u->siov[i];
-    u->smsg[i].msg_hdr.msg_iovlen = 2;
     u->n_send++;
     /* a payload we could not copy (a held-back result) must leave before its buffer is reused */
-    if (copy || u->n_send == INA_UDP_BATCH)
+    if (copy || u->n_send == SEND_BATCH)
         flush(u);
 }
 
@@ -175,6 +252,42 @@ static void release_held(ina_udp *u)
     flush(u);
 }
 
+/* ------------------------------------------------------------------ receiving */
+static int receive_batch(ina_udp *u)
+{
+    for (int i = 0; i < INA_UDP_BATCH; i++) {
+        struct msghdr *h = &u->rmsg[i].msg_hdr;
+        memset(h, 0, sizeof *h);
+        h->msg_iov = &u->riov[i];
+        h->msg_iovlen = 1;
+        h->msg_name = &u->raddr[i];
+        h->msg_namelen = sizeof u->raddr[i];
+        if (u->gro)
+            h->msg_control = u->rctrl[i], h->msg_controllen = sizeof u->rctrl[i];
+    }
+    return recvmmsg(u->fd, u->rmsg, INA_UDP_BATCH, MSG_DONTWAIT, NULL);
+}
+
+/* message i of a receive batch to the loop, a coalesced UDP_GRO run datagram by datagram (cut at the
+ * cmsg's segment size, the last one shorter), so impairments and the capture see each as before */
+static void deliver(ina_udp *u, int i)
+{
+    const uint8_t *pkt = u->riov[i].iov_base;
+    uint32_t len = u->rmsg[i].msg_len, seg = u->gro ? ina_gro_size(&u->rmsg[i].msg_hdr) : 0;
+    uint64_t src = addr_id(&u->raddr[i]);
+    u->c.bytes_in += len;
+    if (u->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
+        len = 0, seg = 0; /* larger than any valid packet: the core counts it as malformed */
+    if (!seg || seg >= len) {
+        ina_loop_receive(&u->loop, src, pkt, len);
+        return;
+    }
+    for (uint32_t off = 0; off < len; off += seg) {
+        ina_loop_receive(&u->loop, src, pkt + off, len - off < seg ? len - off : seg);
+        u->c.gro_segments++;
+    }
+}
+
 int ina_udp_run(ina_udp *u)
 {
     struct pollfd pfd = {.fd = u->fd, .events = POLLIN};
@@ -186,28 +299,15 @@ int ina_udp_run(ina_udp *u)
             release_held(u);
             return 0;
         }
-        for (int i = 0; i < INA_UDP_BATCH; i++) {
-            memset(&u->rmsg[i].msg_hdr, 0, sizeof u->rmsg[i].msg_hdr);
-            u->rmsg[i].msg_hdr.msg_iov = &u->riov[i];
-            u->rmsg[i].msg_hdr.msg_iovlen = 1;
-            u->rmsg[i].msg_hdr.msg_name = &u->raddr[i];
-            u->rmsg[i].msg_hdr.msg_namelen = sizeof u->raddr[i];
-        }
-        int n = recvmmsg(u->fd, u->rmsg, INA_UDP_BATCH, MSG_DONTWAIT, NULL);
+        int n = receive_batch(u);
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNREFUSED)
                 continue;
             return -1;
         }
         u->c.recv_batches++;
-        for (int i = 0; i < n; i++) {
-            const uint8_t *pkt = u->riov[i].iov_base;
-            uint32_t len = u->rmsg[i].msg_len;
-            u->c.bytes_in += len;
-            if (u->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
-                len = 0; /* larger than any valid packet: the core counts it as malformed */
-            ina_loop_receive(&u->loop, addr_id(&u->raddr[i]), pkt, len);
-        }
+        for (int i = 0; i < n; i++)
+            deliver(u, i);
         flush(u);
         if (u->loop.punt.n)
             return u->loop.punt.n;

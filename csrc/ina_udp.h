@@ -1,6 +1,7 @@
-/* The switch on a UDP socket with the interpreter off the per-packet path: recvmmsg a batch, run each
- * packet through the core, sendmmsg what it emits (headers per destination, result payloads sent from slot
- * memory without a copy). The same network impairments as switchsim/server.py, done here in C. */
+/* The switch on a UDP socket with the interpreter off the per-packet path: recvmmsg a batch (UDP_GRO
+ * receives cut back into datagrams), run each packet through the core, sendmmsg what it emits (headers per
+ * destination, result payloads sent from slot memory without a copy; same-size packets to one destination
+ * as one UDP GSO send). The same network impairments as switchsim/server.py, done here in C. */
 #ifndef INA_UDP_H
 #define INA_UDP_H
 #include <stdint.h>
@@ -13,6 +14,8 @@ typedef struct {
     uint64_t bytes_in, bytes_out, send_errors, recv_batches, punts_dropped;
     uint64_t dropped[2], duplicated[2], reordered[2]; /* [0] = received side, [1] = sent side */
     uint64_t captured, capture_skipped;               /* serve --pcap: packets written, left out (size cap) */
+    uint64_t gso_sends;    /* UDP GSO messages sent: same-size results to one worker in one send (ina_gso.h) */
+    uint64_t gro_segments; /* datagrams that came in coalesced UDP_GRO receives, cut apart before the core */
 } ina_udp_counters;
 
 typedef struct ina_udp ina_udp;
@@ -25,6 +28,13 @@ void ina_udp_free(ina_udp *u);
  * socket error, with errno set. Call it in a loop. */
 int ina_udp_run(ina_udp *u);
 void ina_udp_stop(ina_udp *u);
+/* which result runs go as UDP GSO sends: INA_UDP_GSO_OFF none, _LOOPBACK (the default) those to 127/8, _ALL
+ * every destination's. A kernel that refuses UDP_SEGMENT turns it off by itself. Why not all by default:
+ * a receiver reading a veth through a packet socket (DPDK's net_af_packet, bmv2) gets a GSO send uncut. */
+#define INA_UDP_GSO_OFF 0
+#define INA_UDP_GSO_LOOPBACK 1
+#define INA_UDP_GSO_ALL 2
+void ina_udp_set_gso(ina_udp *u, int mode);
 /* waiting control packet i: bytes, length, and source address id (IPv4 << 16 | port, host order) */
 const uint8_t *ina_udp_punt(const ina_udp *u, int i, uint32_t *len, uint64_t *src);
 void ina_udp_punt_clear(ina_udp *u);

@@ -4,7 +4,9 @@
  * q is sent once q - W and q - D are done, each lane on its own (a completion frees q + W and q + D, so a
  * lane waiting for a loss holds back only itself); results are matched by packet id; a packet with no result by
  * its deadline is resent from the copy kept in its window entry (the Python loop rebuilds the same bytes
- * from the counter-based RNG). New packets go out in sendmmsg batches, results come in recvmmsg batches. */
+ * from the counter-based RNG). New packets go out in sendmmsg batches, results come in recvmmsg batches;
+ * runs of same-size packets in a batch go as UDP GSO sends and results are received with UDP_GRO where the
+ * kernel has them (ina_gso.h), which leaves the datagrams on the wire as they were. */
 #define _GNU_SOURCE
 #include "ina_worker.h"
 
@@ -16,6 +18,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "ina_gso.h"
 #include "ina_kernels.h"
 #include "ina_packet.h"
 
@@ -41,9 +44,17 @@ typedef struct {
     double rtt_min;     /* the smallest RTT sample of the current batch */
     uint32_t rtt_n;
     uint8_t *rbuf;
-    struct mmsghdr rmsg[INA_WK_BATCH], smsg[INA_WK_BATCH];
+    size_t rlen;        /* receive buffer per message: one result, or a coalesced run with UDP_GRO */
+    int gro_on;         /* this call turned UDP_GRO on (and turns it off in ina_wk_finish) */
+    struct mmsghdr rmsg[INA_WK_BATCH];
     struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH];
+    char rctrl[INA_WK_BATCH][INA_GRO_CMSG_SPACE];
     int n_send;
+    /* the send batch as messages: one per GSO run or single packet, its first packet and packet count */
+    struct mmsghdr gmsg[INA_WK_BATCH];
+    char gctrl[INA_WK_BATCH][INA_GSO_CMSG_SPACE];
+    uint32_t slen[INA_WK_BATCH];
+    int gfirst[INA_WK_BATCH], gcount[INA_WK_BATCH];
     /* sparse: per stream */
     uint32_t *pos;      /* this worker's next non-zero block not yet sent (NONE: none left) */
     uint32_t *target;   /* the block the current round is about (ANNOUNCE: round 0; NONE: padding) */
@@ -63,6 +74,25 @@ static double now(void)
 
 static uint32_t held_from(const ina_wk *w, uint64_t from);
 
+/* the receive buffers; with UDP_GRO each must hold a coalesced run (up to 64 KiB), else one result and a
+ * byte more, so an oversized datagram shows as a length mismatch. The socket is the caller's and its
+ * Python loop reads one datagram per recv, so GRO is on only while this call runs. */
+static int rx_init(ina_wk *w, priv_t *p)
+{
+    p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0;
+    if (w->gro && !p->gro_on)
+        w->gro = 0;
+    p->rlen = p->gro_on ? INA_GRO_BUF : p->pkt_max + 1;
+    p->rbuf = malloc((size_t)INA_WK_BATCH * p->rlen);
+    if (!p->rbuf)
+        return -1;
+    for (int i = 0; i < INA_WK_BATCH; i++) {
+        p->riov[i].iov_base = p->rbuf + (size_t)i * p->rlen;
+        p->riov[i].iov_len = p->rlen;
+    }
+    return 0;
+}
+
 int ina_wk_start(ina_wk *w)
 {
     if (!w->window || !w->k || w->k > INA_MAX_ELEMENTS || !w->world || w->world > INA_MAX_WORKERS ||
@@ -75,16 +105,10 @@ int ina_wk_start(ina_wk *w)
     p->pkt_max = INA_HEADER_SIZE + (w->sparse ? INA_BLOCK_EXT_SIZE : 0) + (size_t)w->k * p->esize;
     p->win = calloc(w->window, sizeof *p->win);
     p->pkts = malloc((size_t)w->window * p->pkt_max);
-    /* one byte more than the largest result, so an oversized datagram shows as a length mismatch */
-    p->rbuf = malloc((size_t)INA_WK_BATCH * (p->pkt_max + 1));
-    if (!p->win || !p->pkts || !p->rbuf) {
+    if (!p->win || !p->pkts || rx_init(w, p)) {
         w->priv = p;
         ina_wk_finish(w);
         return INA_WK_NO_MEMORY;
-    }
-    for (int i = 0; i < INA_WK_BATCH; i++) {
-        p->riov[i].iov_base = p->rbuf + (size_t)i * (p->pkt_max + 1);
-        p->riov[i].iov_len = p->pkt_max + 1;
     }
     uint64_t nb = (w->n + w->k - 1) / w->k;
     if (nb >= ANNOUNCE || (w->sparse && !w->held)) {
@@ -145,6 +169,8 @@ void ina_wk_finish(ina_wk *w)
     priv_t *p = w->priv;
     if (!p)
         return;
+    if (p->gro_on)
+        ina_gro_set(w->fd, 0); /* results still queued stay coalesced; they are late duplicates */
     free(p->win);
     free(p->pkts);
     free(p->rbuf);
@@ -251,19 +277,48 @@ static long build_sparse(ina_wk *w, priv_t *p, uint32_t s, uint8_t *buf)
     return INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE + (long)count * (long)p->esize;
 }
 
+/* the queued packets from `from` on as messages: a run of same-size packets becomes one GSO message */
+static int pack(ina_wk *w, priv_t *p, int from)
+{
+    int m = 0;
+    for (int i = from; i < p->n_send; m++) {
+        int k = w->gso ? ina_gso_run(p->slen + i, p->n_send - i) : 1;
+        struct msghdr *h = &p->gmsg[m].msg_hdr;
+        memset(h, 0, sizeof *h);
+        h->msg_iov = &p->siov[i];
+        h->msg_iovlen = (size_t)k;
+        if (k > 1)
+            ina_gso_cmsg(h, p->gctrl[m], (uint16_t)p->slen[i]);
+        p->gfirst[m] = i;
+        p->gcount[m] = k;
+        i += k;
+    }
+    return m;
+}
+
 /* send the queued batch; like the Python loop, a refused or dropped send counts as sent and the
- * timeout recovers it */
+ * timeout recovers it. A GSO message the kernel refuses turns GSO off and goes again packet by packet. */
 static void flush(ina_wk *w, priv_t *p)
 {
-    int off = 0;
-    while (off < p->n_send) {
-        int r = sendmmsg(w->fd, p->smsg + off, (unsigned)(p->n_send - off), 0);
-        if (r <= 0) {
+    int from = 0;
+    while (from < p->n_send) {
+        int m = pack(w, p, from), sent = 0;
+        while (sent < m) {
+            int r = sendmmsg(w->fd, p->gmsg + sent, (unsigned)(m - sent), 0);
             if (r < 0 && errno == EINTR)
                 continue;
-            break;
+            if (r <= 0)
+                break;
+            for (int i = sent; i < sent + r; i++)
+                w->gso_sends += p->gcount[i] > 1;
+            sent += r;
         }
-        off += r;
+        if (sent < m && p->gcount[sent] > 1 && ina_gso_refused(errno)) {
+            w->gso = 0;
+            from = p->gfirst[sent];
+            continue;
+        }
+        break;
     }
     p->n_send = 0;
 }
@@ -272,9 +327,7 @@ static void queue(ina_wk *w, priv_t *p, entry *e)
 {
     uint8_t *pkt = p->pkts + (size_t)(e - p->win) * p->pkt_max;
     p->siov[p->n_send] = (struct iovec){pkt, e->len};
-    memset(&p->smsg[p->n_send], 0, sizeof p->smsg[0]);
-    p->smsg[p->n_send].msg_hdr.msg_iov = &p->siov[p->n_send];
-    p->smsg[p->n_send].msg_hdr.msg_iovlen = 1;
+    p->slen[p->n_send] = e->len;
     p->n_send++;
     w->packets_sent++;
     w->bytes_sent += e->len;
@@ -436,15 +489,41 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     return INA_WK_AGAIN;
 }
 
+/* message i of a receive batch: one datagram, or with UDP_GRO a run of them cut at the cmsg's segment
+ * size; the number of datagrams, or -(result code) */
+static int on_message(ina_wk *w, priv_t *p, int i)
+{
+    const uint8_t *d = p->riov[i].iov_base;
+    size_t len = p->rmsg[i].msg_len;
+    uint32_t seg = p->gro_on ? ina_gro_size(&p->rmsg[i].msg_hdr) : 0;
+    if (p->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
+        len = p->pkt_max + 1, seg = 0; /* oversized: fails the length check */
+    if (!seg || seg >= len) {
+        int rc = on_result(w, p, d, len);
+        return rc == INA_WK_AGAIN ? 1 : -rc;
+    }
+    int n = 0;
+    for (size_t off = 0; off < len; off += seg, n++) {
+        int rc = on_result(w, p, d + off, len - off < seg ? len - off : seg);
+        if (rc != INA_WK_AGAIN)
+            return -rc;
+    }
+    w->gro_segments += (uint64_t)n;
+    return n;
+}
+
 /* drain the socket in batches; the number of datagrams read, or -(result code) */
 static int receive(ina_wk *w, priv_t *p)
 {
     int got = 0;
     for (;;) {
         for (int i = 0; i < INA_WK_BATCH; i++) {
-            memset(&p->rmsg[i].msg_hdr, 0, sizeof p->rmsg[i].msg_hdr);
-            p->rmsg[i].msg_hdr.msg_iov = &p->riov[i];
-            p->rmsg[i].msg_hdr.msg_iovlen = 1;
+            struct msghdr *h = &p->rmsg[i].msg_hdr;
+            memset(h, 0, sizeof *h);
+            h->msg_iov = &p->riov[i];
+            h->msg_iovlen = 1;
+            if (p->gro_on)
+                h->msg_control = p->rctrl[i], h->msg_controllen = sizeof p->rctrl[i];
         }
         int r = recvmmsg(w->fd, p->rmsg, INA_WK_BATCH, MSG_DONTWAIT, NULL);
         if (r < 0) {
@@ -456,14 +535,11 @@ static int receive(ina_wk *w, priv_t *p)
             return -INA_WK_SYSTEM_ERROR;
         }
         for (int i = 0; i < r; i++) {
-            size_t len = p->rmsg[i].msg_len;
-            if (p->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
-                len = p->pkt_max + 1; /* oversized: fails the length check */
-            int rc = on_result(w, p, p->riov[i].iov_base, len);
-            if (rc != INA_WK_AGAIN)
-                return -rc;
+            int n = on_message(w, p, i);
+            if (n < 0)
+                return n;
+            got += n;
         }
-        got += r;
         if (r < INA_WK_BATCH)
             return got;
     }

@@ -45,6 +45,10 @@ typedef struct {
     /* block-sparse allreduce (worker.py _allreduce_sparse): one stream per slot, rounds of one block */
     int sparse;
     const uint8_t *held; /* per block: this worker's block is non-zero */
+    /* in: 1 to send runs of same-size packets as UDP GSO sends / to receive with UDP_GRO (ina_gso.h says why);
+     * out: cleared when the kernel refused it, so the caller can skip it from the next call on */
+    int gso, gro;
+    uint64_t gso_sends, gro_segments; /* GSO messages sent; datagrams that came in coalesced receives */
     /* filled by ina_wk_start / ina_wk_run */
     uint32_t nb, D, total, ndone; /* sparse: ndone counts the blocks received */
     uint32_t streams, streams_done;

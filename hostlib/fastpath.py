@@ -16,6 +16,26 @@ from .errors import INAError
 RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C) and progress callbacks are served
 
 
+def gso_modes(comm) -> tuple[bool, bool]:
+    """Whether the C loop sends runs of same-size packets as UDP GSO sends, and receives with UDP_GRO
+    (csrc/ina_gso.h); the datagrams are the same either way.
+
+    INA_GSO=0: neither; INA_GSO=1: both wherever the switch is; unset (auto): GRO always, GSO sends only to
+    a switch on loopback. Why not everywhere by default: a NIC or the kernel cuts a GSO send into datagrams
+    before the wire, but a switch that reads a veth through a packet socket (DPDK's net_af_packet, bmv2)
+    gets it uncut, as one oversized frame."""
+    mode = os.environ.get("INA_GSO", "auto")
+    if mode == "0":
+        return False, False
+    if mode == "1":
+        return True, True
+    try:
+        loopback = comm.sock.getpeername()[0].startswith("127.")
+    except OSError:
+        loopback = False
+    return loopback, True
+
+
 def kind(codec, flat: np.ndarray):
     """The C loop's codec kind for this codec and input, or None where only the Python loop applies."""
     name = codec.native_kind(flat) if kernels.enabled() else None
@@ -53,6 +73,9 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     rtt = comm.rtt  # the estimate carries over between the C and the Python loop
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
+    # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
+    gso, gro = gso_modes(comm)
+    w.gso, w.gro = gso and getattr(comm, "_gso_ok", True), gro and getattr(comm, "_gro_ok", True)
     w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
     if held is not None:
         held_c = np.ascontiguousarray(held, dtype=np.uint8)
@@ -84,6 +107,12 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
         s.retransmissions += w.retransmissions
         s.duplicate_results += w.duplicate_results
         s.stale_results += w.stale_results
+        s.gso_sends += w.gso_sends
+        s.gro_segments += w.gro_segments
+        if gso:
+            comm._gso_ok = bool(w.gso)
+        if gro:
+            comm._gro_ok = bool(w.gro)
         if w.have_srtt:
             rtt.srtt, rtt.rttvar, rtt.rto = w.srtt, w.rttvar, w.rto
     if rc == lib.INA_WK_TIMEOUT:

@@ -42,6 +42,8 @@ class CommStats:
     retransmissions: int = 0
     duplicate_results: int = 0
     stale_results: int = 0
+    gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
+    gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
     elements: int = 0
     allreduces: int = 0
     seconds: float = 0.0

@@ -2,6 +2,7 @@
 model (`Switch`) and the Python server (`UDPServer`). Built by cffi at install time."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -219,6 +220,10 @@ class CUDPServer:
                                            (seed or 0) & MASK64), lib.ina_udp_free)
         if self.loop == ffi.NULL:
             raise MemoryError("cannot allocate the UDP loop")
+        # result runs as UDP GSO sends (csrc/ina_gso.h): INA_GSO=0 none, 1 to every worker, unset to loopback ones
+        gso = os.environ.get("INA_GSO", "auto")
+        lib.ina_udp_set_gso(self.loop, {"0": lib.INA_UDP_GSO_OFF, "1": lib.INA_UDP_GSO_ALL}.get(
+            gso, lib.INA_UDP_GSO_LOOPBACK))
         self._stopped = threading.Event()
         self.capturing = False
         self.started = time.monotonic()
@@ -285,6 +290,7 @@ class CUDPServer:
         s = self.backend.stats(per_slot=per_slot)
         c = lib.ina_udp_counters_of(self.loop)
         s.update({"bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "send_errors": c.send_errors,
+                  "gso_sends": c.gso_sends, "gro_segments": c.gro_segments,  # csrc/ina_gso.h
                   "impairment": impairment_stats(c), "uptime_s": round(time.monotonic() - self.started, 3)})
         if self.capturing:
             s.update({"captured": c.captured, "capture_skipped": c.capture_skipped})
