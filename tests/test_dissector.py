@@ -237,12 +237,19 @@ def capture(request, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("dissector") / "capture.pcap")
     port = free_udp_port(inside=True)
     pcap = ("--pcap", path) if request.param == "serve --pcap" else ()
-    with dumpcap(path, port) if not pcap else contextlib.nullcontext():
-        sw = SwitchProcess("--job", "1:2", "--job", "9:2", "--port", port, *pcap)
-        try:
-            run_traffic(sw.address)
-        finally:
-            sw.stop()
+    # on lo a UDP GSO send is captured as one super-packet before the kernel cuts it into datagrams: the
+    # wire capture is taken with GSO off (README "Seeing the packets"); serve --pcap records datagrams
+    gso = os.environ.get("INA_GSO")
+    os.environ["INA_GSO"] = "0" if not pcap else (gso or "auto")
+    try:
+        with dumpcap(path, port) if not pcap else contextlib.nullcontext():
+            sw = SwitchProcess("--job", "1:2", "--job", "9:2", "--port", port, *pcap)
+            try:
+                run_traffic(sw.address)
+            finally:
+                sw.stop()
+    finally:
+        os.environ.pop("INA_GSO") if gso is None else os.environ.update(INA_GSO=gso)
     return path, port
 
 
