@@ -3,17 +3,16 @@ end to end over UDP through a real switch process, then the CLI demo."""
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 
-import hostlib
 from hostlib import fastpath, wire
 from hostlib.codecs import ditherswitch, fixed, get_codec, natural
 from hostlib.codecs.base import block_exponents
 
 from .test_cli import switchsim
+from .test_e2e import run_workers
 
 
 def test_dither_codec_levels_unbiased_and_the_worker_variance_bound():
@@ -47,26 +46,10 @@ def test_dither_codec_levels_unbiased_and_the_worker_variance_bound():
             get_codec("dither", levels=bad)
 
 
-def allreduce_calls(address, xs, calls, **kw):
+def allreduce_calls(address, xs, calls, codec, **kw):
     """Each rank allreduces its tensor `calls` times on one connection; returns outputs[rank][call]."""
-    n = len(xs)
-    outs, errors = [[] for _ in range(n)], [None] * n
-
-    def work(r):
-        try:
-            with hostlib.connect(address, r, n, **kw) as comm:
-                for _ in range(calls):
-                    outs[r].append(comm.allreduce(xs[r]))
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            errors[r] = e
-
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    assert errors == [None] * n
+    outs, errors, _ = run_workers(address, xs, codec, calls=calls, every_call=True, **kw)
+    assert errors == [None] * len(xs)
     return np.array(outs, dtype=np.float64)
 
 

@@ -12,18 +12,23 @@ import hostlib
 from hostlib.codecs import fixed, natural
 
 
-def run_workers(address, xs, codec, job=1, calls=1, sparse=False, **kw):
+def run_workers(address, xs, codec, job=1, calls=1, sparse=False, every_call=False, **kw):
     """Each rank allreduces its tensor `calls` times (or once per flag if sparse is a list of
-    allreduce(sparse=...) flags); returns (outputs of the last call, errors, stats)."""
+    allreduce(sparse=...) flags); returns (outputs of the last call, or with every_call each rank's list of
+    every call's output, errors, stats)."""
     n = len(xs)
-    outs, errors, stats = [None] * n, [None] * n, [None] * n
+    outs, errors, stats = [[] if every_call else None for _ in range(n)], [None] * n, [None] * n
     flags = sparse if isinstance(sparse, list) else [sparse] * calls
 
     def work(r):
         try:
             with hostlib.connect(address, r, n, job=job, codec=codec, **kw) as comm:
                 for flag in flags:
-                    outs[r] = comm.allreduce(xs[r], sparse=flag)
+                    out = comm.allreduce(xs[r], sparse=flag)
+                    if every_call:
+                        outs[r].append(out)
+                    else:
+                        outs[r] = out
                 stats[r] = comm.stats
         except Exception as e:  # noqa: BLE001 - reported to the test
             errors[r] = e
