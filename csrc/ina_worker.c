@@ -43,6 +43,7 @@ typedef struct {
     double next_scan;
     double rtt_min;     /* the smallest RTT sample of the current batch */
     uint32_t rtt_n;
+    int32_t *sums;      /* fixed with out: one result's sums, native */
     uint8_t *rbuf;
     size_t rlen;        /* receive buffer per message: one result, or a coalesced run with UDP_GRO */
     int gro_on;         /* this call turned UDP_GRO on (and turns it off in ina_wk_finish) */
@@ -105,7 +106,8 @@ int ina_wk_start(ina_wk *w)
     p->pkt_max = INA_HEADER_SIZE + (w->sparse ? INA_BLOCK_EXT_SIZE : 0) + (size_t)w->k * p->esize;
     p->win = calloc(w->window, sizeof *p->win);
     p->pkts = malloc((size_t)w->window * p->pkt_max);
-    if (!p->win || !p->pkts || rx_init(w, p)) {
+    p->sums = malloc((size_t)w->k * sizeof *p->sums);
+    if (!p->win || !p->pkts || !p->sums || rx_init(w, p)) {
         w->priv = p;
         ina_wk_finish(w);
         return INA_WK_NO_MEMORY;
@@ -173,6 +175,7 @@ void ina_wk_finish(ina_wk *w)
         ina_gro_set(w->fd, 0); /* results still queued stay coalesced; they are late duplicates */
     free(p->win);
     free(p->pkts);
+    free(p->sums);
     free(p->rbuf);
     free(p->pos);
     free(p->target);
@@ -189,8 +192,10 @@ static int encode_elements(ina_wk *w, priv_t *p, uint64_t lo, uint32_t count, in
 {
     if (w->kind == INA_WK_INT32) {
         const int32_t *s = (const int32_t *)w->src + lo;
-        for (uint32_t i = 0; i < count; i++)
-            wr32(pl + 4 * i, (uint32_t)s[i]);
+        for (uint32_t i = 0; i < count; i++) { /* bswap + memcpy: the compiler vectorises it, wr32 it does not */
+            uint32_t be = __builtin_bswap32((uint32_t)s[i]);
+            memcpy(pl + 4 * (size_t)i, &be, 4);
+        }
         return 0;
     }
     const float *s = (const float *)w->src + lo;
@@ -363,16 +368,34 @@ static void rtt_sample(ina_wk *w, double r)
     w->rto = fmin(fmax(rto, w->min_rto), w->max_rto);
 }
 
-/* a result's elements into the result buffer at element lo (native int32 sums, or NC codes) */
-static void store_elements(ina_wk *w, uint64_t lo, const uint8_t *pl, uint32_t count)
+/* a result's payload as native int32 (wire order is big-endian) */
+static void sums_of(const uint8_t *pl, uint32_t count, int32_t *res)
 {
+    for (uint32_t i = 0; i < count; i++) { /* vectorised, as in encode_elements */
+        uint32_t be;
+        memcpy(&be, pl + 4 * (size_t)i, 4);
+        res[i] = (int32_t)__builtin_bswap32(be);
+    }
+}
+
+/* a result's elements of block b (from element lo) into the result buffer (native int32 sums, or NC codes),
+ * or decoded into out where the caller gave one (int32 sums; float32 for fixed and nc), so no pass over the
+ * whole tensor follows the last result; 0, or -1 for an NC code no encoder emits (a corrupt payload) */
+static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const uint8_t *pl, uint32_t count)
+{
+    if (w->out && w->kind == INA_WK_NC)
+        return ina_nc_decode(pl, count, (float *)w->out + lo) ? -1 : 0;
+    if (w->out && w->kind == INA_WK_FIXED) {
+        sums_of(pl, count, p->sums);
+        ina_fixed_dequantize(p->sums, count, count, w->agreed + b, w->world, (float *)w->out + lo);
+        return 0;
+    }
     if (w->kind == INA_WK_NC) {
         memcpy((uint8_t *)w->result + lo, pl, count);
-        return;
+        return 0;
     }
-    int32_t *res = (int32_t *)w->result + lo;
-    for (uint32_t i = 0; i < count; i++)
-        res[i] = (int32_t)rd32(pl + 4 * i);
+    sums_of(pl, count, (int32_t *)(w->out ? w->out : w->result) + lo);
+    return 0;
 }
 
 /* build stream s's current round into its window entry and queue it; INA_WK_AGAIN or INA_WK_ENCODE_ERROR */
@@ -413,8 +436,9 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     if (h->flags & INA_FLAG_OVERFLOW)
         w->overflow = 1;
     if (real) {
-        store_elements(w, (uint64_t)t * w->k, d + INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE, h->count);
-        w->agreed[t] = h->exp_cur;
+        w->agreed[t] = h->exp_cur; /* before the store: fixed's decode into out scales by it */
+        if (store_elements(w, p, t, (uint64_t)t * w->k, d + INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE, h->count))
+            return INA_WK_BAD_RESULT;
         w->ndone++;
         if (p->pos[s] == t)
             p->pos[s] = held_from(w, (uint64_t)t + w->streams);
@@ -432,7 +456,8 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     return INA_WK_AGAIN;
 }
 
-/* one received datagram; INA_WK_AGAIN to go on, or INA_WK_SWITCH_ERROR (INA_WK_ENCODE_ERROR: sparse) */
+/* one received datagram; INA_WK_AGAIN to go on, INA_WK_SWITCH_ERROR, INA_WK_BAD_RESULT (INA_WK_ENCODE_ERROR:
+ * sparse) */
 static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
 {
     header h;
@@ -474,8 +499,8 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->overflow = 1;
     if (w->exps && q < w->nb)
         w->agreed[q] = h.exp_next;
-    if (q >= w->D)
-        store_elements(w, lo, d + INA_HEADER_SIZE, h.count);
+    if (q >= w->D && store_elements(w, p, q - w->D, lo, d + INA_HEADER_SIZE, h.count))
+        return INA_WK_BAD_RESULT;
     w->done[q] = 1;
     w->ndone++;
     p->cand[p->n_cand++] = q + w->window; /* its lane's next packet */

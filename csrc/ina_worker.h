@@ -17,6 +17,7 @@
 #define INA_WK_SWITCH_ERROR 3  /* the switch sent MSG_ERROR; its text is in error */
 #define INA_WK_ENCODE_ERROR 4  /* a codec kernel failed (status in sys_errno) */
 #define INA_WK_SYSTEM_ERROR 5  /* a socket call failed (errno in sys_errno) */
+#define INA_WK_BAD_RESULT 6    /* a result the codec cannot decode into out (NC code 0x80: a corrupt payload) */
 
 #define INA_WK_BATCH 64
 #define INA_WK_ERROR_TEXT 512
@@ -37,7 +38,10 @@ typedef struct {
     uint64_t n;
     const int8_t *exps; /* per block: this worker's exponent (fixed, nc) */
     int8_t *agreed;     /* per block: the max over workers, filled from results */
-    void *result;       /* per element: int32 sums (int32, fixed) or uint8 codes (nc) */
+    void *result;       /* per element: int32 sums (int32, fixed) or uint8 codes (nc); unused when out is set */
+    void *out;          /* NULL, or per element the decoded sum, written as each result arrives: int32 (int32),
+                         * float32 (fixed, nc); may be src itself (in place: a block is read for the last time
+                         * before its result can arrive) */
     uint8_t *done;      /* per packet of the stream: nb + D entries, zeroed */
     double rto, min_rto, max_rto, timeout;
     double srtt, rttvar; /* the round-trip estimate, carried over calls */

@@ -42,19 +42,30 @@ def kind(codec, flat: np.ndarray):
     return getattr(kernels.lib, f"INA_WK_{name}") if name else None
 
 
-def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progress, held=None):
+def out_dtype(kind_: int):
+    """The dtype the C loop decodes results into: int32 sums for int32, float32 for fixed and nc."""
+    return np.int32 if kind_ == kernels.lib.INA_WK_INT32 else np.float32
+
+
+def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progress, held=None, out=None):
     """Run one allreduce's packet stream on `slots` (streams.CallSlots); returns (result, agreed exponents,
     overflow flag) and moves the communicator's slot counters on.
 
-    result holds native int32 sums (int32, fixed) or NC codes per element; raises TimeoutError when a
-    packet gets no result within comm.timeout and INAError when the switch rejects the job. held (a bool
-    per block: this worker's block is non-zero) makes it the block-sparse allreduce."""
+    result holds native int32 sums (int32, fixed) or NC codes per element; with out (contiguous, of
+    out_dtype(kind_), possibly flat itself) the loop decodes each result into out instead and returns it.
+    Raises TimeoutError when a packet gets no result within comm.timeout and INAError when the switch rejects
+    the job. held (a bool per block: this worker's block is non-zero) makes it the block-sparse allreduce."""
     ffi, lib = kernels.ffi, kernels.lib
     n, k = flat.size, comm.k
     src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
     nb = -(-n // k)
     agreed = np.full(nb, -128, dtype=np.int8)
-    result = np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)
+    if out is not None:
+        if out.dtype != out_dtype(kind_) or out.size != n or not out.flags.c_contiguous:
+            raise ValueError(f"native worker loop: out must be {n} contiguous {np.dtype(out_dtype(kind_))}")
+        result = out
+    else:
+        result = np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)
     total_max = nb + min(comm.window, nb)
     done = np.zeros(total_max, dtype=np.uint8)
     exps_c = np.ascontiguousarray(exps, dtype=np.int8) if exps is not None else None
@@ -70,6 +81,7 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     w.src, w.n = ffi.from_buffer(src), n
     w.exps = ffi.from_buffer("int8_t[]", exps_c) if exps_c is not None else ffi.NULL
     w.agreed, w.result, w.done = ffi.from_buffer("int8_t[]", agreed), ffi.from_buffer(result), ffi.from_buffer(done)
+    w.out = ffi.from_buffer(out) if out is not None else ffi.NULL
     rtt = comm.rtt  # the estimate carries over between the C and the Python loop
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
@@ -122,6 +134,9 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
         raise INAError(ffi.string(w.error).decode(errors="replace"))
     if rc == lib.INA_WK_ENCODE_ERROR:
         raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")
+    if rc == lib.INA_WK_BAD_RESULT:
+        comm.mark_broken("corrupt result")
+        raise ValueError(natural.BAD_CODE_MESSAGE)
     if rc == lib.INA_WK_SYSTEM_ERROR:
         raise OSError(w.sys_errno, f"worker socket: {os.strerror(w.sys_errno)}")
     if held is not None:

@@ -194,7 +194,7 @@ class Communicator:
                                    f"within {timeout:g} s (a peer is dead or missing)")
 
     # ------------------------------------------------------------------ allreduce
-    def allreduce(self, x, progress=None, sparse: bool = False):
+    def allreduce(self, x, progress=None, sparse: bool = False, out=None):
         """Sum x over all workers of the job.
 
         Args:
@@ -204,8 +204,12 @@ class Communicator:
             progress: optional callable, called with the number of elements done so far.
             sparse: block-sparse INA (OmniReduce-style): only blocks of elements_per_packet elements that
                 are non-zero on this worker carry data; every worker of the job must pass the same flag.
+            out: where to write the sum: an array or tensor of x's type, shape and dtype; x itself for an
+                in-place allreduce (as torch.distributed.all_reduce). The C loop writes each result into a
+                contiguous out as it arrives, so no pass over the tensor and no fresh pages follow the
+                last result; after an error its content is undefined.
         Returns:
-            The sum, of x's type, shape and dtype, the same on every worker.
+            The sum, of x's type, shape and dtype, the same on every worker (out, when given).
         Raises:
             TimeoutError: no result within `timeout` (a peer died, or the ranks' calls differ); the
                 communicator is then unusable.
@@ -223,14 +227,20 @@ class Communicator:
         arr = _to_numpy(x) if torch_like else np.asarray(x)
         flat = np.ascontiguousarray(arr).reshape(-1)
         self.codec.check_input(flat)
+        dst = _out_view(out, x, arr) if out is not None else None
         if not flat.size:
             run = flat.copy
         elif sparse:
             run = functools.partial(self._allreduce_sparse, flat, progress)
         else:
-            run = functools.partial(self._allreduce_flat, flat, progress)
-        out = self._timed(run, flat.size).reshape(arr.shape)
-        return _from_numpy(out, x) if torch_like else out
+            run = functools.partial(self._allreduce_flat, flat, progress, dst)
+        res = self._timed(run, flat.size)
+        if out is None:
+            res = res.reshape(arr.shape)
+            return _from_numpy(res, x) if torch_like else res
+        if dst is None or not np.shares_memory(res, dst):
+            _copy_into(out, res, arr.shape)
+        return out
 
     def _timed(self, run, elements: int):
         """run() counted in the stats; a timeout leaves the communicator broken."""
@@ -261,11 +271,11 @@ class Communicator:
         self._drive(stream, progress)
         return cuda.decode_like(stream.result[:stream.N], x)
 
-    def _allreduce_flat(self, flat: np.ndarray, progress):
+    def _allreduce_flat(self, flat: np.ndarray, progress, dst=None):
         exps = self.codec.flat_exponents(flat, self.k) if self.codec.negotiates_exponent else None
         slots, seed, kind = self._begin_call(flat)
         if kind is not None:
-            return self._run_c_loop(kind, flat, exps, seed, slots, progress)
+            return self._run_c_loop(kind, flat, exps, seed, slots, progress, dst=dst)
         return self._window_loop(DenseStream(self, flat, exps, seed, slots), progress)
 
     def _allreduce_sparse(self, flat: np.ndarray, progress):
@@ -344,10 +354,19 @@ class Communicator:
         kind = fastpath.kind(self.codec, flat) if self.fast is not False and flat is not None else None
         return CallSlots(self._next_slot, self._uses), seed, kind
 
-    def _run_c_loop(self, kind, flat, exps, seed: int, slots, progress, held=None) -> np.ndarray:
-        result, agreed, overflow = fastpath.allreduce(self, kind, flat, exps, seed, slots, progress, held)
+    def _run_c_loop(self, kind, flat, exps, seed: int, slots, progress, held=None, dst=None) -> np.ndarray:
+        """The C loop; dense, it decodes each result into dst (the caller's out, where its dtype is the
+        loop's) or a fresh array as it arrives."""
+        if held is not None:
+            result, agreed, overflow = fastpath.allreduce(self, kind, flat, exps, seed, slots, progress, held)
+            self._check_result(exps, agreed, overflow)
+            return fastpath.decode(kind, result, agreed, self.world_size, self.k, flat.dtype)
+        native = fastpath.out_dtype(kind)
+        if dst is None or dst.dtype != native:
+            dst = np.empty(flat.size, native)
+        _, agreed, overflow = fastpath.allreduce(self, kind, flat, exps, seed, slots, progress, out=dst)
         self._check_result(exps, agreed, overflow)
-        return fastpath.decode(kind, result, agreed, self.world_size, self.k, flat.dtype)
+        return dst.astype(flat.dtype, copy=False)
 
     def _results(self):
         """Parsed datagrams waiting on the socket; a switch's MSG_ERROR ends the allreduce."""
@@ -419,6 +438,35 @@ def _on_gpu_path(codec, x) -> bool:
     from . import cuda
 
     return cuda.allreduce_applies(codec, x)
+
+
+def _out_view(out, x, arr: np.ndarray) -> np.ndarray | None:
+    """allreduce's out as a flat array sharing its memory, or None where it cannot (a non-contiguous or
+    GPU out: the sum is copied into it at the end).
+
+    Raises:
+        ValueError: out's shape or dtype is not x's, or out is read-only.
+    """
+    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
+        raise ValueError(f"allreduce out must have x's shape and dtype: got {tuple(out.shape)} {out.dtype}, "
+                         f"x is {tuple(x.shape)} {x.dtype}")
+    if type(out).__module__.startswith("torch"):
+        if out.device.type != "cpu" or not out.is_contiguous() or arr.dtype != _to_numpy(out[:0]).dtype:
+            return None
+        return out.detach().numpy().reshape(-1)
+    if not isinstance(out, np.ndarray) or not out.flags.writeable:
+        raise ValueError("allreduce out must be a writable numpy array or a torch tensor")
+    return out.reshape(-1) if out.flags.c_contiguous else None
+
+
+def _copy_into(out, res: np.ndarray, shape):
+    """The sum into an out that allreduce could not write in place."""
+    if type(out).__module__.startswith("torch"):
+        import torch
+
+        out.copy_(res.reshape(shape) if isinstance(res, torch.Tensor) else torch.from_numpy(res.reshape(shape)))
+    else:
+        np.copyto(out, np.asarray(res).reshape(shape), casting="unsafe")
 
 
 def _to_numpy(t):

@@ -375,8 +375,9 @@ def count_wrong(codec: str, inputs, out, k: int) -> int | None:
 
 
 def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, out):
-    """One INA rank: per count, warm-up then timed allreduces on one connection; rank 0 checks the last
-    result of each size after the loop (checking in between would delay the next size's first call)."""
+    """One INA rank: per count, warm-up then timed allreduces on one connection, out of place into one
+    preallocated buffer (nccl-tests' recvbuff: no fresh pages per call); rank 0 checks the last result of
+    each size after the loop (checking in between would delay the next size's first call)."""
     import hostlib
 
     from .demo import make_input
@@ -385,12 +386,13 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, out):
     with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60) as comm:
         for count in counts:
             x = make_input(codec, count, rank)
+            res = np.empty_like(x)
             warm, iters = _iterations(4 * count)
             for _ in range(warm):
-                comm.allreduce(x)
+                comm.allreduce(x, out=res)
             t0 = time.perf_counter()
             for _ in range(iters):
-                res = comm.allreduce(x)
+                comm.allreduce(x, out=res)
             times.append((time.perf_counter() - t0) / iters)
             last.append(res if rank == 0 else None)
     wrong = [count_wrong(codec, [make_input(codec, c, r) for r in range(n)], res, elements) if rank == 0 else None
@@ -509,7 +511,8 @@ def nccl_table(rows: list[dict]) -> str:
             f"{'#wrong':>6}\n#{'(B)':>11}  {'(elements)':>12}  {'':>6}  {'':>5}  {'(us)':>10}  {'(GB/s)':>7}  "
             f"{'(GB/s)':>7}  {'':>6}")
     lines = ["# busbw = algbw * 2(n-1)/n (nccl-tests' allreduce); #wrong: elements outside the codec's bound",
-             "# INA: out of place (allreduce returns a new array); gloo: in place (all_reduce(t))"]
+             "# INA: out of place into a preallocated buffer (allreduce(x, out=y), nccl-tests' recvbuff); "
+             "gloo: in place (all_reduce(t))"]
     for config in dict.fromkeys(r["config"] for r in rows):
         block = [r for r in rows if r["config"] == config]
         note = ("memory bound: np.copyto of the same buffer, one core (algbw = size / copy time)"

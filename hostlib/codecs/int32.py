@@ -26,7 +26,7 @@ class Int32Codec(Codec):
         """
         if not (np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_):
             raise TypeError(f"codec 'int32' sums integers exactly; got {flat.dtype} (use 'fixed' or 'nc' for floats)")
-        if flat.size and (flat.min() < I32.min or flat.max() > I32.max):
+        if flat.size and not np.can_cast(flat.dtype, np.int32) and (flat.min() < I32.min or flat.max() > I32.max):
             raise OverflowError("codec 'int32': input values do not fit in int32")
 
     def encode(self, block, exp, world_size, seed, offset):
