@@ -75,6 +75,8 @@ def run_ranks(target, world: int, args: tuple, expect: int, timeout: float = 600
     rendezvous on a free loopback port) and collect `expect` items they put on the queue; RuntimeError
     if the ranks die or time out first."""
     ctx = mp.get_context("spawn")
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")  # one core per rank: idle BLAS threads spin on the cores the ranks share
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
