@@ -1,7 +1,8 @@
 """cffi (API mode) builders for the native parts; setup.py runs them at install time.
 
-switchsim._native  the aggregator core and its recvmmsg/sendmmsg UDP loop
-hostlib._kernels   NC / fixed-point codec kernels and the worker protocol loop (sendmmsg/recvmmsg)
+switchsim._native  the aggregator core, its recvmmsg/sendmmsg UDP loop and its shared-memory loop
+hostlib._kernels   NC / fixed-point codec kernels, the worker protocol loop (sendmmsg/recvmmsg or shared-memory
+                   rings) and the worker's end of the shared-memory transport
 switchsim._dpdk    the core behind a DPDK poll loop (only where pkg-config finds libdpdk)
 
 INA_CFLAGS replaces the optimisation flags (default -O3 -march=native: the build runs on the machine
@@ -51,10 +52,11 @@ def _ffi(name, header_includes, sources, **kw):
     return ffi
 
 
-core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h"],
-                _src("ina_core.c", "ina_core_simd.c", "ina_udp.c"))
-kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_worker.h"],
-                   _src("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c", "ina_bloom.c", "ina_worker.c"),
+core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h", "ina_shm_switch.h"],
+                _src("ina_core.c", "ina_core_simd.c", "ina_udp.c", "ina_shm_switch.c"))
+kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_shm.h", "ina_worker.h"],
+                   _src("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c", "ina_bloom.c", "ina_shm.c",
+                        "ina_worker.c"),
                    libraries=["m"], cflags=["-ffp-contract=off"])  # SIMD files set their own target; no FMA
 
 

@@ -21,6 +21,7 @@
 #include "ina_gso.h"
 #include "ina_kernels.h"
 #include "ina_packet.h"
+#include "ina_shm.h"
 
 #define SCAN_EVERY 0.002 /* seconds between retransmission scans, as in the Python loop */
 #define RTT_BATCH 16     /* RTT samples per estimator update (their minimum), as in the Python loop */
@@ -80,6 +81,8 @@ static uint32_t held_from(const ina_wk *w, uint64_t from);
  * Python loop reads one datagram per recv, so GRO is on only while this call runs. */
 static int rx_init(ina_wk *w, priv_t *p)
 {
+    if (w->shm)
+        w->gso = w->gro = 0; /* rings carry datagrams as they are */
     p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0;
     if (w->gro && !p->gro_on)
         w->gro = 0;
@@ -305,6 +308,14 @@ static int pack(ina_wk *w, priv_t *p, int from)
  * timeout recovers it. A GSO message the kernel refuses turns GSO off and goes again packet by packet. */
 static void flush(ina_wk *w, priv_t *p)
 {
+    if (w->shm) { /* a full ring loses the packet, as a full socket buffer does */
+        for (int i = 0; i < p->n_send; i++)
+            ina_shm_queue(w->shm, p->siov[i].iov_base, p->slen[i]);
+        if (p->n_send)
+            ina_shm_flush(w->shm);
+        p->n_send = 0;
+        return;
+    }
     int from = 0;
     while (from < p->n_send) {
         int m = pack(w, p, from), sent = 0;
@@ -537,9 +548,27 @@ static int on_message(ina_wk *w, priv_t *p, int i)
     return n;
 }
 
+/* the down ring's results, in place; the number read, or -(result code) */
+static int receive_shm(ina_wk *w, priv_t *p)
+{
+    int got = 0;
+    uint32_t len;
+    const uint8_t *d;
+    while ((d = ina_shm_peek(w->shm, &len))) {
+        int rc = on_result(w, p, d, len);
+        ina_shm_next(w->shm);
+        if (rc != INA_WK_AGAIN)
+            return -rc;
+        got++;
+    }
+    return got;
+}
+
 /* drain the socket in batches; the number of datagrams read, or -(result code) */
 static int receive(ina_wk *w, priv_t *p)
 {
+    if (w->shm)
+        return receive_shm(w, p);
     int got = 0;
     for (;;) {
         for (int i = 0; i < INA_WK_BATCH; i++) {
@@ -645,6 +674,10 @@ int ina_wk_run(ina_wk *w, int budget_ms)
             if (t >= end)
                 return INA_WK_AGAIN;
             double wait = fmin(p->next_scan, end) - t;
+            if (w->shm) {
+                ina_shm_wait(w->shm, fmax(wait, 0));
+                continue;
+            }
             struct timespec ts = {0, (long)(fmax(wait, 0) * 1e9)};
             struct pollfd pfd = {.fd = w->fd, .events = POLLIN};
             if (ppoll(&pfd, 1, &ts, NULL) < 0 && errno == EINTR)

@@ -24,7 +24,8 @@
 
 typedef struct {
     /* set by the caller before ina_wk_start */
-    int fd; /* connected, non-blocking UDP socket */
+    int fd; /* connected, non-blocking UDP socket (when shm is NULL) */
+    struct ina_shm_client *shm; /* or the shared-memory transport's port (ina_shm.h): rings instead of fd */
     uint16_t job;
     uint8_t rank, world;
     uint32_t window, k;

@@ -29,6 +29,8 @@ def gso_modes(comm) -> tuple[bool, bool]:
         return False, False
     if mode == "1":
         return True, True
+    if mode == "auto" and getattr(comm.sock, "handle", None) is not None:
+        return False, False  # shared-memory rings: no datagrams to batch
     try:
         loopback = comm.sock.getpeername()[0].startswith("127.")
     except OSError:
@@ -71,6 +73,7 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     exps_c = np.ascontiguousarray(exps, dtype=np.int8) if exps is not None else None
     w = ffi.new("ina_wk *")
     w.fd, w.job, w.rank, w.world, w.session = comm.sock.fileno(), comm.job, comm.rank, comm.world_size, comm.session
+    w.shm = getattr(comm.sock, "handle", None) or ffi.NULL  # hostlib.shm: rings instead of the socket
     w.window, w.k, w.kind = comm.window, k, kind_
     uses = np.ascontiguousarray(slots.uses, dtype=np.uint32)
     rounds = np.zeros(comm.window, dtype=np.uint32)

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from inaproto import auth
-from inaproto.net import SOCKET_BUFFER, parse_address, size_buffers  # noqa: F401 - public names
+from inaproto.net import SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
 from . import fastpath, rng, wire
 from .codecs import get_codec
 from .errors import INAError
+from .shm import ShmSocket
 from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator, SparseStream
 
 
@@ -117,7 +118,8 @@ class Communicator:
             window = AUTO_WINDOW_MAX
         if window < 1:
             raise ValueError("window must be >= 1")
-        self.address = parse_address(switch)
+        shm = shm_name(switch)
+        self.address = ("shm", shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
@@ -128,10 +130,13 @@ class Communicator:
         self.stats = CommStats()
         self._calls = 0
         self._broken: str | None = None
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        size_buffers(self.sock)
-        self.sock.connect(self.address)
-        self.sock.setblocking(False)
+        if shm is not None:
+            self.sock = ShmSocket(shm)
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            size_buffers(self.sock)
+            self.sock.connect(self.address)
+            self.sock.setblocking(False)
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
         try:
@@ -168,7 +173,10 @@ class Communicator:
         return bytes(self._view[:n])
 
     def _wait(self, seconds: float):
-        select.select([self.sock], [], [], max(0.0, seconds))
+        if isinstance(self.sock, ShmSocket):
+            self.sock.wait(seconds)
+        else:
+            select.select([self.sock], [], [], max(0.0, seconds))
 
     # ------------------------------------------------------------------ join barrier
     def _join(self, window: int, timeout: float):
@@ -510,7 +518,8 @@ def connect(switch, rank: int, world_size: int, job: int = 1, codec: str = "int3
     """Join `job` on the switch and return the worker's Communicator (a barrier: every rank must connect).
 
     Args:
-        switch: "HOST:PORT" or (host, port) of the switch.
+        switch: "HOST:PORT" or (host, port) of the switch, or "shm://NAME" for a switch on this host serving
+            shared-memory rings (`switchsim serve --backend c --shm NAME`).
         rank, world_size: this worker's rank in 0..world_size-1; the job's size (the switch's --job ID:N).
         job: the switch job id (0..65535).
         codec: "int32" (exact), "fixed" (SwitchML fixed point), "nc" (natural compression) or "dither"

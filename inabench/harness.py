@@ -21,23 +21,26 @@ class SwitchProcess:
 
     Args:
         *args: serve arguments (e.g. "--workers", 4); --json-stats is always added.
-        backend: python | c (dpdk runs in a namespace: pass its command as cmd).
+        backend: python | c | shm (the C core on shared-memory rings; dpdk runs in a namespace: pass its
+            command as cmd).
         cmd: the serve command to run instead (e.g. VethNamespace.serve_command(port)).
     """
 
     def __init__(self, *args, backend="python", cmd=None):
-        if cmd is None:
+        if cmd is None and backend == "shm":
+            cmd = [sys.executable, "-m", "switchsim", "serve", "--backend", "c", "--shm", f"bench-{os.getpid()}-{id(self)}"]
+        elif cmd is None:
             cmd = [sys.executable, "-m", "switchsim", "serve", "--port", "0", "--backend", backend]
         cmd = [*cmd, "--json-stats", *map(str, args)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self._line()
         while line.startswith(("TELEMETRY", "EAL")):  # DPDK's own start-up lines
             line = self._line()
-        m = re.search(r"listening on ([\d.]+):(\d+)", line)
+        m = re.search(r"listening on (shm://\S+|[\d.]+:\d+)", line)
         if not m:
             self.proc.kill()
             raise RuntimeError(f"switch failed to start: {line!r} {self.proc.stderr.read()}")
-        self.address = f"{m.group(1)}:{m.group(2)}"
+        self.address = m.group(1)  # HOST:PORT, or shm://NAME (serve --shm)
 
     def _line(self, timeout: float = 60.0) -> str:
         """The child's next line of output; "" if it says nothing within timeout (a hung start fails)."""

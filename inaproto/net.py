@@ -8,6 +8,18 @@ from functools import lru_cache
 SOCKET_BUFFER = 8 << 20  # a window of bursts from every worker without drops on loopback
 
 
+SHM_HOST = "shm"  # the host part of a shared-memory port's address: ("shm", port)
+SHM_SCHEME = "shm://"
+SHM_IDS = 1 << 56  # address id of shared-memory port p: SHM_IDS + p (csrc/ina_shm_switch.h INA_SHM_ID_BASE)
+
+
+def shm_name(address) -> str | None:
+    """NAME of a "shm://NAME" switch address (the shared-memory transport), else None."""
+    if isinstance(address, str) and address.startswith(SHM_SCHEME):
+        return address[len(SHM_SCHEME):]
+    return None
+
+
 def parse_address(address) -> tuple[str, int]:
     """"HOST:PORT" or (host, port) -> (host, port); ":PORT" means 127.0.0.1."""
     if isinstance(address, tuple):
@@ -38,12 +50,16 @@ def int_to_ip(ip: int) -> str:
 
 
 def address_id(host: str, port: int) -> int:
-    """The 48-bit id the C loops give a UDP source (IPv4 << 16 | port)."""
+    """The id the C loops give a source: IPv4 << 16 | port for UDP, SHM_IDS + port for a shared-memory port."""
+    if host == SHM_HOST:
+        return SHM_IDS + port
     return ip_to_int(host) << 16 | port
 
 
 @lru_cache(maxsize=4096)  # a switch asks it for every control request: a flood comes from few hosts
 def is_loopback(host) -> bool:
+    if host == SHM_HOST:
+        return True  # a shared-memory port is on this host by construction
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

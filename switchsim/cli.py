@@ -103,10 +103,14 @@ def make_server(args):
         server = BMv2Server(config, args.host, args.port, ifaces=args.iface.split(",") if args.iface else None,
                             grpc_addr=args.grpc, pcap=(args.pcap, args.pcap_max_mb) if args.pcap else None)
         return server, server
+    if args.shm and args.backend != "c":
+        raise ValueError("--shm (the shared-memory transport) runs the C core: --backend c")
     if args.backend == "c":
-        from .native import CoreSwitch, CUDPServer
+        from .native import CoreSwitch, CShmServer, CUDPServer
 
         switch = CoreSwitch(config)
+        if args.shm:
+            return switch, CShmServer(switch, args.shm, **net)
         return switch, CUDPServer(switch, args.host, args.port, **net)
     from .model import Switch
     from .server import UDPServer
@@ -160,8 +164,9 @@ def cmd_serve(args) -> int:
         print(f"switchsim: {e}", file=sys.stderr)
         return 2
     host, port = server.address
+    where = getattr(server, "url", None) or f"{host}:{port}"  # shm://NAME for the shared-memory transport
     jobs = ", ".join(f"job {j}: {job.world_size} workers" for j, job in switch.jobs.items())
-    print(f"switchsim listening on {host}:{port} ({jobs}; {args.slots} slots, "
+    print(f"switchsim listening on {where} ({jobs}; {args.slots} slots, "
           f"<= {args.elements_per_packet} elements/packet, backend {args.backend})", flush=True)
     if args.metrics_port is not None:
         print(f"switchsim metrics on http://{args.metrics_host}:{metrics}/metrics", flush=True)
@@ -321,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job", action="append", metavar="ID:WORKERS", help="serve this job (repeatable)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
+    s.add_argument("--shm", metavar="NAME", help="serve workers on this host through shared-memory rings "
+                   "(/dev/shm/ina-NAME) instead of UDP; they connect to shm://NAME (--backend c)")
     s.add_argument("--iface", help="dpdk: drive this kernel interface with net_af_packet (e.g. a veth); "
                                     "bmv2: its ports, comma-separated (default: a namespace and veth of its own)")
     s.add_argument("--grpc", metavar="ADDR",
@@ -420,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--workers", dest="workers_list", type=csv(int), default="2,4", metavar="LIST",
                         help="worker counts (comma list; default %(default)s)")
         sp.add_argument("--backends", type=csv(str), default="python,c", metavar="LIST",
-                        help="switch backends: python,c,dpdk (comma list; dpdk needs root; default %(default)s)")
+                        help="switch backends: python,c,dpdk,shm (comma list; dpdk needs root; shm: the C core "
+                             "on shared-memory rings, serve --shm; default %(default)s)")
         sp.add_argument("--codecs", type=csv(str), default="int32,fixed,nc", metavar="LIST",
                         help="codecs (comma list; default %(default)s)")
         sp.add_argument("--no-gloo", dest="gloo", action="store_false", help="skip the torch gloo baseline")
@@ -446,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sizes", type=size_list, default="1K,4K,16K,64K,256K,1M,4M,16M,64M", metavar="LIST",
                     help="bytes of float32 per worker, K/M/G = 1024^n (comma list; default %(default)s; "
                          "nccl-tests' top is 256M)")
-    sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`
+    sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`; shared memory: shm
     sp.add_argument("--payloads", type=csv(int), default="1024", metavar="LIST",
                     help="payload bytes per packet (comma list, default %(default)s; 1024 = 256 int32 or 1024 NC codes, SwitchML's "
                          "large packets; loopback carries up to 64 KiB)")

@@ -2,7 +2,9 @@
 model (`Switch`) and the Python server (`UDPServer`). Built by cffi at install time."""
 from __future__ import annotations
 
+import errno
 import os
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -108,7 +110,7 @@ class CoreSwitch:
     def address_id(self, src) -> int:
         """The id the core keeps for a source: IPv4 << 16 | port for (ip, port), else a local number."""
         if isinstance(src, tuple):
-            return net.address_id(*src)
+            return net.address_id(*src)  # (ip, port), or ("shm", port)
         i = self._ids.get(src)
         if i is None:
             i = self._ids[src] = LOCAL_IDS + len(self._addrs)
@@ -124,6 +126,8 @@ class CoreSwitch:
         Returns:
             (ip, port), or the in-process address that got the id.
         """
+        if i >= net.SHM_IDS:
+            return net.SHM_HOST, i - net.SHM_IDS
         if i >= LOCAL_IDS:
             return self._addrs[i - LOCAL_IDS]
         return net.int_to_ip(i >> 16), i & 0xFFFF
@@ -294,4 +298,89 @@ class CUDPServer:
                   "impairment": impairment_stats(c), "uptime_s": round(time.monotonic() - self.started, 3)})
         if self.capturing:
             s.update({"captured": c.captured, "capture_skipped": c.capture_skipped})
+        return s
+
+
+class CShmServer:
+    """The C core behind the shared-memory transport (`serve --backend c --shm NAME`, csrc/ina_shm_switch.c):
+    workers on this host connect to "shm://NAME" and exchange the same packets through rings in
+    /dev/shm/ina-NAME instead of UDP. Control requests come up to the Python control plane as with
+    CUDPServer; impairments are applied in C.
+
+    Args:
+        backend: the CoreSwitch whose core the loop drives.
+        name: the segment's name ([A-Za-z0-9_.-], at most 64).
+        ports: workers that may be connected at once (default: twice the jobs' workers, at least 8).
+        loss, dup, reorder, seed: as UDPServer.
+
+    Raises:
+        ValueError: a probability outside [0, 1) or a bad name.
+        OSError: the segment cannot be made (EADDRINUSE: a live switch has that name; ENOSPC: /dev/shm full).
+    """
+
+    def __init__(self, backend: CoreSwitch, name: str, ports: int | None = None, loss=0.0, dup=0.0, reorder=0.0,
+                 seed=None):
+        check_probabilities(loss, dup, reorder)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise ValueError(f"shared-memory name must be 1..64 of [A-Za-z0-9_.-], got {name!r}")
+        self.backend = backend
+        ports = ports or max(8, 2 * sum(j.world_size for j in backend.jobs.values()))
+        self.loop = ffi.gc(lib.ina_shm_switch_new(backend.core, name.encode(), ports, loss, dup, reorder,
+                                                  (seed or 0) & MASK64), lib.ina_shm_switch_free)
+        if self.loop == ffi.NULL:
+            err = ffi.errno
+            raise OSError(err, f"cannot make the shared-memory segment /dev/shm/ina-{name}: {os.strerror(err)}"
+                          + (" (another switch serves that name)" if err == errno.EADDRINUSE else ""))
+        self.address = (net.SHM_HOST, 0)
+        self.url = net.SHM_SCHEME + name
+        self._stopped = threading.Event()
+        self.started = time.monotonic()
+        backend.control.stats = self.stats
+
+    def serve_forever(self):
+        """Serve until stop(); the C loop returns every few milliseconds and whenever control requests wait."""
+        length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
+        while not self._stopped.is_set():
+            n = lib.ina_shm_switch_run(self.loop)  # releases the GIL until idle, stopped or a request waits
+            for i in range(n):
+                data = bytes(ffi.buffer(lib.ina_shm_switch_punt(self.loop, i, length, src), length[0]))
+                for reply, dst in self.backend.control_request(data, self.backend.address(src[0])):
+                    lib.ina_shm_switch_send(self.loop, net.address_id(*dst), reply, len(reply))
+            lib.ina_shm_switch_punt_clear(self.loop)
+
+    def start_thread(self) -> threading.Thread:
+        """serve_forever in a daemon thread."""
+        t = threading.Thread(target=self.serve_forever, name="switchsim-shm", daemon=True)
+        t.start()
+        return t
+
+    def stop(self):
+        """Ask serve_forever to return; safe from a signal handler."""
+        self._stopped.set()
+        lib.ina_shm_switch_stop(self.loop)
+
+    def start_capture(self, path: str, max_mb: float):
+        """Raises:
+            RuntimeError: always; a shared-memory switch has no wire to capture (serve it on UDP for --pcap).
+        """
+        raise RuntimeError("--pcap needs a UDP switch: the shared-memory transport has no datagrams on a wire")
+
+    def close(self):
+        """Remove the segment (after serve_forever returned); connected workers then time out."""
+        if self.loop is not None:
+            self._final = self._transport()
+            ffi.release(self.loop)
+            self.loop = None
+
+    def _transport(self) -> dict:
+        c = lib.ina_shm_switch_counters(self.loop)
+        return {"bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "send_errors": c.send_errors,
+                "bad_records": c.bad_records, "wakeups": c.wakeups, "impairment": impairment_stats(c)}
+
+    def stats(self, per_slot: bool = False) -> dict:
+        """UDPServer.stats' layout with the ring loop's counters (bad_records: records that could not be,
+        which emptied their ring; wakeups: futex wakes of sleeping workers)."""
+        s = self.backend.stats(per_slot=per_slot)
+        s.update(self._transport() if self.loop is not None else self._final)
+        s["uptime_s"] = round(time.monotonic() - self.started, 3)
         return s
