@@ -1,0 +1,176 @@
+"""The shared-memory transport (shm://NAME, csrc/ina_shm*.c, hostlib/shm.py): the same packets and results
+as UDP, impairments and strangers handled as on UDP, and clear errors for every way a port cannot be had."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hostlib
+from inabench.harness import ROOT, SwitchProcess
+from inaproto import wire
+from switchsim import native
+
+from .test_e2e import run_workers
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the C core is not built")
+
+
+def shm_switch(name, jobs=None, **kw):
+    """A C core on shared-memory rings, served from a thread of this process; (server, thread)."""
+    server = native.CShmServer(native.CoreSwitch(jobs or {1: 2}), name, **kw)
+    return server, server.start_thread()
+
+
+def stop(server, thread):
+    server.stop()
+    thread.join(10)
+    server.close()
+
+
+def inputs(codec, n, size=50_000, seed=0):
+    rs = np.random.default_rng(seed)
+    if codec == "int32":
+        return [rs.integers(-1000, 1000, size).astype(np.int32) for _ in range(n)]
+    return [rs.standard_normal(size).astype(np.float32) for _ in range(n)]
+
+
+@pytest.mark.parametrize("codec", ["int32", "fixed", "nc"])
+def test_shm_gives_the_udp_results_bit_for_bit(codec):
+    """One input, a C switch on UDP and one on shared memory (serve processes): every rank gets the same
+    bytes on both, and int32 is the exact sum."""
+    xs = inputs(codec, 3)
+    outs = {}
+    for backend in ("c", "shm"):
+        sw = SwitchProcess("--workers", 3, "--elements-per-packet", 2048, backend=backend)
+        try:
+            got, errors, _ = run_workers(sw.address, xs, codec, elements_per_packet=2048, seed=5, timeout=20)
+        finally:
+            sw.stop()
+        assert errors == [None] * 3, errors
+        outs[backend] = got
+    assert sw.address.startswith("shm://")
+    for r in range(3):
+        assert outs["shm"][r].tobytes() == outs["c"][r].tobytes()
+        assert outs["shm"][r].tobytes() == outs["shm"][0].tobytes()
+    if codec == "int32":
+        assert np.array_equal(outs["shm"][0], np.sum(xs, axis=0))
+
+
+@pytest.mark.parametrize("fast", [None, False])
+def test_shm_int32_exact_under_loss_duplication_reordering(fast):
+    """The switch loop's impairments (loss, duplication, reordering both ways) on the rings: the C and the
+    Python worker loop recover every loss and stay exact."""
+    server, thread = shm_switch(f"imp-{os.getpid()}-{fast}", {1: 3}, loss=0.05, dup=0.05, reorder=0.05, seed=3)
+    xs = inputs("int32", 3, size=20_000)
+    try:
+        outs, errors, stats = run_workers(f"shm://imp-{os.getpid()}-{fast}", xs, "int32", calls=2, window=32,
+                                          timeout=30, rto=0.005, fast=fast)
+    finally:
+        stop(server, thread)
+    assert errors == [None] * 3, errors
+    for out in outs:
+        assert np.array_equal(out, np.sum(xs, axis=0))
+    assert sum(s.retransmissions for s in stats) > 0
+    imp = server.stats()["impairment"]
+    assert imp["rx"]["dropped"] > 0 and imp["tx"]["duplicated"] > 0 and imp["rx"]["reordered"] > 0
+
+
+def test_shm_stranger_on_a_port_changes_no_sum():
+    """A process that claims a port and writes garbage, truncated packets and updates forged with a member's
+    rank: the switch drops and counts them; the job's sums stay exact."""
+    name = f"stranger-{os.getpid()}"
+    server, thread = shm_switch(name)
+    xs = inputs("int32", 2, size=100_000)
+    stranger = hostlib.shm.ShmSocket(name)
+    done = threading.Event()
+
+    def flood():
+        rs = np.random.default_rng(1)
+        forged = wire.pack(wire.MSG_UPDATE, job=1, rank=0, packet_id=0, slot=0, count=256,
+                           codec=wire.CODEC_INT32) + bytes(1024)
+        while not done.is_set():
+            for data in (rs.bytes(int(rs.integers(1, 2000))), forged, forged[:30], b""):
+                try:
+                    stranger.send(data)
+                except BlockingIOError:
+                    pass
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        outs, errors, _ = run_workers(f"shm://{name}", xs, "int32", calls=3, timeout=30)
+    finally:
+        done.set()
+        t.join(5)
+        stranger.close()
+        stop(server, thread)
+    assert errors == [None] * 2, errors
+    assert all(np.array_equal(o, xs[0] + xs[1]) for o in outs)
+    s = server.stats()
+    assert s["dropped"]["malformed"] > 0 and s["dropped"]["spoofed"] > 0 and s["bad_records"] == 0
+
+
+def test_shm_ports_names_and_owners():
+    """No switch, every port taken, a bad or live name: clear errors. A port whose owner died is taken over."""
+    with pytest.raises(ConnectionRefusedError, match="no switch serves that name"):
+        hostlib.shm.ShmSocket(f"nobody-{os.getpid()}")
+    with pytest.raises(OSError, match="name must be"):
+        hostlib.shm.ShmSocket("a/b")
+    with pytest.raises(ValueError, match="shared-memory name"):
+        native.CShmServer(native.CoreSwitch({1: 2}), "a b")
+    name = f"ports-{os.getpid()}"
+    server, thread = shm_switch(name, ports=1)
+    try:
+        with pytest.raises(OSError) as e:
+            native.CShmServer(native.CoreSwitch({1: 2}), name)
+        assert e.value.errno == errno.EADDRINUSE
+        # a child claims the one port and dies without closing it: the port is free again for us
+        code = f"import hostlib.shm, os; s = hostlib.shm.ShmSocket({name!r}); print(s.port, flush=True); os._exit(0)"
+        child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert child.stdout.strip() == "0", child.stderr
+        first = hostlib.shm.ShmSocket(name)
+        with pytest.raises(OSError) as e:
+            hostlib.shm.ShmSocket(name)
+        assert e.value.errno == errno.EBUSY and "every port" in str(e.value)
+        first.close()
+        hostlib.shm.ShmSocket(name).close()  # closing frees it
+    finally:
+        stop(server, thread)
+    assert not os.path.exists(f"/dev/shm/ina-{name}")
+
+
+def test_shm_switch_gone_is_a_timeout():
+    """Workers joined, then the switch goes away: the allreduce raises TimeoutError, it does not hang."""
+    name = f"gone-{os.getpid()}"
+    server, thread = shm_switch(name)
+    comms = [None, None]
+
+    def join(r):
+        comms[r] = hostlib.connect(f"shm://{name}", r, 2, timeout=1.0)
+
+    ts = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    stop(server, thread)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="no result"):
+        comms[0].allreduce(np.ones(10_000, np.int32))
+    assert time.monotonic() - start < 10
+    for c in comms:
+        c.close()
+
+
+def test_serve_shm_needs_the_c_backend():
+    r = subprocess.run([sys.executable, "-m", "switchsim", "serve", "--backend", "python", "--shm", "x"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--backend c" in r.stderr
