@@ -229,6 +229,59 @@ def test_shapes_dtypes_and_torch_tensors(switch_process):
     assert torch.equal(outs[0], torch.arange(10, dtype=torch.int32) * 3)
 
 
+def _with_out(address, xs, codec, mode, fast):
+    """Each rank allreduces once into a fresh out (mode "out"), into its input ("in place"), into a
+    non-contiguous view ("strided", copied into at the end) or a torch tensor ("torch"); returns the outs."""
+    torch = pytest.importorskip("torch", reason="torch is an optional extra") if mode == "torch" else None
+    outs, errors = [None] * len(xs), [None] * len(xs)
+
+    def work(r):
+        try:
+            x = xs[r].copy()
+            with hostlib.connect(address, r, len(xs), codec=codec, seed=3, fast=fast, timeout=20) as comm:
+                if mode == "in place":
+                    out = x
+                elif mode == "strided":
+                    out = np.zeros(2 * x.size, x.dtype)[::2]
+                elif mode == "torch":
+                    x, out = torch.from_numpy(x), torch.zeros(x.size, dtype=torch.from_numpy(x[:0]).dtype)
+                else:
+                    out = np.full_like(x, 7)
+                got = comm.allreduce(x, out=out)
+                assert got is out
+                outs[r] = out.numpy() if mode == "torch" else np.array(out)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[r] = e
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [None] * len(xs), errors
+    return outs
+
+
+@pytest.mark.parametrize("fast", [None, False], ids=["c-loop", "python-loop"])
+def test_allreduce_into_out_and_in_place(switch_process, fast):
+    """allreduce(x, out=y) and out=x give the bytes allreduce(x) returns, for every codec and either loop
+    (a strided numpy out and a torch out too); an out of another shape or dtype is refused."""
+    sw = switch_process("--workers", 2, "--nc-rounding", "deterministic")  # NC sums the same in every run
+    rs = np.random.default_rng(4)
+    for codec in ("int32", "fixed", "nc"):
+        dtype = np.int32 if codec == "int32" else np.float32
+        xs = [(rs.standard_normal(5000) * 100).astype(dtype) for _ in range(2)]
+        ref, errors, _ = run_workers(sw.address, xs, codec, seed=3, fast=fast, timeout=20)
+        assert errors == [None, None]
+        for mode in ("out", "in place", "strided", "torch"):
+            got = _with_out(sw.address, xs, codec, mode, fast)
+            assert got[0].tobytes() == ref[0].tobytes() and got[1].tobytes() == ref[1].tobytes(), (codec, mode)
+    x = np.ones(10, np.int32)
+    for bad in (np.ones(11, np.int32), np.ones(10, np.int64), np.ones(10, np.int32).reshape(2, 5)):
+        with pytest.raises(ValueError, match="out must have x's shape and dtype"):
+            hostlib.worker._out_view(bad, x, x)  # what allreduce checks before its first packet
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["c-loop", "python-loop"])
 def test_packet_ids_wrap_past_2_32_with_any_window(switch_process, fast):
     """Every slot's 32-bit packet id (its use number) wraps during these calls, dense and block-sparse
