@@ -3,10 +3,17 @@ loop take them on loopback, the results stay exact under loss, duplication and r
 gives the same results with neither."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from hostlib import kernels
+from inabench.harness import ROOT
 from switchsim import native
 
 from .test_e2e import run_workers
@@ -96,3 +103,43 @@ def test_gso_off_gives_the_same_results(c_switch, monkeypatch):
     assert all(s.gso_sends == 0 and s.gro_segments == 0 for s in stats)
     sw = srv.stats()
     assert sw["gso_sends"] == 0 and sw["gro_segments"] == 0
+
+
+REFUSING_RUN = """
+import json, sys
+import numpy as np
+from switchsim import native
+from tests.test_e2e import run_workers
+
+srv = native.CUDPServer(native.CoreSwitch({1: 3}), "127.0.0.1", 0)
+th = srv.start_thread()
+rs = np.random.default_rng(1)
+xs = [rs.integers(-(2**20), 2**20, 40_000).astype(np.int32) for _ in range(3)]
+outs, errors, stats = run_workers("%s:%d" % srv.address, xs, "int32", calls=2, elements_per_packet=256,
+                                  window=128, timeout=30, fast=True)
+srv.stop(); th.join(5)
+exact = np.sum(np.array(xs, dtype=np.int64), axis=0)
+print(json.dumps({"errors": [repr(e) for e in errors if e], "exact": all(np.array_equal(o, exact) for o in outs),
+                  "worker_gso": [s.gso_sends for s in stats], "worker_gro": [s.gro_segments for s in stats],
+                  "switch": {k: srv.stats()[k] for k in ("gso_sends", "send_errors", "packets_out")}}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_a_kernel_that_refuses_gso_gets_datagrams(c_switch, tmp_path):
+    """Under a shim that fails every UDP_SEGMENT send with EIO (csrc/tests/refuse_gso.c, LD_PRELOAD), both C
+    loops turn GSO off after the first refusal and resend the batch as datagrams: exact results, no GSO send
+    counted, no send error at the switch."""
+    shim = tmp_path / "refuse_gso.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(shim), os.path.join(ROOT, "csrc/tests/refuse_gso.c"),
+                    "-ldl"], check=True)
+    env = dict(os.environ, LD_PRELOAD=str(shim), INA_GSO="1")
+    run = subprocess.run([sys.executable, "-c", REFUSING_RUN], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["errors"] == [] and got["exact"]
+    assert got["worker_gso"] == [0, 0, 0] and got["switch"]["gso_sends"] == 0
+    assert got["switch"]["send_errors"] == 0 and got["switch"]["packets_out"] > 0
+    refused = int(run.stderr.rsplit("refuse_gso: ", 1)[1].split()[0])
+    assert refused >= 4  # each worker loop and the switch loop tried GSO (INA_GSO=1) and were refused once
