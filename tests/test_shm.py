@@ -154,7 +154,7 @@ def test_shm_switch_gone_is_a_timeout():
     comms = [None, None]
 
     def join(r):
-        comms[r] = hostlib.connect(f"shm://{name}", r, 2, timeout=1.0)
+        comms[r] = hostlib.connect(f"shm://{name}", r, 2, timeout=1.0, join_timeout=30)
 
     ts = [threading.Thread(target=join, args=(r,)) for r in range(2)]
     for t in ts:
