@@ -237,14 +237,15 @@ def cmd_stats(args) -> int:
         0, or 1 when the switch does not answer (not running, or this host is not a control host).
     """
     from .server import print_json, query_stats
-    from inaproto.net import parse_address
+    from inaproto.net import parse_address, shm_name
 
+    address = args.switch if shm_name(args.switch) is not None else parse_address(args.switch)
     if args.watch:
         from .metrics import watch
 
-        return watch(parse_address(args.switch), args.interval, args.count, args.timeout)
+        return watch(address, args.interval, args.count, args.timeout)
     try:
-        print_json(query_stats(parse_address(args.switch), timeout=args.timeout))
+        print_json(query_stats(address, timeout=args.timeout))
     except (OSError, TimeoutError) as e:
         print(f"switchsim: no answer from {args.switch}: {e}", file=sys.stderr)
         return 1

@@ -134,7 +134,8 @@ def watch(address, interval: float, count: int | None, timeout: float, out=sys.s
             try:
                 cur = query_stats(address, timeout=timeout, per_slot=True)
             except (OSError, TimeoutError) as e:
-                print(f"switchsim: no answer from {address[0]}:{address[1]}: {e}", file=sys.stderr)
+                where = address if isinstance(address, str) else f"{address[0]}:{address[1]}"  # or shm://NAME
+                print(f"switchsim: no answer from {where}: {e}", file=sys.stderr)
                 return 1
             now = time.monotonic()
             if live:

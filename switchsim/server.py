@@ -10,7 +10,7 @@ import threading
 import time
 
 from inaproto import wire
-from inaproto.net import SOCKET_BUFFER, size_buffers
+from inaproto.net import SOCKET_BUFFER, shm_name, size_buffers
 
 from .capture import DECIDE_DROP, DECIDE_DUP, DECIDE_HOLD, Capture
 from .model import Switch
@@ -235,7 +235,7 @@ def query_stats(address: tuple[str, int], timeout=2.0, per_slot: bool = False) -
     those given to `serve --control`).
 
     Args:
-        address: (host, port) of the switch.
+        address: (host, port) of the switch, or "shm://NAME" for a shared-memory switch on this host.
         timeout: seconds to wait for the answer.
         per_slot: ask for each job's per-slot counters too (left out by the switch past one datagram).
 
@@ -246,18 +246,39 @@ def query_stats(address: tuple[str, int], timeout=2.0, per_slot: bool = False) -
         TimeoutError: no answer (no switch there, or this host is not a control host).
         RuntimeError: something else answered.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(timeout)
-        s.sendto(wire.pack(wire.MSG_STATS_REQ, flags=wire.FLAG_PER_SLOT if per_slot else 0), address)
-        try:
-            data, _ = s.recvfrom(1 << 20)
-        except socket.timeout:
-            raise TimeoutError(f"no stats from {address[0]}:{address[1]} within {timeout:g} s (not a control "
-                               "host of the switch? see serve --control)") from None
+    request = wire.pack(wire.MSG_STATS_REQ, flags=wire.FLAG_PER_SLOT if per_slot else 0)
+    if shm_name(address) is not None:
+        data = _query_shm(shm_name(address), request, timeout)
+    else:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(timeout)
+            s.sendto(request, address)
+            try:
+                data, _ = s.recvfrom(1 << 20)
+            except socket.timeout:
+                raise TimeoutError(f"no stats from {address[0]}:{address[1]} within {timeout:g} s (not a control "
+                                   "host of the switch? see serve --control)") from None
     h = wire.unpack(data)
     if h.msg_type != wire.MSG_STATS:
         raise RuntimeError(f"switch answered {wire.MSG_NAMES.get(h.msg_type)} to a stats request")
     return json.loads(bytes(data[wire.HEADER_SIZE:]))
+
+
+def _query_shm(name: str, request: bytes, timeout: float) -> bytes:
+    """A stats request through a port of a shared-memory switch (serve --shm NAME), and its answer."""
+    from hostlib.shm import ShmSocket
+
+    sock, buf = ShmSocket(name), bytearray(1 << 17)
+    try:
+        sock.send(request)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sock.wait(deadline - time.monotonic()):
+                n = sock.recv_into(buf)
+                return bytes(buf[:n])
+        raise TimeoutError(f"no stats from shm://{name} within {timeout:g} s")
+    finally:
+        sock.close()
 
 
 def print_json(obj, file=sys.stdout):

@@ -170,6 +170,25 @@ def test_shm_switch_gone_is_a_timeout():
         c.close()
 
 
+def test_stats_through_a_port():
+    """`switchsim stats shm://NAME`: the control plane answers a stats request that came through a port
+    (a shared-memory port is on this host, a control host), with the ring loop's counters."""
+    from switchsim.server import query_stats
+
+    name = f"stats-{os.getpid()}"
+    server, thread = shm_switch(name, {1: 3})
+    try:
+        stats = query_stats(f"shm://{name}", timeout=5, per_slot=True)
+        r = subprocess.run([sys.executable, "-m", "switchsim", "stats", f"shm://{name}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        stop(server, thread)
+    assert stats["jobs"]["1"]["world_size"] == 3 and stats["bad_records"] == 0 and "wakeups" in stats
+    assert r.returncode == 0 and '"bad_records"' in r.stdout
+    with pytest.raises(ConnectionRefusedError):
+        query_stats(f"shm://{name}", timeout=1)
+
+
 def test_serve_shm_needs_the_c_backend():
     r = subprocess.run([sys.executable, "-m", "switchsim", "serve", "--backend", "python", "--shm", "x"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
