@@ -230,7 +230,8 @@ def test_c_loop_under_address_sanitizer(tmp_path):
     exe = tmp_path / "worker_echo"
     subprocess.run(["gcc", "-std=gnu11", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer", "-I", CSRC, os.path.join(CSRC, "tests", "worker_echo.c"),
-                    os.path.join(CSRC, "ina_worker.c"), *KERNEL_SOURCES, "-lm", "-lpthread",
+                    os.path.join(CSRC, "ina_worker.c"), os.path.join(CSRC, "ina_shm.c"), *KERNEL_SOURCES, "-lm",
+                    "-lpthread",
                     "-o", str(exe)], check=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
