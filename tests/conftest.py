@@ -147,6 +147,50 @@ class CUDPHarness(UDPHarness):
     switch_class, server_class = native.CoreSwitch, native.CUDPServer
 
 
+class CShmHarness(UDPHarness):
+    """The C core on the shared-memory transport (serve --shm): port k is a shared-memory port of its own."""
+
+    switch_class = native.CoreSwitch
+    made = 0
+
+    def __init__(self, jobs, join=True, **kw):
+        kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
+        CShmHarness.made += 1
+        self.name = f"conformance-{os.getpid()}-{CShmHarness.made}"
+        self.server = native.CShmServer(self.switch_class(jobs, **kw), self.name, ports=256)
+        self.thread = self.server.start_thread()
+        self.socks = {}
+        self.start(jobs, join, kw.get("keys"))
+
+    def _sock(self, port):
+        from hostlib.shm import ShmSocket
+
+        if port not in self.socks:
+            self.socks[port] = ShmSocket(self.name)
+        return self.socks[port]
+
+    def blast(self, port, packets):
+        for data in packets:
+            try:
+                self._sock(port).send(self.stamp(data))
+            except BlockingIOError:
+                pass  # a full ring: lost, as a datagram to a full socket buffer
+        out, buf, deadline = [], bytearray(1 << 17), time.monotonic() + self.quiet
+        while time.monotonic() < deadline:
+            got = 0
+            for p, s in list(self.socks.items()):
+                while True:
+                    try:
+                        n = s.recv_into(buf)
+                    except BlockingIOError:
+                        break
+                    out.append((p, bytes(buf[:n])))
+                    got += 1
+            if not got:
+                time.sleep(0.001)
+        return out
+
+
 class DPDKNet(VethNamespace):
     """The test session's namespace for DPDK switches, each on a port of its own."""
 
@@ -264,9 +308,9 @@ def bmv2_missing() -> str:
     return bmv2.why_not()
 
 
-BACKENDS = {"model": ModelHarness, "udp": UDPHarness, "c": CoreHarness, "c-udp": CUDPHarness, "dpdk": DPDKHarness,
-            "bmv2": BMv2Harness}
-NEEDS_NATIVE = {"c", "c-udp"}
+BACKENDS = {"model": ModelHarness, "udp": UDPHarness, "c": CoreHarness, "c-udp": CUDPHarness, "c-shm": CShmHarness,
+            "dpdk": DPDKHarness, "bmv2": BMv2Harness}
+NEEDS_NATIVE = {"c", "c-udp", "c-shm"}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
