@@ -27,6 +27,8 @@ from hostlib.codecs import base, fixed, natural  # noqa: E402
 from hostlib.codecs.ditherswitch import DitherCodec, dither_floor  # noqa: E402
 from inabench.harness import ROOT, SwitchProcess  # noqa: E402
 
+from .test_e2e import run_workers  # noqa: E402
+
 sys.path.insert(0, os.path.join(ROOT, "csrc", "cuda"))
 import build_cuda  # noqa: E402
 
@@ -374,20 +376,8 @@ def test_precoded_packets_are_the_cpu_packets_when_the_exponent_is_this_workers(
 # ---------------------------------------------------------------- allreduce and the DDP hook
 
 def allreduce_all(address, xs, codec, **kw):
-    outs, errors = [None] * len(xs), [None] * len(xs)
-
-    def work(r):
-        try:
-            with hostlib.connect(address, r, len(xs), codec=codec, timeout=30, **kw) as comm:
-                outs[r] = comm.allreduce(xs[r])
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            errors[r] = e
-
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    kw.setdefault("timeout", 30)
+    outs, errors, _ = run_workers(address, xs, codec, **kw)
     assert errors == [None] * len(xs)
     return outs
 

@@ -12,10 +12,10 @@ import hostlib
 from hostlib.codecs import fixed, natural
 
 
-def run_workers(address, xs, codec, job=1, calls=1, sparse=False, every_call=False, **kw):
+def run_workers(address, xs, codec, job=1, calls=1, sparse=False, every_call=False, call=None, **kw):
     """Each rank allreduces its tensor `calls` times (or once per flag if sparse is a list of
-    allreduce(sparse=...) flags); returns (outputs of the last call, or with every_call each rank's list of
-    every call's output, errors, stats)."""
+    allreduce(sparse=...) flags), or runs call(comm, rank, flag) instead; returns (outputs of the last call,
+    or with every_call each rank's list of every call's output, errors, stats)."""
     n = len(xs)
     outs, errors, stats = [[] if every_call else None for _ in range(n)], [None] * n, [None] * n
     flags = sparse if isinstance(sparse, list) else [sparse] * calls
@@ -24,7 +24,7 @@ def run_workers(address, xs, codec, job=1, calls=1, sparse=False, every_call=Fal
         try:
             with hostlib.connect(address, r, n, job=job, codec=codec, **kw) as comm:
                 for flag in flags:
-                    out = comm.allreduce(xs[r], sparse=flag)
+                    out = call(comm, r, flag) if call else comm.allreduce(xs[r], sparse=flag)
                     if every_call:
                         outs[r].append(out)
                     else:
@@ -233,31 +233,22 @@ def _with_out(address, xs, codec, mode, fast):
     """Each rank allreduces once into a fresh out (mode "out"), into its input ("in place"), into a
     non-contiguous view ("strided", copied into at the end) or a torch tensor ("torch"); returns the outs."""
     torch = pytest.importorskip("torch", reason="torch is an optional extra") if mode == "torch" else None
-    outs, errors = [None] * len(xs), [None] * len(xs)
 
-    def work(r):
-        try:
-            x = xs[r].copy()
-            with hostlib.connect(address, r, len(xs), codec=codec, seed=3, fast=fast, timeout=20) as comm:
-                if mode == "in place":
-                    out = x
-                elif mode == "strided":
-                    out = np.zeros(2 * x.size, x.dtype)[::2]
-                elif mode == "torch":
-                    x, out = torch.from_numpy(x), torch.zeros(x.size, dtype=torch.from_numpy(x[:0]).dtype)
-                else:
-                    out = np.full_like(x, 7)
-                got = comm.allreduce(x, out=out)
-                assert got is out
-                outs[r] = out.numpy() if mode == "torch" else np.array(out)
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            errors[r] = e
+    def call(comm, r, _):
+        x = xs[r].copy()
+        if mode == "in place":
+            out = x
+        elif mode == "strided":
+            out = np.zeros(2 * x.size, x.dtype)[::2]
+        elif mode == "torch":
+            x, out = torch.from_numpy(x), torch.zeros(x.size, dtype=torch.from_numpy(x[:0]).dtype)
+        else:
+            out = np.full_like(x, 7)
+        got = comm.allreduce(x, out=out)
+        assert got is out
+        return out.numpy() if mode == "torch" else np.array(out)
 
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    outs, errors, _ = run_workers(address, xs, codec, call=call, seed=3, fast=fast, timeout=20)
     assert errors == [None] * len(xs), errors
     return outs
 
