@@ -29,8 +29,6 @@ def gso_modes(comm) -> tuple[bool, bool]:
         return False, False
     if mode == "1":
         return True, True
-    if mode == "auto" and getattr(comm.sock, "handle", None) is not None:
-        return False, False  # shared-memory rings: no datagrams to batch
     try:
         loopback = comm.sock.getpeername()[0].startswith("127.")
     except OSError:

@@ -200,7 +200,50 @@ def impairment_stats(c) -> dict:
             for i, side in enumerate(("rx", "tx"))}
 
 
-class CUDPServer:
+class _CLoopServer:
+    """What the C loops' servers share: serve_forever (the loop in C, control requests up to the control
+    plane and its replies back through the loop), start_thread and stop. A subclass names its loop's calls
+    in _ops: run, punt, punt_clear, send and stop, each taking the loop first."""
+
+    _ops: tuple[str, ...]
+    thread_name = "switchsim-c"
+
+    def serve_forever(self):
+        """Serve until stop(); the C loop returns every few milliseconds (and whenever control requests
+        wait), so signals and stop() are seen.
+
+        Raises:
+            OSError: the loop's transport failed.
+        """
+        run, punt, punt_clear, send, _ = (getattr(lib, name) for name in self._ops)
+        length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
+        while not self._stopped.is_set():
+            n = run(self.loop)  # releases the GIL until stopped, idle or a control request waits
+            if n < 0:
+                raise OSError(ffi.errno, "switch loop failed")
+            for i in range(n):
+                data = bytes(ffi.buffer(punt(self.loop, i, length, src), length[0]))
+                for reply, dst in self.backend.control_request(data, self.backend.address(src[0])):
+                    send(self.loop, net.address_id(*dst), reply, len(reply))  # impaired, captured
+            punt_clear(self.loop)
+
+    def start_thread(self) -> threading.Thread:
+        """serve_forever in a daemon thread (it runs without the GIL most of the time).
+
+        Returns:
+            The started thread.
+        """
+        t = threading.Thread(target=self.serve_forever, name=self.thread_name, daemon=True)
+        t.start()
+        return t
+
+    def stop(self):
+        """Ask serve_forever to return (the C loop sees it within one pass); safe from a signal handler."""
+        self._stopped.set()
+        getattr(lib, self._ops[4])(self.loop)
+
+
+class CUDPServer(_CLoopServer):
     """UDPServer's interface with the per-packet loop in C (csrc/ina_udp.c). Control requests (join, leave,
     stats) come up to the Python control plane, rate-limited in C; everything else stays in C.
 
@@ -213,6 +256,8 @@ class CUDPServer:
         OSError: the address cannot be bound.
         MemoryError: the loop's buffers cannot be allocated.
     """
+
+    _ops = ("ina_udp_run", "ina_udp_punt", "ina_udp_punt_clear", "ina_udp_send", "ina_udp_stop")
 
     def __init__(self, backend: CoreSwitch, host="127.0.0.1", port=wire.DEFAULT_PORT, loss=0.0, dup=0.0,
                  reorder=0.0, seed=None):
@@ -232,39 +277,6 @@ class CUDPServer:
         self.capturing = False
         self.started = time.monotonic()
         backend.control.stats = self.stats  # stats replies carry the loop's counters too
-
-    def serve_forever(self):
-        """Serve until stop(); the C loop returns every few milliseconds (and whenever control requests
-        wait), so signals and stop() are seen.
-
-        Raises:
-            OSError: the socket failed.
-        """
-        length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
-        while not self._stopped.is_set():
-            n = lib.ina_udp_run(self.loop)  # releases the GIL until stopped or a control request waits
-            if n < 0:
-                raise OSError(ffi.errno, "switch UDP loop failed")
-            for i in range(n):
-                data = bytes(ffi.buffer(lib.ina_udp_punt(self.loop, i, length, src), length[0]))
-                for reply, dst in self.backend.control_request(data, self.backend.address(src[0])):
-                    lib.ina_udp_send(self.loop, net.address_id(*dst), reply, len(reply))  # impaired, captured
-            lib.ina_udp_punt_clear(self.loop)
-
-    def start_thread(self) -> threading.Thread:
-        """serve_forever in a daemon thread (it runs without the GIL most of the time).
-
-        Returns:
-            The started thread.
-        """
-        t = threading.Thread(target=self.serve_forever, name="switchsim-c", daemon=True)
-        t.start()
-        return t
-
-    def stop(self):
-        """Ask serve_forever to return (the C loop sees it within one poll); safe from a signal handler."""
-        self._stopped.set()
-        lib.ina_udp_stop(self.loop)
 
     def start_capture(self, path: str, max_mb: float):
         """As UDPServer.start_capture, written by the C loop (csrc/ina_capture.h).
@@ -301,7 +313,7 @@ class CUDPServer:
         return s
 
 
-class CShmServer:
+class CShmServer(_CLoopServer):
     """The C core behind the shared-memory transport (`serve --backend c --shm NAME`, csrc/ina_shm_switch.c):
     workers on this host connect to "shm://NAME" and exchange the same packets through rings in
     /dev/shm/ina-NAME instead of UDP. Control requests come up to the Python control plane as with
@@ -317,6 +329,10 @@ class CShmServer:
         ValueError: a probability outside [0, 1) or a bad name.
         OSError: the segment cannot be made (EADDRINUSE: a live switch has that name; ENOSPC: /dev/shm full).
     """
+
+    _ops = ("ina_shm_switch_run", "ina_shm_switch_punt", "ina_shm_switch_punt_clear", "ina_shm_switch_send",
+            "ina_shm_switch_stop")
+    thread_name = "switchsim-shm"
 
     def __init__(self, backend: CoreSwitch, name: str, ports: int | None = None, loss=0.0, dup=0.0, reorder=0.0,
                  seed=None):
@@ -336,28 +352,6 @@ class CShmServer:
         self._stopped = threading.Event()
         self.started = time.monotonic()
         backend.control.stats = self.stats
-
-    def serve_forever(self):
-        """Serve until stop(); the C loop returns every few milliseconds and whenever control requests wait."""
-        length, src = ffi.new("uint32_t *"), ffi.new("uint64_t *")
-        while not self._stopped.is_set():
-            n = lib.ina_shm_switch_run(self.loop)  # releases the GIL until idle, stopped or a request waits
-            for i in range(n):
-                data = bytes(ffi.buffer(lib.ina_shm_switch_punt(self.loop, i, length, src), length[0]))
-                for reply, dst in self.backend.control_request(data, self.backend.address(src[0])):
-                    lib.ina_shm_switch_send(self.loop, net.address_id(*dst), reply, len(reply))
-            lib.ina_shm_switch_punt_clear(self.loop)
-
-    def start_thread(self) -> threading.Thread:
-        """serve_forever in a daemon thread."""
-        t = threading.Thread(target=self.serve_forever, name="switchsim-shm", daemon=True)
-        t.start()
-        return t
-
-    def stop(self):
-        """Ask serve_forever to return; safe from a signal handler."""
-        self._stopped.set()
-        lib.ina_shm_switch_stop(self.loop)
 
     def start_capture(self, path: str, max_mb: float):
         """Raises:
