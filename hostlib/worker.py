@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inaproto import auth
-from inaproto.net import SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
+from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
 from . import fastpath, rng, wire
 from .codecs import get_codec
@@ -119,7 +119,7 @@ class Communicator:
         if window < 1:
             raise ValueError("window must be >= 1")
         shm = shm_name(switch)
-        self.address = ("shm", shm) if shm is not None else parse_address(switch)
+        self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
@@ -268,7 +268,7 @@ class Communicator:
         if out is None:
             res = res.reshape(arr.shape)
             return _from_numpy(res, x) if torch_like else res
-        if dst is None or not np.shares_memory(res, dst):
+        if dst is None or not isinstance(res, np.ndarray) or not np.shares_memory(res, dst):  # res: a GPU tensor
             _copy_into(out, res, arr.shape)
         return out
 
