@@ -374,7 +374,7 @@ def count_wrong(codec: str, inputs, out, k: int) -> int | None:
     return None
 
 
-def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, out):
+def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, out):
     """One INA rank: per count, warm-up then timed allreduces on one connection, out of place into one
     preallocated buffer (nccl-tests' recvbuff: no fresh pages per call); rank 0 checks the last result of
     each size after the loop (checking in between would delay the next size's first call)."""
@@ -383,7 +383,8 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, out):
     from .demo import make_input
 
     times, last = [], []
-    with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60) as comm:
+    with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60,
+                         window=window) as comm:
         for count in counts:
             x = make_input(codec, count, rank)
             res = np.empty_like(x)
@@ -452,15 +453,16 @@ def _rows(config: dict, sizes, reports, n: int, dtype: str, in_place: bool) -> l
     return rows
 
 
-def _ina_config(backend, codec, workers, payload, sizes) -> list[dict]:
-    """One INA configuration over every size: one switch, one connection per rank."""
+def _ina_config(backend, codec, workers, payload, sizes, window=None) -> list[dict]:
+    """One INA configuration over every size: one switch, one connection per rank (window None: the
+    connection's default, hostlib.worker.auto_window)."""
     elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
-    config = {"config": f"{backend}/{codec} x{workers} {payload} B", "backend": backend, "codec": codec,
-              "workers": workers, "payload B": payload}
+    config = {"config": f"{backend}/{codec} x{workers} {payload} B" + (f" W={window}" if window else ""),
+              "backend": backend, "codec": codec, "workers": workers, "payload B": payload, "window": window}
     sw = None
     try:  # a switch that does not start (dpdk without root) or ranks that die: error rows, the run goes on
         sw = SwitchProcess("--workers", workers, "--elements-per-packet", max(elements, 1024), backend=backend)
-        reports = run_ranks(_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes]),
+        reports = run_ranks(_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes], window),
                             expect=workers)
     except RuntimeError as e:
         return [{**config, "size": s, "error": " ".join(str(e).split())[:200]} for s in sizes]
@@ -470,9 +472,10 @@ def _ina_config(backend, codec, workers, payload, sizes) -> list[dict]:
     return _rows(config, sizes, reports, workers, "int32" if codec == "int32" else "float", in_place=False)
 
 
-def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None) -> list[dict]:
-    """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload, and
-    gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
+def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None,
+                    windows=(None,)) -> list[dict]:
+    """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload x
+    window, and gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
     "x gloo" is the time over gloo's at the same size and worker count."""
     rows = [{"config": "np.copyto", "backend": "memory", "codec": "float32", "workers": 1, "size": s,
              "count": s // 4, "type": "float", "time": t * 1e6, "algbw": s / t / 1e9}
@@ -486,10 +489,10 @@ def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), glo
             reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes],), expect=workers)
             rows += _rows(config, sizes, reports, workers, "float", in_place=True)
             base = {r["size"]: r["time"] for r in rows[-len(sizes):]}
-        for backend, codec, payload in itertools.product(backends, codecs, payloads):
+        for backend, codec, payload, window in itertools.product(backends, codecs, payloads, windows or (None,)):
             if progress:
-                progress(f"{backend}/{codec} x{workers} {payload} B/packet")
-            for r in _ina_config(backend, codec, workers, payload, sizes):
+                progress(f"{backend}/{codec} x{workers} {payload} B/packet" + (f", window {window}" if window else ""))
+            for r in _ina_config(backend, codec, workers, payload, sizes, window):
                 r["x gloo"] = r["time"] / base[r["size"]] if "time" in r and base else None
                 rows.append(r)
     return rows

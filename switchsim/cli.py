@@ -456,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bytes of float32 per worker, K/M/G = 1024^n (comma list; default %(default)s; "
                          "nccl-tests' top is 256M)")
     sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`; shared memory: shm
+    sp.add_argument("--windows", type=csv(int), default=None, metavar="LIST",
+                    help="worker windows in packets to sweep (comma list; default: connect's own, "
+                         "hostlib.worker.auto_window)")
     sp.add_argument("--payloads", type=csv(int), default="1024", metavar="LIST",
                     help="payload bytes per packet (comma list, default %(default)s; 1024 = 256 int32 or 1024 NC codes, SwitchML's "
                          "large packets; loopback carries up to 64 KiB)")

@@ -117,3 +117,17 @@ def test_bench_allreduce_small_run_in_a_pipe():
     run = subprocess.run(cmd + ["--no-gloo"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     _no_terminal_codes(run)
     assert "#       size         count    type  redop" in run.stdout
+
+
+def test_bench_allreduce_sweeps_windows_on_shared_memory():
+    """--windows: one configuration per window (the window item's sweep), each exact; --backends shm serves
+    the ranks through shared-memory rings."""
+    cmd = [sys.executable, "-m", "switchsim", "bench", "allreduce", "--sizes", "64K", "--workers", "2",
+           "--backends", "shm", "--codecs", "int32", "--windows", "4,32", "--no-gloo", "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    _no_terminal_codes(run)
+    rows = {r["config"]: r for r in json.loads(run.stdout)["allreduce"]}
+    assert set(rows) == {"np.copyto", "shm/int32 x2 1024 B W=4", "shm/int32 x2 1024 B W=32"}
+    for w in (4, 32):
+        r = rows[f"shm/int32 x2 1024 B W={w}"]
+        assert r["window"] == w and r["#wrong"] == 0 and r["time"] > 0
