@@ -316,9 +316,10 @@ def bandwidths(size: int, seconds: float, ranks: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (ranks - 1) / ranks
 
 
-def _iterations(size: int) -> tuple[int, int]:
-    """(warm-up, timed) calls per size: about 32 MiB per size, 1 to 20 calls, as nccl-tests' -w/-n do."""
-    return 1, max(1, min(20, (32 << 20) // size))
+def _iterations(size: int, iters: int | None = None) -> tuple[int, int]:
+    """(warm-up, timed) calls per size: `iters` timed calls (nccl-tests' -n), else about 32 MiB per size,
+    1 to 20 calls."""
+    return 1, iters or max(1, min(20, (32 << 20) // size))
 
 
 def _nc_grid_round(v: np.ndarray, unit: np.ndarray, up: bool) -> np.ndarray:
@@ -374,7 +375,7 @@ def count_wrong(codec: str, inputs, out, k: int) -> int | None:
     return None
 
 
-def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, out):
+def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_iters, out):
     """One INA rank: per count, warm-up then timed allreduces on one connection, out of place into one
     preallocated buffer (nccl-tests' recvbuff: no fresh pages per call); rank 0 checks the last result of
     each size after the loop (checking in between would delay the next size's first call)."""
@@ -388,7 +389,7 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, ou
         for count in counts:
             x = make_input(codec, count, rank)
             res = np.empty_like(x)
-            warm, iters = _iterations(4 * count)
+            warm, iters = _iterations(4 * count, n_iters)
             for _ in range(warm):
                 comm.allreduce(x, out=res)
             t0 = time.perf_counter()
@@ -401,7 +402,7 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, ou
     out.put((rank, times, wrong))
 
 
-def _gloo_sizes_rank(rank, n, port, counts, out):
+def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
     """One gloo rank: per count, warm-up then timed in-place all_reduce (as nccl-tests' in-place run), then
     one on a fresh copy of the input for the check."""
     import torch
@@ -415,7 +416,7 @@ def _gloo_sizes_rank(rank, n, port, counts, out):
     for count in counts:
         x = make_input("float32", count, rank)
         t = torch.from_numpy(x.copy())
-        warm, iters = _iterations(4 * count)
+        warm, iters = _iterations(4 * count, n_iters)
         for _ in range(warm):
             dist.all_reduce(t)
         dist.barrier()
@@ -453,7 +454,7 @@ def _rows(config: dict, sizes, reports, n: int, dtype: str, in_place: bool) -> l
     return rows
 
 
-def _ina_config(backend, codec, workers, payload, sizes, window=None) -> list[dict]:
+def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None) -> list[dict]:
     """One INA configuration over every size: one switch, one connection per rank (window None: the
     connection's default, hostlib.worker.auto_window)."""
     elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
@@ -462,7 +463,8 @@ def _ina_config(backend, codec, workers, payload, sizes, window=None) -> list[di
     sw = None
     try:  # a switch that does not start (dpdk without root) or ranks that die: error rows, the run goes on
         sw = SwitchProcess("--workers", workers, "--elements-per-packet", max(elements, 1024), backend=backend)
-        reports = run_ranks(_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes], window),
+        reports = run_ranks(_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes], window,
+                                                             iters),
                             expect=workers)
     except RuntimeError as e:
         return [{**config, "size": s, "error": " ".join(str(e).split())[:200]} for s in sizes]
@@ -473,7 +475,7 @@ def _ina_config(backend, codec, workers, payload, sizes, window=None) -> list[di
 
 
 def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None,
-                    windows=(None,)) -> list[dict]:
+                    windows=(None,), iters=None) -> list[dict]:
     """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload x
     window, and gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
     "x gloo" is the time over gloo's at the same size and worker count."""
@@ -486,13 +488,13 @@ def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), glo
             if progress:
                 progress(f"gloo x{workers}")
             config = {"config": f"gloo x{workers}", "backend": "gloo", "codec": "float32", "workers": workers}
-            reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes],), expect=workers)
+            reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes], iters), expect=workers)
             rows += _rows(config, sizes, reports, workers, "float", in_place=True)
             base = {r["size"]: r["time"] for r in rows[-len(sizes):]}
         for backend, codec, payload, window in itertools.product(backends, codecs, payloads, windows or (None,)):
             if progress:
                 progress(f"{backend}/{codec} x{workers} {payload} B/packet" + (f", window {window}" if window else ""))
-            for r in _ina_config(backend, codec, workers, payload, sizes, window):
+            for r in _ina_config(backend, codec, workers, payload, sizes, window, iters):
                 r["x gloo"] = r["time"] / base[r["size"]] if "time" in r and base else None
                 rows.append(r)
     return rows

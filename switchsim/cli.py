@@ -456,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bytes of float32 per worker, K/M/G = 1024^n (comma list; default %(default)s; "
                          "nccl-tests' top is 256M)")
     sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`; shared memory: shm
+    sp.add_argument("--iters", type=int, default=None, metavar="N",
+                    help="timed calls per size (nccl-tests' -n; default: about 32 MiB per size, 1 to 20)")
     sp.add_argument("--windows", type=csv(int), default=None, metavar="LIST",
                     help="worker windows in packets to sweep (comma list; default: connect's own, "
                          "hostlib.worker.auto_window)")

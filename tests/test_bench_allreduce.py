@@ -120,10 +120,10 @@ def test_bench_allreduce_small_run_in_a_pipe():
 
 
 def test_bench_allreduce_sweeps_windows_on_shared_memory():
-    """--windows: one configuration per window (the window item's sweep), each exact; --backends shm serves
+    """--windows: one configuration per window (the window item's sweep), each exact (--iters: calls timed); --backends shm serves
     the ranks through shared-memory rings."""
     cmd = [sys.executable, "-m", "switchsim", "bench", "allreduce", "--sizes", "64K", "--workers", "2",
-           "--backends", "shm", "--codecs", "int32", "--windows", "4,32", "--no-gloo", "--json"]
+           "--backends", "shm", "--codecs", "int32", "--windows", "4,32", "--iters", "3", "--no-gloo", "--json"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     _no_terminal_codes(run)
     rows = {r["config"]: r for r in json.loads(run.stdout)["allreduce"]}
