@@ -128,7 +128,7 @@ class DenseStream(Stream):
     def __init__(self, comm, flat, exps, seed, slots):
         super().__init__(comm, flat, exps, seed, slots)
         self.D = min(self.W, self.nb) if exps is not None else 0
-        self.total = self.nb + self.D
+        self.total = max(1, self.nb + self.D)  # an empty call still sends one empty packet: its identity is checked
         self.done = np.zeros(self.total, dtype=bool)
         self.sent = np.zeros(self.total, dtype=bool)
         self.ndone = 0
@@ -148,12 +148,11 @@ class DenseStream(Stream):
         exps, nb = self.exps, self.nb
         exp_next = int(exps[q]) if exps is not None and q < nb else wire.EXP_NONE
         payload, count, exp_cur = b"", 0, 0
-        if q >= self.D:
+        if self.D <= q < self.D + nb:
             exp_cur = int(self.agreed[q - self.D]) if exps is not None else 0
             payload, count = self.encode(q - self.D, exp_cur)
-        c = self.comm
-        return wire.pack(wire.MSG_UPDATE, c.job, c.rank, pid, slot, pid & 1, count, self.codec.wire_codec,
-                         exp_cur, exp_next, 0, payload, c.session)
+        return wire.pack(wire.MSG_UPDATE, *self.comm.addressing(), pid, slot, pid & 1, count, self.codec.wire_codec,
+                         exp_cur, exp_next, 0, payload, *self.comm.call_fields())
 
     def on_result(self, h, data, stats) -> int | None:
         j, i = self.slots.locate(h)
@@ -164,14 +163,14 @@ class DenseStream(Stream):
         if self.done[q]:
             stats.duplicate_results += 1
             return None
-        expect = 0 if q < self.D else min(self.k, self.N - (q - self.D) * self.k)
+        expect = 0 if q < self.D or not self.N else min(self.k, self.N - (q - self.D) * self.k)
         if h.count != expect or h.codec != self.codec.wire_codec:
             stats.stale_results += 1
             return None
         self.overflow |= bool(h.flags & wire.FLAG_OVERFLOW)
         if self.exps is not None and q < self.nb:
             self.agreed[q] = h.exp_next
-        if q >= self.D:
+        if self.D <= q < self.D + self.nb:
             self.store(q - self.D, h, data)
         self.done[q] = True
         self.ndone += 1
@@ -248,9 +247,9 @@ class SparseStream(Stream):
             nxt, exp_next = self.upcoming(s, 1)
         else:
             nxt, exp_next = self.upcoming(s, 0)
-        c = self.comm
-        return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, c.job, c.rank, pid, slot, pid & 1, count,
-                                self.codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload, c.session)
+        return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, *self.comm.addressing(), pid, slot, pid & 1, count,
+                                self.codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload,
+                                *self.comm.call_fields())
 
     def plausible(self, s: int, h) -> bool:
         """Whether a result can be the answer to stream s's current round: anything else is never accepted."""

@@ -9,6 +9,12 @@ block q - D and this worker's exponent of block q; the result of packet q return
 block q, which is exactly what packet q + D needs to quantize its data.
 Lost packets or results are detected by a per-packet timeout with exponential backoff and the packet is
 rebuilt from the source tensor (the counter-based RNG makes the rebuild bit-identical).
+
+A call is exact on every rank or raises on every rank (protocol v3): every packet carries the call's
+identity (call number, codec, length), which the switch checks across ranks; a rank whose call fails
+before it is sent aborts it at the switch; the switch tells every member when the generation failed
+(mismatch, abort, dead member), and the communicator re-joins on its next call. A heartbeat every
+HEARTBEAT_EVERY seconds, in calls and between them, lets the switch tell a dead rank from a busy one.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import functools
 import secrets
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -26,6 +33,7 @@ from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_
 
 from . import fastpath, rng, wire
 from .codecs import get_codec
+from . import errors
 from .errors import INAError
 from .shm import ShmSocket
 from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator, SparseStream
@@ -36,6 +44,9 @@ from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator,
 # flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
 IN_FLIGHT_BYTES = 512 << 10
 AUTO_WINDOW_MAX = 1024
+HEARTBEAT_EVERY = 1.0  # seconds; the switch declares a member dead after 3 s of silence (switchsim/control.py)
+REFUSED_AFTER = 0.5  # seconds of "connection refused" with nothing heard: no switch listens there
+ABORT_WAIT = 1.0  # seconds an abort is repeated (every 0.1 s) until the switch's error confirms it
 
 
 def auto_window(granted: int, payload: int, world_size: int) -> int:
@@ -128,8 +139,16 @@ class Communicator:
         self.fast = fast  # None: the C loop where it applies; False: always the Python loop
         self.key = auth.check_key(key) if key is not None else auth.key_from_env()
         self.stats = CommStats()
-        self._calls = 0
+        self.switch = switch if isinstance(switch, str) else f"{self.address[0]}:{self.address[1]}"
+        self._calls = 0  # calls ever made: the RNG streams' counter (never reset)
         self._broken: str | None = None
+        self._pending: INAError | None = None  # the generation failed: the next call raises this
+        self._rejoin = False  # the generation is gone: the next call joins a new one first
+        self._refused_since: float | None = None
+        self._lock = threading.RLock()  # one call (or join, or heartbeat) on the socket at a time
+        self._beat_at = 0.0
+        self._asked = (window, auto, elements_per_packet)
+        self._join_timeout = self.timeout if join_timeout is None else join_timeout
         if shm is not None:
             self.sock = ShmSocket(shm)
         else:
@@ -140,37 +159,103 @@ class Communicator:
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
         try:
-            self._join(window, self.timeout if join_timeout is None else join_timeout)
+            self._start_generation()
         except BaseException:
+            self._withdraw()
             self.sock.close()
             raise
+        self._closed, self._sock_closed = threading.Event(), False
+        self._beater = threading.Thread(target=self._beat_between_calls, name=f"ina-heartbeat-{rank}", daemon=True)
+        self._beater.start()
+
+    def _start_generation(self):
+        """Join (a barrier with every rank) and set up a fresh generation: window, slots, call numbers."""
+        window, auto, elements_per_packet = self._asked
+        self._join(window, self._join_timeout)
         self.k = min(elements_per_packet or self.codec.default_elements, self.max_elements)
         if auto:
-            self.window = auto_window(self.window, self.k * wire.ELEMENT_SIZE[self.codec.wire_codec], world_size)
+            self.window = auto_window(self.window, self.k * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size)
         # per slot: its uses since the join (the next packet id on it, mod 2^32); the slot the next call starts on
         self._uses = np.full(self.window, self._first_id, dtype=np.uint32)
         self._next_slot = 0
+        self._call = 0  # the call number on the wire: calls since this join
+        self._call_kind = self._call_len = 0
+        self._pending, self._rejoin = None, False
 
     # ------------------------------------------------------------------ helpers
+    def addressing(self) -> tuple[int, int]:
+        """(job, rank) as every packet of this worker carries them."""
+        return self.job, self.rank
+
+    def call_fields(self) -> tuple[int, int, int, int, int]:
+        """(session, call_kind, call, call_len, boot) of the current call, in wire.pack's argument order."""
+        return self.session, self._call_kind, self._call, self._call_len, self.boot
+
     def _send(self, data: bytes):
         try:
             self.sock.send(data)
-        except (ConnectionRefusedError, BlockingIOError, PermissionError):
+        except ConnectionRefusedError:
+            self._refused()
+        except (BlockingIOError, PermissionError):
             pass  # counted as sent (a full buffer, a firewall's drop): the protocol recovers by timeout like any loss
         self.stats.packets_sent += 1
         self.stats.bytes_sent += len(data)
 
     def _recv(self):
-        """One datagram as bytes, or None when nothing is waiting."""
+        """One datagram as bytes, or None when nothing is waiting (b"": the switch's port refused)."""
         try:
             n = self.sock.recv_into(self._buf)
         except (BlockingIOError, InterruptedError):
             return None
         except ConnectionRefusedError:
+            self._refused()
             return b""  # ICMP port unreachable: the switch is not there (yet)
+        self._refused_since = None
         self.stats.packets_received += 1
         self.stats.bytes_received += n
         return bytes(self._view[:n])
+
+    def _refused(self):
+        if self._refused_since is None:
+            self._refused_since = time.monotonic()
+
+    def check_switch(self):
+        """Raise SwitchUnreachable when the switch's port has refused for REFUSED_AFTER seconds with nothing
+        heard since (UDP), or the shared-memory switch's process is gone."""
+        gone = getattr(self.sock, "switch_gone", None)
+        since = self._refused_since
+        if (since is not None and time.monotonic() - since >= REFUSED_AFTER) or (gone is not None and gone()):
+            raise self.refused_error()
+
+    def refused_error(self) -> INAError:
+        """The error for a switch that is not there (the C loop's INA_WK_REFUSED too)."""
+        self._rejoin = True
+        return errors.SwitchUnreachable(
+            f"rank {self.rank}: job {self.job}: no switch at {self.switch} (connection refused"
+            f"{'' if self._refused_since is not None else '; its process exited'}): it died or was never started",
+            switch=self.switch, job=self.job)
+
+    def heartbeat_due(self):
+        """Send a heartbeat if HEARTBEAT_EVERY passed since the last one (the loops call this; the C loop's
+        driver between its run chunks)."""
+        now = time.monotonic()
+        if now - self._beat_at >= HEARTBEAT_EVERY and not self._rejoin:
+            self._beat_at = now
+            self._send(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=self.session,
+                                 boot=self.boot))
+
+    def _beat_between_calls(self):
+        """The heartbeat thread: between calls (the loops beat themselves in calls), so a rank that computes
+        for minutes is alive to the switch."""
+        while not self._closed.wait(HEARTBEAT_EVERY / 4):
+            if self._lock.acquire(blocking=False):
+                try:
+                    if not self._closed.is_set():
+                        self.heartbeat_due()
+                except OSError:
+                    pass  # a closing socket: the switch learns it by the silence
+                finally:
+                    self._lock.release()
 
     def _wait(self, seconds: float):
         if isinstance(self.sock, ShmSocket):
@@ -187,6 +272,7 @@ class Communicator:
         join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac)
         deadline = time.monotonic() + timeout
         joined, heard, refused, confirmed = 0, False, False, False
+        self._refused_since = None
         while True:
             self._send(join)
             until = min(time.monotonic() + 0.1, deadline)
@@ -201,9 +287,8 @@ class Communicator:
                     except wire.WireError:
                         continue
                     heard = True
-                    if h.msg_type == wire.MSG_ERROR:
-                        raise INAError(f"switch {self.address[0]}:{self.address[1]} rejected rank {self.rank}: "
-                                       + data[wire.HEADER_SIZE:].decode(errors="replace"))
+                    if h.msg_type == wire.MSG_ERROR and h.job == self.job and h.session == 0:
+                        raise self._join_error(data)
                     if h.msg_type == wire.MSG_JOIN_WAIT and h.job == self.job:
                         joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
                         if not confirmed:  # the switch counts a join once it is repeated: do it at once
@@ -212,16 +297,61 @@ class Communicator:
                     if h.msg_type == wire.MSG_JOIN_ACK and h.job == self.job:
                         self.generation, self.slots, self.max_elements, self.window, self._first_id = (
                             wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE))
-                        self.session = h.session
+                        self.session, self.boot = h.session, h.boot
                         return
+            if not heard:
+                self.check_switch()
             if time.monotonic() >= deadline:
                 where = f"{self.address[0]}:{self.address[1]}"
                 if not heard:
                     why = "connection refused" if refused else "no answer"
-                    raise TimeoutError(f"rank {self.rank}: switch at {where} unreachable ({why}) after {timeout:g} s")
+                    raise errors.CallTimeout(f"rank {self.rank}: switch at {where} unreachable ({why}) after "
+                                             f"{timeout:g} s", switch=self.switch, job=self.job)
                 missing = [r for r in range(self.world_size) if not joined >> r & 1 and r != self.rank]
-                raise TimeoutError(f"rank {self.rank}: job {self.job}: ranks {missing} did not join "
-                                   f"within {timeout:g} s (a peer is dead or missing)")
+                raise errors.CallTimeout(f"rank {self.rank}: job {self.job}: ranks {missing} did not join "
+                                         f"within {timeout:g} s (a peer is dead or missing)",
+                                         rank=missing[0] if missing else None, switch=self.switch, job=self.job)
+
+    def _withdraw(self):
+        """A join given up: a leave without a session withdraws this address's pending claim on the rank,
+        so a new process can take it at once (instead of after the claim expires)."""
+        try:
+            self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank))
+        except OSError:
+            pass
+
+    def _join_error(self, data) -> INAError:
+        code, subject, text = wire.unpack_error(data)
+        cls = errors.RankTaken if code == wire.ERR_RANK_TAKEN else errors.JoinRejected
+        return cls(f"switch {self.switch} rejected rank {self.rank}: {text}", switch=self.switch, job=self.job,
+                   rank=None if subject == wire.NO_RANK else subject)
+
+    def error_from_datagram(self, data) -> INAError:
+        """The exception for a switch's error message (from the Python or the C loop); the generation is
+        gone either way, so the next call re-joins.
+
+        Args:
+            data: the raw MSG_ERROR datagram.
+
+        Returns:
+            A CollectiveError (mismatch, abort, dead peer: every rank gets it) or a SwitchFault (restarted,
+            not a member).
+        """
+        self._rejoin = True
+        h = wire.unpack(data)
+        code, subject, text = wire.unpack_error(data)
+        rank = None if subject == wire.NO_RANK else subject
+        kw = dict(switch=self.switch, job=self.job, rank=rank)
+        if len(data) == wire.HEADER_SIZE and h.boot != self.boot:
+            return errors.SwitchRestarted(
+                f"rank {self.rank}: switch {self.switch} restarted (boot id {h.boot:#010x}, the job joined "
+                f"{self.boot:#010x}) and lost job {self.job}'s state; the next call re-joins", **kw)
+        if len(data) == wire.HEADER_SIZE:
+            return errors.NotMember(
+                f"rank {self.rank}: switch {self.switch} no longer has generation {self.generation} of job "
+                f"{self.job}: the job re-formed without this worker; the next call re-joins", **kw)
+        cls = errors.ERROR_CLASSES.get(wire.ERROR_NAMES.get(code, ""), INAError)
+        return cls(f"rank {self.rank}: switch {self.switch}: {text}", **kw)
 
     # ------------------------------------------------------------------ allreduce
     def allreduce(self, x, progress=None, sparse: bool = False, out=None):
@@ -241,16 +371,89 @@ class Communicator:
         Returns:
             The sum, of x's type, shape and dtype, the same on every worker (out, when given).
         Raises:
-            TimeoutError: no result within `timeout` (a peer died, or the ranks' calls differ); the
-                communicator is then unusable.
-            INAError: the switch sent an error instead of a result; unusable too.
-            RuntimeError: an earlier call failed that way: the job's state is unknown, so reconnect.
-            TypeError: a dtype the codec does not carry (floats with int32, integers with fixed or nc).
-            ValueError: NaN/Inf on some worker.
-            OverflowError: the input or the sum does not fit the codec.
+            CollectiveError: the call failed on every rank: CallMismatch (the ranks' calls differ: number,
+                codec or length), CallAborted (a peer's call failed on its own input), PeerDead (a peer is
+                silent or left). The next call re-joins and is exact.
+            SwitchFault: SwitchUnreachable (nothing listens: connection refused, or the shm switch exited),
+                SwitchRestarted (another boot id), NotMember (the job re-formed without this worker).
+            CallTimeout: no result within `timeout` although the switch and the peers seem alive.
+            INAError: a join on the next call failed (JoinRejected, RankTaken, CallTimeout).
+            TypeError: a dtype the codec does not carry (floats with int32, integers with fixed or nc);
+                ValueError / OverflowError: an input the codec cannot carry. These local errors abort the
+                call at the switch first, so every peer raises CallAborted naming this rank.
+            ValueError: NaN/Inf on some worker; OverflowError: the sum does not fit the codec (agreed:
+                every rank raises the same).
+            RuntimeError: a corrupt result earlier: reconnect.
         """
+        with self._lock:
+            self._enter_call()
+            self._call_kind = wire.call_kind(self.codec.name, sparse)
+            self._call_len = _numel(x)
+            self._call_done = False
+            try:
+                if self._call_len > wire.MAX_CALL_LEN:
+                    raise ValueError(f"allreduce of {self._call_len} elements: at most {wire.MAX_CALL_LEN} per "
+                                     f"call (split the tensor)")
+                return self._allreduce(x, progress, sparse, out)
+            except BaseException as e:
+                if isinstance(e, INAError):
+                    self._pending = None  # this call reported the generation's failure
+                elif not self._call_done:
+                    self._abort(e)
+                raise
+            finally:
+                self._call = (self._call + 1) & wire.CALL_NUMBER_MASK
+
+    def _enter_call(self):
+        """Before a call: an error the switch sent since the last call fails this one (it failed on the
+        peers too); a generation that is gone is joined again."""
         if self._broken:
             raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
+        if self._pending is None and not self._rejoin:
+            self._drain()
+        if self._pending is not None:
+            e, self._pending = self._pending, None
+            raise e
+        if self._rejoin:  # this rank raised the generation's failure already: what waits is stale
+            self._drain(stale=True)
+            self._start_generation()
+
+    def _drain(self, stale: bool = False):
+        """Take what waits on the socket between calls: an error of this generation becomes pending; the
+        rest (late duplicates of results) is stale."""
+        while (data := self._recv()) is not None:
+            h = _parse(data)
+            if (not stale and h is not None and h.msg_type == wire.MSG_ERROR and h.job == self.job
+                    and h.session == self.session):
+                if self._pending is None:
+                    self._pending = self.error_from_datagram(data)
+            elif data:
+                self.stats.stale_results += 1
+
+    def _abort(self, exc: BaseException):
+        """This rank's call failed on its own (its input, an interrupt): tell the switch, which fails the
+        call on every rank (CallAborted naming this rank); wait up to ABORT_WAIT for its confirmation."""
+        if self._rejoin:
+            return  # the generation is gone already
+        self._rejoin = True
+        reason = f"{type(exc).__name__}: {exc}".encode()[:wire.MAX_ABORT_TEXT]
+        abort = wire.pack(wire.MSG_ABORT, job=self.job, rank=self.rank, session=self.session, payload=reason,
+                          call_kind=self._call_kind, call=self._call, call_len=self._call_len & wire.MAX_CALL_LEN,
+                          boot=self.boot)
+        deadline = time.monotonic() + ABORT_WAIT
+        while time.monotonic() < deadline:
+            self._send(abort)
+            until = min(time.monotonic() + 0.1, deadline)
+            while time.monotonic() < until:
+                self._wait(until - time.monotonic())
+                while (data := self._recv()) is not None:
+                    h = _parse(data)
+                    if h is not None and h.msg_type == wire.MSG_ERROR and h.session == self.session:
+                        return  # the switch failed the generation: every member is told
+                if self._refused_since is not None:
+                    return
+
+    def _allreduce(self, x, progress, sparse, out):
         torch_like = type(x).__module__.startswith("torch")
         if torch_like and not sparse and x.numel() and _on_gpu_path(self.codec, x):
             return self._timed(functools.partial(self._allreduce_cuda, x, progress), x.numel())
@@ -258,9 +461,7 @@ class Communicator:
         flat = np.ascontiguousarray(arr).reshape(-1)
         self.codec.check_input(flat)
         dst = _out_view(out, x, arr) if out is not None else None
-        if not flat.size:
-            run = flat.copy
-        elif sparse:
+        if sparse and flat.size:
             run = functools.partial(self._allreduce_sparse, flat, progress)
         else:
             run = functools.partial(self._allreduce_flat, flat, progress, dst)
@@ -273,13 +474,9 @@ class Communicator:
         return out
 
     def _timed(self, run, elements: int):
-        """run() counted in the stats; a timeout leaves the communicator broken."""
+        """run() counted in the stats."""
         start = time.perf_counter()
-        try:
-            out = run()
-        except TimeoutError as e:
-            self.mark_broken(str(e))
-            raise
+        out = run()
         self.stats.seconds += time.perf_counter() - start
         self.stats.allreduces += 1
         self.stats.elements += elements
@@ -344,10 +541,13 @@ class Communicator:
         while not stream.finished():
             now = time.monotonic()
             for key in stream.ready():
+                if self._pending is not None:  # a new round in a failed generation can never complete
+                    e, self._pending = self._pending, None
+                    raise e
                 self._send(stream.build(key))
                 inflight[key] = InFlight(now, now + self.rtt.rto, self.rtt.rto)
             self._wait(SCAN_EVERY if inflight else 0.0)
-            for h, data in self._results():
+            for h, data in self._results(stream, inflight):
                 key = stream.on_result(h, data, self.stats)
                 if key is None:
                     continue
@@ -359,6 +559,8 @@ class Communicator:
             if now >= next_scan:
                 next_scan = now + SCAN_EVERY
                 self._scan(stream, inflight, now)
+                self.heartbeat_due()
+                self.check_switch()
         stream.commit()
         if progress is not None:
             progress(stream.N)
@@ -370,7 +572,9 @@ class Communicator:
             if now < rec.deadline:
                 continue
             if now - rec.first_sent > self.timeout:
-                raise TimeoutError(self.timeout_message(*stream.where(key), rec.tries))
+                self._rejoin = True
+                raise errors.CallTimeout(self.timeout_message(*stream.where(key), rec.tries), switch=self.switch,
+                                         job=self.job)
             self._send(stream.build(key))
             self.stats.retransmissions += 1
             rec.rto = min(rec.rto * 2, self.rtt.max_rto)
@@ -381,7 +585,8 @@ class Communicator:
         always for flat None)."""
         seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
         self._calls += 1
-        kind = fastpath.kind(self.codec, flat) if self.fast is not False and flat is not None else None
+        use_c = self.fast is not False and flat is not None and flat.size > 0
+        kind = fastpath.kind(self.codec, flat) if use_c else None
         return CallSlots(self._next_slot, self._uses), seed, kind
 
     def _run_c_loop(self, kind, flat, exps, seed: int, slots, progress, held=None, dst=None) -> np.ndarray:
@@ -398,20 +603,27 @@ class Communicator:
         self._check_result(exps, agreed, overflow)
         return dst.astype(flat.dtype, copy=False)
 
-    def _results(self):
-        """Parsed datagrams waiting on the socket; a switch's MSG_ERROR ends the allreduce."""
+    def _results(self, stream, inflight: dict):
+        """Parsed datagrams waiting on the socket. A switch's error of this generation ends the call when
+        the call cannot complete: the switch no longer has the generation, or the error answers a packet
+        in flight; otherwise (the failure's multicast) it is pending and every packet in flight is resent
+        at once: rounds that completed answer with their result, so a call that completed on the peers
+        completes here too, and the next call raises."""
         while (data := self._recv()) is not None:
-            if not data:
+            h = _parse(data)
+            if h is None:
                 continue
-            try:
-                h = wire.unpack(data)
-            except wire.WireError:
-                continue
-            if h.msg_type == wire.MSG_ERROR:
-                self.mark_broken("switch error")
-                raise INAError(data[wire.HEADER_SIZE:].decode(errors="replace"))
             if h.job != self.job or h.session != self.session:
                 self.stats.stale_results += 1  # not of this job's generation
+                continue
+            if h.msg_type == wire.MSG_ERROR:
+                e = self.error_from_datagram(data)
+                answered = h.flags & wire.FLAG_REPLY and any(stream.where(k) == (h.packet_id, h.slot) for k in inflight)
+                if len(data) == wire.HEADER_SIZE or answered:
+                    raise e
+                self._pending = self._pending or e
+                for rec in inflight.values():
+                    rec.deadline = 0.0
                 continue
             yield h, data
 
@@ -434,10 +646,12 @@ class Communicator:
             The TimeoutError's message.
         """
         return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
-                f"retransmissions in {self.timeout:g} s; a peer is dead, the switch is gone, the job was "
-                f"re-joined elsewhere, or the ranks' calls differ (size, codec, sparse=)")
+                f"retransmissions in {self.timeout:g} s, although the switch at {self.switch} and the peers "
+                f"seem alive (a peer that heartbeats but never makes this call?); the next call re-joins")
 
     def _check_result(self, exps, agreed, overflow):
+        """The call is complete on the wire: what it raises now, every rank raises (no abort)."""
+        self._call_done = True
         if exps is not None and np.any(agreed == wire.EXP_NONFINITE):
             raise ValueError("allreduce input contains NaN or Inf (on at least one worker)")
         if overflow:
@@ -447,8 +661,17 @@ class Communicator:
     def close(self):
         """Leave the job and close the socket, so the ranks are free for a new generation at once instead
         of after the switch notices the silence. Best effort: a lost leave is not an error."""
+        self._closed.set()
+        with self._lock:
+            self._leave_and_close()
+
+    def _leave_and_close(self):
+        if self._sock_closed:
+            return
+        self._sock_closed = True
         try:
-            self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank, session=self.session))
+            self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank, session=self.session,
+                                     boot=self.boot))
         except OSError:
             pass  # the switch learns it by the rank's silence
         self.sock.close()
@@ -458,6 +681,19 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _parse(data):
+    """The header of a datagram, or None (b"" for a refusal, or not a packet of the protocol)."""
+    try:
+        return wire.unpack(data) if data else None
+    except wire.WireError:
+        return None
+
+
+def _numel(x) -> int:
+    n = getattr(x, "numel", None)
+    return int(n()) if callable(n) else int(np.size(x))
 
 
 def _on_gpu_path(codec, x) -> bool:

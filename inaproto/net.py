@@ -64,3 +64,10 @@ def is_loopback(host) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def format_address(address) -> str:
+    """A worker's address for messages: HOST:PORT, or the shared-memory port's number."""
+    if isinstance(address, tuple) and len(address) == 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VERSION = 2
+VERSION = 3
 DEFAULT_PORT = 0xBEE0  # 48864, SwitchML's UDP port range starts here
 
 # message types
@@ -26,14 +26,17 @@ MSG_STATS = 7  # switch -> control host: counters as JSON
 MSG_SPARSE_UPDATE = 8  # worker -> switch: one round of a block-sparse stream (block extension + elements)
 MSG_SPARSE_RESULT = 9  # switch -> worker: the round's aggregated block and the stream's next block
 MSG_LEAVE = 10  # worker -> switch: this rank is done; its rank is free for the next generation at once
+MSG_ABORT = 11  # worker -> switch: this rank's call failed before it sent it; fail the call on every rank
+MSG_HEARTBEAT = 12  # worker -> switch: this rank is alive (between calls too), so a silent rank is a dead one
 MSG_NAMES = {
     MSG_UPDATE: "update", MSG_RESULT: "result", MSG_JOIN: "join", MSG_JOIN_ACK: "join_ack",
     MSG_JOIN_WAIT: "join_wait", MSG_ERROR: "error", MSG_STATS_REQ: "stats_req", MSG_STATS: "stats",
     MSG_SPARSE_UPDATE: "sparse_update", MSG_SPARSE_RESULT: "sparse_result", MSG_LEAVE: "leave",
+    MSG_ABORT: "abort", MSG_HEARTBEAT: "heartbeat",
 }
 DATA_MESSAGES = (MSG_UPDATE, MSG_RESULT, MSG_SPARSE_UPDATE, MSG_SPARSE_RESULT)
 SPARSE_MESSAGES = (MSG_SPARSE_UPDATE, MSG_SPARSE_RESULT)
-CONTROL_REQUESTS = (MSG_JOIN, MSG_STATS_REQ, MSG_LEAVE)  # what a switch hands to its control plane
+CONTROL_REQUESTS = (MSG_JOIN, MSG_STATS_REQ, MSG_LEAVE, MSG_ABORT, MSG_HEARTBEAT)  # what a switch hands to its control plane
 
 # element codecs on the wire
 CODEC_NONE = 0  # control messages
@@ -45,6 +48,7 @@ ELEMENT_SIZE = {CODEC_INT32: 4, CODEC_NC8: 1}
 # flags
 FLAG_OVERFLOW = 0x01  # the aggregate does not fit the codec's range (int32 sum, NC level > 2^63)
 FLAG_PER_SLOT = 0x02  # stats_req: answer with each job's per-slot counters too (switchsim stats --watch)
+FLAG_REPLY = 0x04  # error: it answers the data packet whose packet_id and pool it echoes (that round cannot complete)
 MAX_STATS_REPLY = 60000  # a stats reply is one datagram: past this the per-slot arrays are left out
 
 # exponent byte values (signed int8): e means every |x| in the block is < 2^e
@@ -66,10 +70,13 @@ MAX_ELEMENTS = 16384  # elements one packet (and so one slot) may carry
 
 # The header, field by field (struct codes, big-endian). Offsets, the C header and the docs table come
 # from this list. packet_id counts per slot: the slot's use number (round) mod 2^32; set = its parity.
+# call_kind, call and call_len are the call's identity (every data packet of a call carries them and the
+# switch checks that every rank's packets of a round agree); boot is the switch's random boot id (set by
+# the switch in everything it sends; a worker echoes the one of its join_ack, the switch does not check it).
 HEADER_FIELDS = (
     ("version", "B"), ("msg_type", "B"), ("codec", "B"), ("flags", "B"), ("job", "H"), ("rank", "B"),
     ("exp_cur", "b"), ("packet_id", "I"), ("pool", "H"), ("count", "H"), ("exp_next", "b"),
-    ("reserved", "3x"), ("session", "I"),
+    ("call_kind", "B"), ("call", "H"), ("session", "I"), ("call_len", "I"), ("boot", "I"),
 )
 HEADER = struct.Struct(">" + "".join(code for _, code in HEADER_FIELDS))
 HEADER_SIZE = HEADER.size  # 24
@@ -96,7 +103,30 @@ JOIN_MAC_SIZE = 16
 # slot's first round has in this generation (even, so set 0 comes first; random unless the switch is told)
 JOIN_ACK_PAYLOAD = struct.Struct(">IHHH2xI")
 JOIN_WAIT_PAYLOAD = struct.Struct(">Q")  # bitmap of the ranks joined so far
-MAX_ERROR_TEXT = JOIN_SIZE - HEADER_SIZE  # an error is never larger than the join it answers
+# error: code, the rank it names (NO_RANK: none), then utf-8 text; never larger than the join it answers.
+# An error with no payload at all is ERR_NOT_MEMBER: the switch's answer to a data packet of a generation
+# it does not have (restarted, or the job re-formed without the sender); a header, never larger than the
+# packet it answers, with the switch's boot id and the packet's session, so the worker can tell which.
+ERROR_PAYLOAD = struct.Struct(">BB")
+MAX_ERROR_TEXT = JOIN_SIZE - HEADER_SIZE - ERROR_PAYLOAD.size
+NO_RANK = 0xFF
+ERR_NOT_MEMBER = 0  # implied by an empty payload
+ERR_REJECTED = 1  # a join refused: unknown job, world size, rank range, window, bad MAC
+ERR_RANK_TAKEN = 2  # a join for a rank another address holds (keyless job): rank = the rank
+ERR_CALL_MISMATCH = 3  # the ranks' calls differ (number, codec, length): rank = a rank that differs
+ERR_ABORTED = 4  # a rank's call failed before it was sent (MSG_ABORT): rank = that rank
+ERR_PEER_DEAD = 5  # a member fell silent (no packet, no heartbeat) or left: rank = that rank
+ERROR_NAMES = {ERR_NOT_MEMBER: "not_member", ERR_REJECTED: "rejected", ERR_RANK_TAKEN: "rank_taken",
+               ERR_CALL_MISMATCH: "call_mismatch", ERR_ABORTED: "aborted", ERR_PEER_DEAD: "peer_dead"}
+MAX_ABORT_TEXT = 200  # an abort's reason (utf-8), after the header
+
+# call_kind: the worker codec of the call (the switch sees only the wire codec: int32 and fixed both send
+# int32 elements), plus CALL_SPARSE for a block-sparse call; 0 in control messages
+CALL_KINDS = {"int32": 1, "fixed": 2, "nc": 3, "dither": 4}
+CALL_KIND_NAMES = {v: k for k, v in CALL_KINDS.items()}
+CALL_SPARSE = 0x80
+CALL_NUMBER_MASK = 0xFFFF
+MAX_CALL_LEN = 0xFFFFFFFF  # elements one call may have (call_len is 32 bits)
 # block-sparse messages: 8 bytes between header and elements. In an update: the block the elements belong
 # to and the sender's next non-zero block; in a result: the aggregated block and the stream's next block
 # (the smallest next block over all workers). BLOCK_NONE: no elements / no further block.
@@ -107,7 +137,7 @@ BLOCK_NONE = 0xFFFFFFFF
 # What a switch counts, the same names and order on every backend (the C enums are generated from these).
 DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "spoofed", "wrong_session", "bad_slot", "stale",
                 "ahead", "mismatch", "duplicate", "bad_codes", "bad_mac", "rate_limited", "not_control",
-                "fragment")
+                "fragment", "call_mismatch", "failed", "oversized", "punt_overflow")
 SLOT_COUNTERS = ("received", "multicast", "resent", "dropped")
 
 
@@ -132,6 +162,10 @@ class Header:
     session: int = 0
     block: int = BLOCK_NONE  # block-sparse messages only
     next_block: int = BLOCK_NONE
+    call_kind: int = 0
+    call: int = 0
+    call_len: int = 0
+    boot: int = 0
 
     @property
     def pool_index(self) -> int:
@@ -141,24 +175,69 @@ class Header:
         if self.msg_type in SPARSE_MESSAGES:
             payload = BLOCK_EXT.pack(self.block, self.next_block) + bytes(payload)
         return pack(self.msg_type, self.job, self.rank, self.packet_id, self.slot, self.set, self.count,
-                    self.codec, self.exp_cur, self.exp_next, self.flags, payload, self.session)
+                    self.codec, self.exp_cur, self.exp_next, self.flags, payload, self.session,
+                    self.call_kind, self.call, self.call_len, self.boot)
+
+    @property
+    def call_id(self) -> tuple[int, int, int]:
+        """What makes a packet part of the same call on every rank."""
+        return self.call, self.call_kind, self.call_len
 
 
 def pack(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=CODEC_NONE,
-         exp_cur=0, exp_next=EXP_NONE, flags=0, payload=b"", session=0) -> bytes:
+         exp_cur=0, exp_next=EXP_NONE, flags=0, payload=b"", session=0, call_kind=0, call=0, call_len=0,
+         boot=0) -> bytes:
     if not 0 <= slot < MAX_SLOTS or set not in (0, 1):
         raise WireError(f"slot {slot} / set {set} out of range")
     head = HEADER.pack(VERSION, msg_type, codec, flags, job, rank, exp_cur, packet_id & PACKET_ID_MASK,
-                       (set << 15) | slot, count, exp_next, session & 0xFFFFFFFF)
+                       (set << 15) | slot, count, exp_next, call_kind, call & CALL_NUMBER_MASK,
+                       session & 0xFFFFFFFF, call_len, boot & 0xFFFFFFFF)
     return head + bytes(payload)
 
 
 def pack_sparse(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, codec=CODEC_INT32,
                 exp_cur=0, exp_next=EXP_NONE, flags=0, block=BLOCK_NONE, next_block=BLOCK_NONE,
-                payload=b"", session=0) -> bytes:
+                payload=b"", session=0, call_kind=0, call=0, call_len=0, boot=0) -> bytes:
     """A block-sparse update or result: header, block extension, elements."""
     return pack(msg_type, job, rank, packet_id, slot, set, count, codec, exp_cur, exp_next, flags,
-                BLOCK_EXT.pack(block, next_block) + bytes(payload), session)
+                BLOCK_EXT.pack(block, next_block) + bytes(payload), session, call_kind, call, call_len, boot)
+
+
+def pack_error(code: int, text: str = "", job=0, rank=0, subject=NO_RANK, session=0, boot=0) -> bytes:
+    """An error to a worker: code, the rank it names, the reason (cut to MAX_ERROR_TEXT bytes)."""
+    body = ERROR_PAYLOAD.pack(code, subject) + text.encode()[:MAX_ERROR_TEXT]
+    return pack(MSG_ERROR, job=job, rank=rank, payload=body, session=session, boot=boot)
+
+
+def unpack_error(data) -> tuple[int, int, str]:
+    """(code, named rank or NO_RANK, text) of an error message; an empty payload is ERR_NOT_MEMBER."""
+    if len(data) < HEADER_SIZE + ERROR_PAYLOAD.size:
+        return ERR_NOT_MEMBER, NO_RANK, ""
+    code, subject = ERROR_PAYLOAD.unpack_from(data, HEADER_SIZE)
+    return code, subject, bytes(data[HEADER_SIZE + ERROR_PAYLOAD.size:]).decode(errors="replace")
+
+
+def call_kind(codec_name: str, sparse: bool = False) -> int:
+    """The call_kind of a call with this worker codec."""
+    return CALL_KINDS[codec_name] | (CALL_SPARSE if sparse else 0)
+
+
+def describe_kind(kind: int) -> str:
+    name = CALL_KIND_NAMES.get(kind & ~CALL_SPARSE, f"kind {kind & ~CALL_SPARSE}")
+    return f"codec {name}" + (" sparse" if kind & CALL_SPARSE else "")
+
+
+def call_mismatch_text(job: int, rank: int, call_id, other_rank: int, other_id) -> str:
+    """What differs between two ranks' packets of one round, in the switch's error (the C core words it
+    the same: csrc/ina_core.c). call_id: (call, call_kind, call_len)."""
+    (c, k, n), (oc, ok, on) = call_id, other_id
+    if c != oc:
+        return f"job {job}: ranks out of step: rank {rank} is at call {c}, rank {other_rank} at call {oc}"
+    if k != ok:
+        return (f"job {job} call {c}: rank {rank} called allreduce with {describe_kind(k)}, "
+                f"rank {other_rank} with {describe_kind(ok)}")
+    return (f"job {job} call {c}: rank {rank} called allreduce with {n} elements, "
+            f"rank {other_rank} with {on}")
 
 
 def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE)) -> bytes:
@@ -172,7 +251,7 @@ def unpack(data) -> Header:
     if len(data) < HEADER_SIZE:
         raise WireError(f"truncated header: {len(data)} < {HEADER_SIZE} bytes")
     (version, msg_type, codec, flags, job, rank, exp_cur, packet_id, pool, count,
-     exp_next, session) = HEADER.unpack_from(data)
+     exp_next, kind, call, session, call_len, boot) = HEADER.unpack_from(data)
     if version != VERSION:
         raise WireError(f"unknown version {version}")
     if msg_type not in MSG_NAMES:
@@ -180,7 +259,7 @@ def unpack(data) -> Header:
     if pool & POOL_RESERVED_BIT:
         raise WireError("reserved pool-index bit 14 is set")
     h = Header(msg_type, job, rank, packet_id, pool & POOL_SLOT_MASK, pool >> 15, count, codec,
-               exp_cur, exp_next, flags, version, session)
+               exp_cur, exp_next, flags, version, session, call_kind=kind, call=call, call_len=call_len, boot=boot)
     if msg_type in DATA_MESSAGES:
         size = ELEMENT_SIZE.get(codec)
         if size is None:

@@ -27,6 +27,12 @@ from inaproto import auth, net, rng, wire
 
 JOIN_EXPIRY = 3.0  # seconds a pending join lives without being repeated (workers repeat it every 100 ms)
 MEMBER_IDLE = 3.0  # seconds without a packet after which a member's rank may be taken over (no key)
+# A member silent this long (no data packet, no heartbeat: workers send one every HEARTBEAT_EVERY seconds,
+# in calls and between them) is dead: its generation fails and the other members are told, naming it.
+PEER_SILENT = 3.0
+HEARTBEAT_EVERY = 1.0  # the worker library's interval (hostlib.worker), for the texts
+CLAIM_ACTIVE = 0.3  # a claim repeated this long after another address asked is a live process's (repeats: 100 ms)
+TAKEN_AFTER = 1.5  # a rank held by a live generation is refused once every member was heard this long after
 CONTROL_RATE = (2000.0, 200)  # control requests handled per second, burst
 ERROR_RATE = (50.0, 50)  # error replies per second, burst
 STATS_RATE = (20.0, 20)  # stats replies per second, burst
@@ -56,7 +62,7 @@ class Member:
     seen_at: float  # when its packet count last changed (or it joined)
     seen_count: int = 0
     left: bool = False
-
+    contested_at: float | None = None  # when another address first asked for this rank
 
 @dataclass
 class Pending:
@@ -65,6 +71,7 @@ class Pending:
     window: int
     at: float  # when last (re)sent
     confirmed: bool = False  # sent again from its address: it reads our answers, a worker waits there
+    contested_at: float | None = None  # when another address first asked for this rank
 
 
 @dataclass
@@ -75,6 +82,7 @@ class JobControl:
     generation: int = 0
     session: int = 0
     first_id: int = 0  # every slot's first packet id in this generation
+    failed: bool = False  # the generation failed (mismatch, abort, dead member): its ranks are free
     window: int = 0
     members: dict = field(default_factory=dict)  # rank -> Member of the current generation
     pending: dict = field(default_factory=dict)  # rank -> Pending for the next one
@@ -88,23 +96,28 @@ def derive_session(secret: int, job: int, generation: int, nonces: list[int]) ->
 
 class ControlPlane:
     def __init__(self, dataplane, config, secret: int | None = None, clock=None, join_expiry=JOIN_EXPIRY,
-                 member_idle=MEMBER_IDLE, stats=None, in_flight: int | None = None):
+                 member_idle=MEMBER_IDLE, stats=None, in_flight: int | None = None, boot: int | None = None,
+                 peer_silent=PEER_SILENT):
         """dataplane: what to admit into (config.DataPlane); config: its SwitchConfig; secret: the key of
         the session values (random by default); clock, join_expiry, member_idle: for tests; in_flight: the
         packets a job may have in flight over all its workers (the agreed window is at most this divided
-        by the world size; None: no limit but the slots), for a switch that drops bursts (BMv2)."""
+        by the world size; None: no limit but the slots), for a switch that drops bursts (BMv2); boot: the
+        switch's boot id (random by default: a restarted switch has another); peer_silent: seconds of
+        silence after which a member is dead."""
         self.dataplane, self.slots, self.max_elements = dataplane, config.slots, config.max_elements
         self.jobs = {j: JobControl(j, n, config.keys.get(j)) for j, n in config.jobs.items()}
         self.secret = secrets.randbits(64) if secret is None else secret
         self.control_hosts = set(config.control_hosts)  # besides loopback
         self.clock = clock or time.monotonic
-        self.join_expiry, self.member_idle = join_expiry, member_idle
+        self.join_expiry, self.member_idle, self.peer_silent = join_expiry, member_idle, peer_silent
         self.stats = stats or dataplane.stats
         self.first_packet_id = config.first_packet_id
         self.in_flight = in_flight
         self.requests = TokenBucket(*CONTROL_RATE, self.clock)
         self.errors = TokenBucket(*ERROR_RATE, self.clock)
         self.stats_replies = TokenBucket(*STATS_RATE, self.clock)
+        self.boot = (secrets.randbits(32) or 1) if boot is None else boot
+        dataplane.set_boot(self.boot)
 
     def handle(self, h: wire.Header, data, src) -> list[tuple[bytes, object]]:
         """Answer one control request (already parsed); returns the packets to send."""
@@ -114,17 +127,20 @@ class ControlPlane:
             return self._join(h, data, src)
         if h.msg_type == wire.MSG_LEAVE:
             return self._leave(h, src)
+        if h.msg_type == wire.MSG_HEARTBEAT:
+            return self._heartbeat(h, src)
+        if h.msg_type == wire.MSG_ABORT:
+            return self._abort(h, data, src)
         return self._stats(src, bool(h.flags & wire.FLAG_PER_SLOT))
 
     def _drop(self, reason):
         self.dataplane.count_drop(reason)
         return []
 
-    def _error(self, h, src, text: str):
+    def _error(self, h, src, text: str, code: int = wire.ERR_REJECTED, subject: int = wire.NO_RANK):
         if not self.errors.take():
             return self._drop("rate_limited")
-        body = text.encode()[:wire.MAX_ERROR_TEXT]
-        return [(wire.pack(wire.MSG_ERROR, job=h.job, rank=h.rank, payload=body), src)]
+        return [(wire.pack_error(code, text, h.job, h.rank, subject, boot=self.boot), src)]
 
     # ------------------------------------------------------------------ join barrier
     def _join(self, h, data, src):
@@ -143,35 +159,57 @@ class ControlPlane:
             self.dataplane.count_drop("unknown_worker")
             return self._error(h, src, refusal)
         now = self.clock()
+        out = self.check_members(job.job_id)  # a dead generation frees its ranks for the joiners
         m = job.members.get(h.rank)
         if m is not None and m.nonce == nonce and m.address == src and not m.left:
-            return [(self._join_ack(job, h.rank), src)]  # its ack was lost: send it again
-        if job.key is None and m is not None and m.address != src and self._live(job, h.rank, m, now):
-            return [self._join_wait(job, h, src)]  # the rank is in use: no takeover by another address
+            return out + [(self._join_ack(job, h.rank), src)]  # its ack was lost: send it again
+        if job.key is None and m is not None and m.address != src and not job.failed and self._live(job, h.rank, m, now):
+            return out + self._contested(job, h, src, m, now)  # in use: no takeover by another address
         job.pending = {r: p for r, p in job.pending.items() if now - p.at <= self.join_expiry}
         p = job.pending.get(h.rank)
         if p is not None and p.address == src and p.nonce == nonce:
             p.confirmed, p.at = True, now
         elif p is not None and p.confirmed and p.address != src:
-            return [self._join_wait(job, h, src)]  # a confirmed claim holds the rank until it expires
+            p.contested_at = p.contested_at or now
+            if job.key is None and p.at - p.contested_at >= CLAIM_ACTIVE:  # its holder repeats it: a live process
+                return out + self._taken(job, h, src, p.address, "is being joined from")
+            return out + [self._join_wait(job, h, src)]  # a confirmed claim holds the rank until it expires
         else:
             job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)), now)
         if len(job.pending) < job.world_size or not all(q.confirmed for q in job.pending.values()):
-            return [self._join_wait(job, h, src)]
-        return self._start_generation(job, now)
+            return out + [self._join_wait(job, h, src)]
+        return out + self._start_generation(job, now)
+
+    def _contested(self, job, h, src, m: Member, now):
+        """Another address asks for a live member's rank. If the whole generation goes on being heard for
+        TAKEN_AFTER seconds, the job is running: the joiner is told at once who holds the rank. If a member
+        falls silent meanwhile, the generation is dying (a crashed job being restarted): wait, its ranks
+        free up when it is declared dead."""
+        if m.contested_at is None:
+            m.contested_at = now
+        heard = all(now - x.seen_at < TAKEN_AFTER for x in job.members.values() if not x.left)
+        if now - m.contested_at >= TAKEN_AFTER and heard:
+            return self._taken(job, h, src, m.address, f"is held by a live member of generation {job.generation} at")
+        return [self._join_wait(job, h, src)]
+
+    def _taken(self, job, h, src, holder, how: str):
+        where = net.format_address(holder)
+        return self._error(h, src, f"job {h.job} rank {h.rank} {how} {where}; another process uses this rank "
+                                   f"(a second job with the same id, or a stranger): give the job its own id, "
+                                   f"or serve it with --key-file", wire.ERR_RANK_TAKEN, h.rank)
 
     def _window_cap(self, job) -> int:
         if self.in_flight is None:
             return self.slots
         return max(1, min(self.slots, self.in_flight // job.world_size))
 
-    def _live(self, job, rank, m: Member, now) -> bool:
+    def _live(self, job, rank, m: Member, now, idle: float | None = None) -> bool:
         if m.left:
             return False
         count = self.dataplane.member_packets(job.job_id)[rank]
         if count != m.seen_count:
             m.seen_count, m.seen_at = count, now
-        return now - m.seen_at < self.member_idle
+        return now - m.seen_at < (self.member_idle if idle is None else idle)
 
     def _start_generation(self, job, now):
         """Every rank joined: a new generation with clean slots, admitted in the data plane."""
@@ -183,7 +221,7 @@ class ControlPlane:
         job.first_id = (self.first_packet_id if self.first_packet_id is not None else
                         rng.derive_seed(self.secret, job.session, *nonces) & (wire.PACKET_ID_MASK - 1))
         job.members = {r: Member(job.pending[r].address, job.pending[r].nonce, now) for r in ranks}
-        job.pending = {}
+        job.pending, job.failed = {}, False
         self.dataplane.admit(job.job_id, job.generation, job.session, job.first_id,
                              [job.members[r].address for r in ranks])
         counts = self.dataplane.member_packets(job.job_id)
@@ -194,24 +232,81 @@ class ControlPlane:
     def _join_ack(self, job, rank):
         payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, self.max_elements, job.window,
                                              job.first_id)
-        return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session)
+        return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session,
+                         boot=self.boot)
 
     def _join_wait(self, job, h, src):
         bitmap = sum(1 << r for r in job.pending)
-        return wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=wire.JOIN_WAIT_PAYLOAD.pack(bitmap)), src
+        return wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=wire.JOIN_WAIT_PAYLOAD.pack(bitmap),
+                         boot=self.boot), src
 
-    # ------------------------------------------------------------------ leave, stats
-    def _leave(self, h, src):
+    # ------------------------------------------------------------------ failure of a generation
+    def _member(self, h, src):
+        """(job, member) of an admitted member's request, or (None, drop reason)."""
         job = self.jobs.get(h.job)
         m = job.members.get(h.rank) if job is not None else None
         if m is None:
-            return self._drop("unknown_job" if job is None else "unknown_worker")
+            return None, "unknown_job" if job is None else "unknown_worker"
         if m.address != src:
-            return self._drop("spoofed")
+            return None, "spoofed"
         if h.session != job.session:
-            return self._drop("wrong_session")
-        m.left = True
+            return None, "wrong_session"
+        return job, m
+
+    def fail(self, job, code: int, rank: int, text: str):
+        """Fail the job's generation in the data plane (every member is told, now and on every later data
+        packet) and free its ranks for the next join."""
+        job.failed = True
+        return self.dataplane.fail(job.job_id, code, rank, text)
+
+    def check_members(self, job_id: int):
+        """A member of a running generation silent for peer_silent seconds (no data packet, no heartbeat)
+        is dead: fail the generation naming it. Run on every heartbeat and join of the job, so it happens
+        while some member is alive to be told."""
+        job = self.jobs[job_id]
+        if not job.generation or job.failed:
+            return []
+        now = self.clock()
+        for r, m in job.members.items():
+            if not m.left and not self._live(job, r, m, now, self.peer_silent):
+                return self.fail(job, wire.ERR_PEER_DEAD, r,
+                                 f"job {job_id}: rank {r} ({net.format_address(m.address)}) has been silent for "
+                                 f"{now - m.seen_at:.1f} s (no packet, no heartbeat): its process is dead or hung")
         return []
+
+    def _heartbeat(self, h, src):
+        job, m = self._member(h, src)
+        if job is None:
+            return self._drop(m)
+        m.seen_at = self.clock()
+        return self.check_members(job.job_id)
+
+    def _abort(self, h, data, src):
+        """A member's call failed before it sent it: fail the call on every rank, naming the reason."""
+        job, m = self._member(h, src)
+        if job is None:
+            return self._drop(m)
+        reason = bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + wire.MAX_ABORT_TEXT]).decode(errors="replace")
+        text = f"job {h.job}: rank {h.rank} aborted call {h.call}: {reason}"
+        if job.failed:
+            return self.dataplane.fail(job.job_id, wire.ERR_ABORTED, h.rank, text)  # repeats the first error
+        return self.fail(job, wire.ERR_ABORTED, h.rank, text)
+
+    # ------------------------------------------------------------------ leave, stats
+    def _leave(self, h, src):
+        pending = self.jobs[h.job].pending.get(h.rank) if h.job in self.jobs and not h.session else None
+        if pending is not None and pending.address == src:  # a join given up: its claim goes at once
+            del self.jobs[h.job].pending[h.rank]
+            return []
+        job, m = self._member(h, src)
+        if job is None:
+            return self._drop(m)
+        m.left = True
+        if job.failed or all(x.left for x in job.members.values()):
+            return []
+        # the others may still call: they fail by name at once (a call that completed still resends)
+        return self.fail(job, wire.ERR_PEER_DEAD, h.rank, f"job {h.job}: rank {h.rank} left the job (closed its "
+                                                          f"communicator) while the others go on")
 
     def _stats(self, src, per_slot: bool):
         host = src[0] if isinstance(src, tuple) else None
@@ -229,4 +324,5 @@ class ControlPlane:
         for j in self.jobs.values():
             stats["jobs"][str(j.job_id)].update(members=sum(not m.left for m in j.members.values()),
                                                  pending=len(j.pending), keyed=j.key is not None)
+        stats["boot"] = self.boot
         return stats

@@ -68,6 +68,8 @@ class SlotSet:
     acc: np.ndarray | None = None
     result: bytes = b""  # payload of the result, kept for unicast resends
     flags: int = 0
+    call_id: tuple = (0, 0, 0)  # (call, call_kind, call_len) of the round's first packet
+    writer: int = 0  # the rank whose packet started the round (named in a call mismatch)
     sparse: bool = False  # a block-sparse round: the fields below apply
     block: int = wire.BLOCK_NONE  # the block the round's elements belong to (none yet: BLOCK_NONE)
     next_block: int = wire.BLOCK_NONE  # smallest next non-zero block over the workers heard so far
@@ -86,6 +88,7 @@ class Job:
     session: int = 0
     first_id: int = 0  # every slot's first round has this packet id
     heard: list = field(default_factory=list)  # rank -> admitted packets (the control plane's liveness)
+    failed: bytes | None = None  # the generation failed: the error (code, rank, text) every data packet gets
 
     def __post_init__(self):
         self.reset_slots()
@@ -94,6 +97,12 @@ class Job:
 
     def reset_slots(self):
         self.sets = [SlotSet() for _ in range(2 * self.slots)]
+
+
+def _kind_call_len(st: SlotSet) -> tuple[int, int, int]:
+    """A round's call identity in pack_sparse's argument order (call_kind, call, call_len)."""
+    call, kind, n = st.call_id
+    return kind, call, n
 
 
 class Switch:
@@ -119,6 +128,7 @@ class Switch:
         self.drops = dict.fromkeys(DROP_REASONS, 0)
         self.packets_in = self.packets_out = 0
         self.overflows = 0
+        self.boot = 0  # the control plane sets the switch's boot id (set_boot)
         self.control = ControlPlane(self, c, **control)
 
     # ------------------------------------------------------------------ entry point
@@ -171,8 +181,45 @@ class Switch:
         """
         job = self.jobs[job_id]
         job.generation, job.session, job.first_id, job.addresses = generation, session, first_id, list(addresses)
+        job.failed = None
         job.reset_slots()
 
+    def set_boot(self, boot: int):
+        """The switch's boot id, which everything it sends carries (a worker tells a restart by it)."""
+        self.boot = boot
+
+    def fail(self, job_id: int, code: int, rank: int, text: str) -> list[tuple[bytes, object]]:
+        """The job's generation failed (a call mismatch, an abort, a dead member): every member gets the
+        error now, and every later data packet of the generation gets it again, until the ranks re-join.
+        The first failure stands; a second one only repeats it.
+
+        Args:
+            job_id: a job the switch serves, with an admitted generation.
+            code, rank, text: the error (wire.ERR_*, the rank it names, the reason).
+
+        Returns:
+            The error for each member, as (bytes, address); empty for a job without a generation.
+        """
+        job = self.jobs[job_id]
+        if not job.generation:
+            return []
+        if job.failed is None:
+            job.failed = wire.ERROR_PAYLOAD.pack(code, rank) + text.encode()[:wire.MAX_ERROR_TEXT]
+        return [(self._error(job, r), job.addresses[r]) for r in range(job.world_size)]
+
+    def failed(self, job_id: int) -> bool:
+        """Whether the job's current generation failed (the control plane frees its ranks)."""
+        return self.jobs[job_id].failed is not None
+
+    def _error(self, job: Job, rank: int, answered=None) -> bytes:
+        """The generation's error; as the answer to a packet (FLAG_REPLY) it echoes its packet id and pool,
+        so the worker knows that round, and so its call, cannot complete."""
+        if answered is None:
+            return wire.pack(wire.MSG_ERROR, job=job.job_id, rank=rank, payload=job.failed, session=job.session,
+                             boot=self.boot)
+        return wire.pack(wire.MSG_ERROR, job=job.job_id, rank=rank, packet_id=answered.packet_id,
+                         slot=answered.slot, set=answered.set, flags=wire.FLAG_REPLY, payload=job.failed,
+                         session=job.session, boot=self.boot)
     def member_packets(self, job_id: int) -> list[int]:
         """Admitted packets per rank, which the control plane reads to tell a live rank from a gone one.
 
@@ -194,7 +241,8 @@ class Switch:
 
     # ------------------------------------------------------------------ data plane
     def _admitted(self, h, src):
-        """The job, or the drop reason: a rank of an admitted generation, from its address, with its session."""
+        """The job, or the drop reason: a rank of an admitted generation, from its address, with its session.
+        Whether the generation failed is the caller's to check."""
         job = self.jobs.get(h.job)
         if job is None:
             return "unknown_job"
@@ -207,8 +255,18 @@ class Switch:
         job.heard[h.rank] += 1
         return job
 
+    def _not_member(self, h, src, reason: str):
+        """A data packet of a generation this switch does not have (it restarted, or the job re-formed
+        without the sender): a header-only error with our boot id and the packet's session, never larger
+        than the packet, so its worker fails at once by name instead of by timeout."""
+        self._drop(reason)
+        return [(wire.pack(wire.MSG_ERROR, job=h.job, rank=h.rank, packet_id=h.packet_id, slot=h.slot, set=h.set,
+                           flags=wire.FLAG_REPLY, session=h.session, boot=self.boot), src)]
+
     def _update(self, h, data, src):
         job = self._admitted(h, src)
+        if job in ("unknown_worker", "wrong_session"):
+            return self._not_member(h, src, job)
         if isinstance(job, str):
             return self._drop(job)
         if h.slot >= job.slots or h.count > job.max_elements:
@@ -221,6 +279,8 @@ class Switch:
 
         if before & bit:
             return self._duplicate(job, h, st, other, src)
+        if job.failed is not None:  # no new contribution after a failure; completed rounds still resend
+            return self._failed(job, h, src)
 
         sparse = h.msg_type == wire.MSG_SPARSE_UPDATE
         if before == 0:
@@ -231,6 +291,7 @@ class Switch:
             if values is None:
                 return self._drop("bad_codes", job, s)
             st.round_id, st.complete, st.count = h.packet_id, False, 0
+            st.call_id, st.writer = h.call_id, h.rank
             st.codec, st.n_elems, st.exp_cur, st.exp_max = h.codec, h.count, h.exp_cur, h.exp_next
             st.acc = values  # write
             st.flags = 0
@@ -238,6 +299,10 @@ class Switch:
         else:
             if h.packet_id != st.round_id or st.complete:
                 return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, s)
+            if h.call_id != st.call_id:
+                self._drop("call_mismatch", job, s)
+                text = wire.call_mismatch_text(job.job_id, h.rank, h.call_id, st.writer, st.call_id)
+                return self.fail(job.job_id, wire.ERR_CALL_MISMATCH, h.rank, text)
             if sparse:
                 if not self._sparse_fits(st, h):
                     return self._drop("mismatch", job, s)
@@ -264,7 +329,15 @@ class Switch:
         if st.complete:
             job.counters["resent"][h.slot] += 1
             return [(self._result(job, h, st, h.rank), src)]  # unicast back to the (admitted) sender
+        if job.failed is not None:
+            return self._failed(job, h, src)
         return self._drop("duplicate", job, h.slot)
+
+    def _failed(self, job, h, src):
+        """A packet of a failed generation that no completed round answers: the error again (the first
+        copy may have been lost), to the admitted sender only."""
+        self._drop("failed", job, h.slot)
+        return [(self._error(job, h.rank, h), src)]
 
     def _complete(self, job, h, st):
         """Every worker contributed: compute the result once and multicast it to the members."""
@@ -325,10 +398,12 @@ class Switch:
         if st.sparse:
             return wire.pack_sparse(wire.MSG_SPARSE_RESULT, job.job_id, rank, st.round_id, h.slot, h.set,
                                     st.n_elems, st.codec, st.exp_cur, st.exp_max, st.flags, st.block,
-                                    st.next_block, st.result, job.session)
+                                    st.next_block, st.result, job.session, *_kind_call_len(st), self.boot)
+        call, kind, n = st.call_id
         return wire.pack(wire.MSG_RESULT, job=job.job_id, rank=rank, packet_id=st.round_id, slot=h.slot,
                          set=h.set, count=st.n_elems, codec=st.codec, exp_cur=st.exp_cur,
-                         exp_next=st.exp_max, flags=st.flags, payload=st.result, session=job.session)
+                         exp_next=st.exp_max, flags=st.flags, payload=st.result, session=job.session,
+                         call_kind=kind, call=call, call_len=n, boot=self.boot)
 
     # ------------------------------------------------------------------ counters
     def stats(self, per_slot: bool = False) -> dict:
@@ -342,7 +417,7 @@ class Switch:
         """
         jobs = {}
         for job_id, job in self.jobs.items():
-            j = {"world_size": job.world_size, "generation": job.generation}
+            j = {"world_size": job.world_size, "generation": job.generation, "failed": job.failed is not None}
             j.update({name: int(c.sum()) for name, c in job.counters.items()})
             if per_slot:
                 j["per_slot"] = {name: c.tolist() for name, c in job.counters.items()}
