@@ -26,14 +26,16 @@ def _src(*names):
 
 def cdef_from(*headers) -> str:
     """The headers' declarations for cffi, so each is written once: integer macros keep their literal
-    value (cffi needs it for array sizes) or become `#define NAME ...` (the compiler supplies it);
-    include guards and #include lines go."""
+    value (cffi needs it for array sizes) or become `#define NAME ...` (the compiler supplies it); string
+    and initializer macros (a table of names) are C's alone; include guards and #include lines go."""
     out = []
     for h in headers:
         with open(os.path.join(HERE, h)) as f:
             for line in f:
                 literal = re.match(r"#define (INA_\w+)\s+\(?(-?(?:0x[0-9A-Fa-f]+|\d+))\)?\s*(/\*.*)?$", line)
                 other = re.match(r"#define (INA_\w+)\s+\S", line)
+                if re.match(r"#define INA_\w+\s+[\"{]", line):
+                    continue
                 if literal:
                     out.append(f"#define {literal[1]} {literal[2]}")
                 elif other:

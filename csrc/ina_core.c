@@ -19,6 +19,9 @@ typedef struct {
     uint16_t n_elems;
     uint8_t sparse;                /* a block-sparse round: block and next_block apply */
     uint32_t block, next_block;    /* the round's block; smallest next block over workers heard so far */
+    uint8_t call_kind, writer;     /* the round's call (of its first packet) and the rank that sent that */
+    uint16_t call;
+    uint32_t call_len;
     int64_t *acc;    /* max_elements */
     uint8_t *result; /* INA_BLOCK_EXT_SIZE + max_elements * 4: the result payload, kept for unicast resends */
     uint32_t result_len;
@@ -35,6 +38,9 @@ typedef struct {
     uint32_t first_id;  /* every slot's first packet id in this generation */
     uint64_t addresses[INA_MAX_WORKERS]; /* rank -> the address it joined from */
     uint64_t heard[INA_MAX_WORKERS];     /* rank -> admitted packets */
+    /* the generation failed (failed_len > 0): the error payload (code, rank, text) its packets get */
+    uint8_t failed[INA_ERROR_PAYLOAD_SIZE + INA_MAX_ERROR_TEXT];
+    uint32_t failed_len;
 } job_t;
 
 struct ina_switch {
@@ -43,6 +49,7 @@ struct ina_switch {
     const ina_lane_ops *lanes; /* scalar, AVX2 or AVX-512 lane arithmetic, chosen once (ina_core_simd.c) */
     uint64_t seed, rng_key;
     uint64_t nc_elements_rounded;
+    uint32_t boot; /* the switch's boot id, in everything it sends (the control plane sets it) */
     ina_counters c;
     uint32_t n_jobs;
     job_t *jobs;
@@ -137,6 +144,13 @@ uint32_t ina_switch_jobs(const ina_switch *sw) { return sw->n_jobs; }
 uint32_t ina_switch_slots(const ina_switch *sw) { return sw->slots; }
 const char *ina_switch_lanes(const ina_switch *sw) { return sw->lanes->name; }
 void ina_switch_count_out(ina_switch *sw, uint64_t n) { sw->c.packets_out += n; }
+void ina_switch_set_boot(ina_switch *sw, uint32_t boot) { sw->boot = boot; }
+
+void ina_switch_count_dropped_in(ina_switch *sw, int reason)
+{
+    sw->c.packets_in++;
+    ina_switch_count_drop(sw, reason);
+}
 
 void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
                          uint64_t *generation)
@@ -162,16 +176,22 @@ static int drop(ina_switch *sw, int reason, job_t *j, int slot)
 }
 
 /* ------------------------------------------------------------------ what the control plane calls */
+static job_t *job_of(const ina_switch *sw, uint32_t job_id)
+{
+    int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
+    return ji < 0 ? NULL : &sw->jobs[ji];
+}
+
 int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
                      const uint64_t *addrs)
 {
-    int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
-    if (ji < 0)
+    job_t *j = job_of(sw, job_id);
+    if (!j)
         return -1;
-    job_t *j = &sw->jobs[ji];
     j->generation = generation;
     j->session = session;
     j->first_id = first_id;
+    j->failed_len = 0;
     memcpy(j->addresses, addrs, j->world_size * sizeof *addrs);
     job_reset_slots(sw, j);
     return 0;
@@ -179,11 +199,60 @@ int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint3
 
 int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *out)
 {
-    int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
-    if (ji < 0)
+    const job_t *j = job_of(sw, job_id);
+    if (!j)
         return -1;
-    memcpy(out, sw->jobs[ji].heard, sw->jobs[ji].world_size * sizeof *out);
+    memcpy(out, j->heard, j->world_size * sizeof *out);
     return 0;
+}
+
+/* model: Switch._error. The generation's error to a rank: a header (count 0) and the failure's payload,
+ * transient (a later generation's failure rewrites it), with the switch's boot id. As the answer to a data
+ * packet (answered, else NULL) it echoes the packet's id and pool with INA_FLAG_REPLY */
+static void error_to(const ina_switch *sw, const job_t *j, uint8_t rank, uint64_t dst, const header *answered,
+                     ina_out *o)
+{
+    const header none = {0};
+    const header *a = answered ? answered : &none;
+    o->dst = dst;
+    put_header(o->hdr, INA_MSG_ERROR, (uint16_t)j->job_id, rank, a->packet_id, a->slot, a->set, 0, INA_CODEC_NONE, 0,
+               INA_EXP_NONE, answered ? INA_FLAG_REPLY : 0, j->session);
+    put_boot(o->hdr, sw->boot);
+    o->payload = j->failed;
+    o->len = j->failed_len;
+    o->stable = 0;
+}
+
+/* model: Switch.fail. The first failure of a generation stands (text cut to INA_MAX_ERROR_TEXT bytes); every
+ * failure sends it to every member. The number of packets in out (0: no generation admitted) */
+static int fail_generation(const ina_switch *sw, job_t *j, uint8_t code, uint8_t rank, const char *text,
+                           size_t text_len, ina_out *out)
+{
+    if (!j->generation)
+        return 0;
+    if (!j->failed_len) {
+        size_t n = text_len < INA_MAX_ERROR_TEXT ? text_len : INA_MAX_ERROR_TEXT;
+        j->failed[0] = code;
+        j->failed[1] = rank;
+        memcpy(j->failed + INA_ERROR_PAYLOAD_SIZE, text, n);
+        j->failed_len = (uint32_t)(INA_ERROR_PAYLOAD_SIZE + n);
+    }
+    for (uint32_t r = 0; r < j->world_size; r++)
+        error_to(sw, j, (uint8_t)r, j->addresses[r], NULL, &out[r]);
+    return (int)j->world_size;
+}
+
+int ina_switch_fail(ina_switch *sw, uint32_t job_id, uint8_t code, uint8_t rank, const char *text, size_t text_len,
+                    ina_out *out)
+{
+    job_t *j = job_of(sw, job_id);
+    return j ? fail_generation(sw, j, code, rank, text, text_len, out) : -1;
+}
+
+int ina_switch_failed(const ina_switch *sw, uint32_t job_id)
+{
+    const job_t *j = job_of(sw, job_id);
+    return j ? j->failed_len != 0 : -1;
 }
 
 void ina_switch_count_drop(ina_switch *sw, int reason)
@@ -250,12 +319,16 @@ static void finish(ina_switch *sw, slot_set *st)
     st->result_len = ext + n;
 }
 
-static void result(const job_t *j, const header *h, const slot_set *st, uint8_t rank, uint64_t dst, ina_out *o)
+/* model: Switch._result. The round's result to a rank, with the round's call and the switch's boot id */
+static void result(const ina_switch *sw, const job_t *j, const header *h, const slot_set *st, uint8_t rank,
+                   uint64_t dst, ina_out *o)
 {
     o->dst = dst;
     put_header(o->hdr, st->sparse ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT, (uint16_t)j->job_id, rank,
                st->round_id, h->slot, h->set, st->n_elems, st->codec, st->exp_cur, st->exp_max, st->flags,
                j->session);
+    put_call(o->hdr, st->call_kind, st->call, st->call_len);
+    put_boot(o->hdr, sw->boot);
     o->payload = st->result;
     o->len = st->result_len;
     o->stable = 1;
@@ -321,79 +394,182 @@ static job_t *admitted(ina_switch *sw, const header *h, uint64_t src, int *reaso
     return j;
 }
 
+/* model: Switch._not_member. A data packet of a generation the switch does not have: a header-only error
+ * (never larger than the packet) to its source, the answer to it (its packet id and pool, INA_FLAG_REPLY)
+ * with its session and the switch's boot id */
+static int not_member(ina_switch *sw, const header *h, uint64_t src, int reason, ina_out *o)
+{
+    drop(sw, reason, NULL, -1);
+    o->dst = src;
+    put_header(o->hdr, INA_MSG_ERROR, h->job, h->rank, h->packet_id, h->slot, h->set, 0, INA_CODEC_NONE, 0,
+               INA_EXP_NONE, INA_FLAG_REPLY, h->session);
+    put_boot(o->hdr, sw->boot);
+    o->payload = o->hdr; /* no payload */
+    o->len = 0;
+    o->stable = 0;
+    return 1;
+}
+
+/* model: Switch._failed. A packet of a failed generation that no completed round answers: the error again,
+ * as the answer to it, to the (admitted) sender only */
+static int answer_failed(ina_switch *sw, job_t *j, const header *h, uint64_t src, ina_out *out)
+{
+    drop(sw, INA_DROP_FAILED, j, h->slot);
+    error_to(sw, j, h->rank, src, h, out);
+    return 1;
+}
+
+/* model: Switch._duplicate. A packet from a rank already counted in (slot, set): resend a completed round */
+static int duplicate(ina_switch *sw, job_t *j, const header *h, slot_set *st, slot_set *other, uint64_t src,
+                     ina_out *out)
+{
+    if (h->packet_id != st->round_id) /* same set, other round: a protocol violation */
+        return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, h->slot);
+    other->bitmap &= ~(1ULL << h->rank);
+    if (st->complete) {
+        (*slot_counter(sw, j, INA_SLOT_RESENT, h->slot))++;
+        result(sw, j, h, st, h->rank, src, out); /* unicast back where it came from */
+        return 1;
+    }
+    if (j->failed_len)
+        return answer_failed(sw, j, h, src, out);
+    return drop(sw, INA_DROP_DUPLICATE, j, h->slot);
+}
+
+/* wire.describe_kind */
+static void describe_kind(uint8_t kind, char *buf, size_t size)
+{
+    static const char *const names[INA_CALL_KIND_COUNT] = INA_CALL_KIND_NAMES;
+    unsigned k = kind & (unsigned)~INA_CALL_SPARSE & 0xFF;
+    const char *sparse = kind & INA_CALL_SPARSE ? " sparse" : "";
+    if (k < INA_CALL_KIND_COUNT && names[k])
+        snprintf(buf, size, "codec %s%s", names[k], sparse);
+    else
+        snprintf(buf, size, "codec kind %u%s", k, sparse);
+}
+
+/* wire.call_mismatch_text, word for word: how the packet's call differs from its round's (the writer's);
+ * the text's length (cut to size - 1) */
+static size_t call_mismatch_text(char *t, size_t size, const job_t *j, const header *h, const slot_set *st)
+{
+    int n;
+    if (h->call != st->call) {
+        n = snprintf(t, size, "job %u: ranks out of step: rank %u is at call %u, rank %u at call %u", j->job_id,
+                     h->rank, h->call, st->writer, st->call);
+    } else if (h->call_kind != st->call_kind) {
+        char mine[32], theirs[32];
+        describe_kind(h->call_kind, mine, sizeof mine);
+        describe_kind(st->call_kind, theirs, sizeof theirs);
+        n = snprintf(t, size, "job %u call %u: rank %u called allreduce with %s, rank %u with %s", j->job_id,
+                     h->call, h->rank, mine, st->writer, theirs);
+    } else {
+        n = snprintf(t, size, "job %u call %u: rank %u called allreduce with %u elements, rank %u with %u",
+                     j->job_id, h->call, h->rank, h->call_len, st->writer, st->call_len);
+    }
+    return n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
+}
+
+/* model: the call check of Switch._update. A packet of another call than its round's fails the generation */
+static int call_mismatch(ina_switch *sw, job_t *j, const header *h, const slot_set *st, ina_out *out)
+{
+    char text[INA_MAX_ERROR_TEXT + 1];
+    drop(sw, INA_DROP_CALL_MISMATCH, j, h->slot);
+    size_t n = call_mismatch_text(text, sizeof text, j, h, st);
+    return fail_generation(sw, j, INA_ERR_CALL_MISMATCH, h->rank, text, n, out);
+}
+
+#define SUMMED (-2) /* start_round / join_round: the packet is in the round (else: packets to send) */
+
+/* model: Switch._update, before == 0. The round's first packet: the one packet id it may have; its call,
+ * shape and elements are the round's */
+static int start_round(ina_switch *sw, job_t *j, const header *h, const uint8_t *payload, slot_set *st,
+                       const slot_set *other)
+{
+    int none;
+    uint32_t expected = next_round(st, other, h->set, j->first_id, &none);
+    if (none || h->packet_id != expected)
+        return drop(sw, behind_or_ahead(h->packet_id, expected, none), j, h->slot);
+    if (!values(sw, h, payload, st->acc, 0))
+        return drop(sw, INA_DROP_BAD_CODES, j, h->slot);
+    st->round_id = h->packet_id;
+    st->has_round = 1;
+    st->complete = 0;
+    st->count = 0;
+    st->call_kind = h->call_kind;
+    st->call = h->call;
+    st->call_len = h->call_len;
+    st->writer = h->rank;
+    st->codec = h->codec;
+    st->n_elems = h->count;
+    st->exp_cur = h->exp_cur;
+    st->exp_max = h->exp_next;
+    st->flags = 0;
+    st->sparse = h->msg_type == INA_MSG_SPARSE_UPDATE;
+    st->block = h->block;
+    st->next_block = h->next_block;
+    return SUMMED;
+}
+
+/* model: Switch._update, before != 0. A later packet of the round: same round and call, the same shape
+ * (sparse: Switch._sparse_fits), its elements added */
+static int join_round(ina_switch *sw, job_t *j, const header *h, const uint8_t *payload, slot_set *st,
+                      ina_out *out)
+{
+    int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE;
+    if (h->packet_id != st->round_id || st->complete) /* late retransmission from a worker that moved on */
+        return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, h->slot);
+    if (h->call != st->call || h->call_kind != st->call_kind || h->call_len != st->call_len)
+        return call_mismatch(sw, j, h, st, out);
+    if (sparse ? !sparse_fits(st, h)
+               : (st->sparse || h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur))
+        return drop(sw, INA_DROP_MISMATCH, j, h->slot);
+    /* a sparse round's first elements are written, later ones added */
+    int add = !sparse || st->block != INA_BLOCK_NONE;
+    if (!values(sw, h, payload, st->acc, add))
+        return drop(sw, INA_DROP_BAD_CODES, j, h->slot);
+    if (sparse)
+        sparse_add(st, h);
+    else if (h->exp_next > st->exp_max)
+        st->exp_max = h->exp_next;
+    return SUMMED;
+}
+
+/* model: Switch._complete. Every rank contributed: the result, computed once, to every member */
+static int complete(ina_switch *sw, job_t *j, const header *h, slot_set *st, ina_out *out)
+{
+    st->complete = 1;
+    finish(sw, st);
+    (*slot_counter(sw, j, INA_SLOT_MULTICAST, h->slot))++;
+    for (uint32_t r = 0; r < j->world_size; r++)
+        result(sw, j, h, st, (uint8_t)r, j->addresses[r], &out[r]);
+    return (int)j->world_size;
+}
+
+/* model: Switch._update */
 static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
 {
     int reason;
     job_t *j = admitted(sw, h, src, &reason);
+    if (!j && (reason == INA_DROP_UNKNOWN_WORKER || reason == INA_DROP_WRONG_SESSION))
+        return not_member(sw, h, src, reason, out);
     if (!j)
         return drop(sw, reason, NULL, -1);
     if (h->slot >= sw->slots || h->count > sw->max_elements)
         return drop(sw, INA_DROP_BAD_SLOT, NULL, -1);
-    uint32_t s = h->slot, x = h->set;
-    (*slot_counter(sw, j, INA_SLOT_RECEIVED, s))++;
-    slot_set *st = &j->sets[2 * s + x], *other = &j->sets[2 * s + (1 - x)];
-    uint64_t bit = 1ULL << h->rank, before = st->bitmap;
-    const uint8_t *payload = pkt + INA_HEADER_SIZE;
-
-    if (before & bit) {
-        if (h->packet_id != st->round_id) /* same set, other round: a protocol violation */
-            return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, (int)s);
-        other->bitmap &= ~bit;
-        if (st->complete) {
-            (*slot_counter(sw, j, INA_SLOT_RESENT, s))++;
-            result(j, h, st, h->rank, src, out); /* unicast back where it came from */
-            return 1;
-        }
-        return drop(sw, INA_DROP_DUPLICATE, j, (int)s);
-    }
-    int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE;
-    if (sparse)
-        payload += INA_BLOCK_EXT_SIZE;
-    if (before == 0) {
-        int none;
-        uint32_t expected = next_round(st, other, x, j->first_id, &none);
-        if (none || h->packet_id != expected)
-            return drop(sw, behind_or_ahead(h->packet_id, expected, none), j, (int)s);
-        if (!values(sw, h, payload, st->acc, 0))
-            return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
-        st->round_id = h->packet_id;
-        st->has_round = 1;
-        st->complete = 0;
-        st->count = 0;
-        st->codec = h->codec;
-        st->n_elems = h->count;
-        st->exp_cur = h->exp_cur;
-        st->exp_max = h->exp_next;
-        st->flags = 0;
-        st->sparse = (uint8_t)sparse;
-        st->block = h->block;
-        st->next_block = h->next_block;
-    } else {
-        if (h->packet_id != st->round_id || st->complete) /* late retransmission from a worker that moved on */
-            return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, (int)s);
-        if (sparse ? !sparse_fits(st, h)
-                   : (st->sparse || h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur))
-            return drop(sw, INA_DROP_MISMATCH, j, (int)s);
-        /* a sparse round's first elements are written, later ones added */
-        int add = !sparse || st->block != INA_BLOCK_NONE;
-        if (!values(sw, h, payload, st->acc, add))
-            return drop(sw, INA_DROP_BAD_CODES, j, (int)s);
-        if (sparse) {
-            sparse_add(st, h);
-        } else if (h->exp_next > st->exp_max) {
-            st->exp_max = h->exp_next;
-        }
-    }
-    st->bitmap = before | bit;
+    (*slot_counter(sw, j, INA_SLOT_RECEIVED, h->slot))++;
+    slot_set *st = &j->sets[2 * h->slot + h->set], *other = &j->sets[2 * h->slot + (1 - h->set)];
+    uint64_t bit = 1ULL << h->rank;
+    if (st->bitmap & bit)
+        return duplicate(sw, j, h, st, other, src, out);
+    if (j->failed_len) /* no new contribution after a failure; completed rounds still resend */
+        return answer_failed(sw, j, h, src, out);
+    const uint8_t *payload = pkt + INA_HEADER_SIZE + (h->msg_type == INA_MSG_SPARSE_UPDATE ? INA_BLOCK_EXT_SIZE : 0);
+    int n = st->bitmap == 0 ? start_round(sw, j, h, payload, st, other) : join_round(sw, j, h, payload, st, out);
+    if (n != SUMMED)
+        return n;
+    st->bitmap |= bit;
     other->bitmap &= ~bit;
-    if (++st->count < j->world_size)
-        return 0;
-    st->complete = 1;
-    finish(sw, st);
-    (*slot_counter(sw, j, INA_SLOT_MULTICAST, s))++;
-    for (uint32_t r = 0; r < j->world_size; r++)
-        result(j, h, st, (uint8_t)r, j->addresses[r], &out[r]);
-    return (int)j->world_size;
+    return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out);
 }
 
 int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)
@@ -405,8 +581,8 @@ int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t 
         return drop(sw, INA_DROP_MALFORMED, NULL, -1);
     if (h.msg_type == INA_MSG_UPDATE || h.msg_type == INA_MSG_SPARSE_UPDATE)
         n = on_update(sw, &h, pkt, src, out);
-    else if (h.msg_type == INA_MSG_JOIN || h.msg_type == INA_MSG_LEAVE || h.msg_type == INA_MSG_STATS_REQ)
-        return INA_PUNT; /* the control plane answers, and counts its replies */
+    else if (INA_CONTROL_REQUESTS >> h.msg_type & 1)
+        return INA_PUNT; /* the control plane answers (join, leave, abort, heartbeat, stats), and counts its replies */
     else
         return drop(sw, INA_DROP_MALFORMED, NULL, -1); /* results, acks... are never sent to a switch */
     sw->c.packets_out += (uint64_t)n;

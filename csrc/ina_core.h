@@ -9,12 +9,11 @@
 #include "ina_wire.h"
 
 #define INA_MAX_OUT INA_MAX_WORKERS /* a multicast */
-#define INA_PUNT (-1)               /* a packet for the control plane (join, leave, stats request) */
+#define INA_PUNT (-1) /* a packet for the control plane (join, leave, abort, heartbeat, stats request) */
 
-/* One packet to send: a header of its own plus a payload. `stable` payloads live in slot memory and stay
- * valid until that (slot, set) completes again (after every worker got this result), so a transport may
- * send them without copying; others are valid until the next call (the core emits only stable ones now
- * that control replies come from the control plane, but transports keep honouring the flag). */
+/* One packet to send: a header of its own plus a payload. `stable` payloads (results) live in slot memory
+ * and stay valid until that (slot, set) completes again (after every worker got this result), so a
+ * transport may send them without copying; others (errors) are valid until the next call into the core. */
 typedef struct {
     uint64_t dst;
     uint8_t hdr[INA_HEADER_SIZE];
@@ -42,9 +41,23 @@ int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint3
 /* per rank of the job: packets admitted (right address and session), for the control plane's liveness */
 int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *out);
 void ina_switch_count_drop(ina_switch *sw, int reason); /* a drop decided outside the core */
+/* the switch's boot id, which everything the core sends carries (the control plane draws it) */
+void ina_switch_set_boot(ina_switch *sw, uint32_t boot);
+/* model: Switch.fail. The job's generation failed (an abort, a dead member; the core itself fails it on a call
+ * mismatch): the first failure's error (code, the rank it names, text of text_len bytes, cut to
+ * INA_MAX_ERROR_TEXT) stands until the next admit, and every member gets it now, in out (transient payloads);
+ * every later data packet of the generation gets it too, but for a completed round's resend. Returns the
+ * packets written (the job's world size, 0 for a job without a generation), -1 for an unknown job. */
+int ina_switch_fail(ina_switch *sw, uint32_t job_id, uint8_t code, uint8_t rank, const char *text, size_t text_len,
+                    ina_out *out);
+/* whether the job's generation failed: 1 or 0, -1 for an unknown job */
+int ina_switch_failed(const ina_switch *sw, uint32_t job_id);
 /* number of packets written to out (<= INA_MAX_OUT), or INA_PUNT */
 int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out);
 void ina_switch_count_out(ina_switch *sw, uint64_t n); /* replies the control plane sent itself */
+/* a datagram a loop dropped before the core saw it (a fragment, a corrupt ring record): counted in
+ * packets_in and in drops[reason], so packets_in stays the sum of the outcomes */
+void ina_switch_count_dropped_in(ina_switch *sw, int reason);
 
 const ina_counters *ina_switch_counters(const ina_switch *sw);
 uint32_t ina_switch_jobs(const ina_switch *sw);

@@ -279,7 +279,7 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
         return;
     }
     struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
-    if (n < L2_L4 || m->nb_segs != 1 || eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
+    if (n < L2_L4 || eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4) ||
         ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP || ip->dst_addr != d->ip) {
         d->c.not_ina++;
         rte_pktmbuf_free(m);
@@ -287,14 +287,19 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
     }
     if (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) {
         /* a datagram to the switch in pieces: no INA packet is, so it is dropped, as a drop */
-        ina_switch_count_drop(d->loop.sw, INA_DROP_FRAGMENT);
+        ina_switch_count_dropped_in(d->loop.sw, INA_DROP_FRAGMENT);
         rte_pktmbuf_free(m);
         return;
     }
     struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
     uint32_t ulen = rte_be_to_cpu_16(udp->dgram_len);
-    if (udp->dst_port != d->udp_port || ulen < sizeof *udp || sizeof *eth + sizeof *ip + ulen > n) {
+    if (udp->dst_port != d->udp_port || ulen < sizeof *udp || sizeof *eth + sizeof *ip + ulen > rte_pktmbuf_pkt_len(m)) {
         d->c.not_ina++;
+        rte_pktmbuf_free(m);
+        return;
+    }
+    if (m->nb_segs != 1) { /* a datagram to the switch in more than one mbuf: larger than any it takes */
+        ina_switch_count_dropped_in(d->loop.sw, INA_DROP_OVERSIZED);
         rte_pktmbuf_free(m);
         return;
     }

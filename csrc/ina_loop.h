@@ -1,7 +1,8 @@
-/* What the UDP and DPDK loops do between their I/O, written once: a received packet goes through the
- * receive-side impairment into the core; a control request the core punts goes to the punt queue; each
- * packet the core emits goes through the send-side impairment to the loop's send function. A loop keeps
- * only its transport (socket batches, Ethernet frames) and hands this its packets. Header-only. */
+/* What the UDP, shared-memory and DPDK loops do between their I/O, written once: a received packet goes
+ * through the receive-side impairment into the core; a control request the core punts goes to the punt
+ * queue (which counts every request it cannot take as one of the core's drops); each packet the core
+ * emits goes through the send-side impairment to the loop's send function. A loop keeps only its
+ * transport (socket batches, Ethernet frames, rings) and hands this its packets. Header-only. */
 #ifndef INA_LOOP_H
 #define INA_LOOP_H
 #include <stdint.h>
@@ -17,7 +18,7 @@ typedef struct {
     ina_punt_queue punt; /* control requests for the caller */
     ina_out out[INA_MAX_OUT];
     /* the transport: sends header + payload to an address id; transient: the payload's memory is reused
-     * once it returns (a held packet, a control reply in the core's scratch buffer) */
+     * once it returns (a held packet, an error whose payload the core may rewrite) */
     ina_sink send;
     void *send_ctx;
     ina_capture *cap; /* serve --pcap, else NULL */
@@ -72,7 +73,7 @@ static inline void ina_loop_deliver(void *ctx, uint64_t src, const uint8_t *pkt,
     }
     for (int i = 0; i < n; i++) {
         const ina_out *o = &l->out[i];
-        /* a control reply's payload is the core's scratch buffer: transient, like a held packet */
+        /* an error's payload is the job's failure, rewritten by its next failure: transient, like a held packet */
         ina_loop_send(l, o->dst, o->hdr, INA_HEADER_SIZE, o->payload, o->len, !o->stable);
     }
 }

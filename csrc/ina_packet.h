@@ -24,7 +24,21 @@ typedef struct {
     uint16_t job, slot, count;
     uint32_t packet_id, session;
     uint32_t block, next_block; /* block-sparse messages only */
+    uint8_t call_kind;          /* the call's identity (data messages): kind, number, length in elements */
+    uint16_t call;
+    uint32_t call_len;
+    uint32_t boot; /* the switch's boot id (what it sends; a worker echoes its join_ack's) */
 } header;
+
+/* a call's identity in a header written by put_header (which leaves it 0) */
+static inline void put_call(uint8_t *h, uint8_t call_kind, uint16_t call, uint32_t call_len)
+{
+    h[INA_OFF_CALL_KIND] = call_kind;
+    wr16(h + INA_OFF_CALL, call);
+    wr32(h + INA_OFF_CALL_LEN, call_len);
+}
+
+static inline void put_boot(uint8_t *h, uint32_t boot) { wr32(h + INA_OFF_BOOT, boot); }
 
 static inline void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_t rank, uint32_t packet_id,
                               uint16_t slot, uint8_t set, uint16_t count, uint8_t codec, int8_t exp_cur,
@@ -41,8 +55,9 @@ static inline void put_header(uint8_t *h, uint8_t msg_type, uint16_t job, uint8_
     wr16(h + INA_OFF_POOL, (uint16_t)(set << 15 | slot));
     wr16(h + INA_OFF_COUNT, count);
     h[INA_OFF_EXP_NEXT] = (uint8_t)exp_next;
-    h[INA_OFF_RESERVED] = h[INA_OFF_RESERVED + 1] = h[INA_OFF_RESERVED + 2] = 0;
     wr32(h + INA_OFF_SESSION, session);
+    put_call(h, 0, 0, 0);
+    put_boot(h, 0);
 }
 
 /* wire.unpack: 0 if the header is well formed (and an update/result's length matches its count) */
@@ -65,6 +80,10 @@ static inline int parse(const uint8_t *p, size_t len, header *h)
     h->count = rd16(p + INA_OFF_COUNT);
     h->exp_next = (int8_t)p[INA_OFF_EXP_NEXT];
     h->session = rd32(p + INA_OFF_SESSION);
+    h->call_kind = p[INA_OFF_CALL_KIND];
+    h->call = rd16(p + INA_OFF_CALL);
+    h->call_len = rd32(p + INA_OFF_CALL_LEN);
+    h->boot = rd32(p + INA_OFF_BOOT);
     h->block = h->next_block = INA_BLOCK_NONE;
     int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE || h->msg_type == INA_MSG_SPARSE_RESULT;
     if (sparse || h->msg_type == INA_MSG_UPDATE || h->msg_type == INA_MSG_RESULT) {

@@ -1,6 +1,7 @@
-/* The queue of control requests (join, leave, stats) a C loop hands up to the control plane
- * (switchsim/control.py), behind a token bucket on the monotonic clock: a flood of them is dropped here,
- * in C, at the cost of any small datagram. INA_CONTROL_RATE/BURST equal control.py's CONTROL_RATE
+/* The queue of control requests (join, leave, abort, heartbeat, stats) a C loop hands up to the control
+ * plane (switchsim/control.py), behind a token bucket on the monotonic clock: a flood of them is dropped
+ * here, in C, at the cost of any small datagram. Every request it drops is counted in the core's drops
+ * (rate_limited, oversized, punt_overflow), so the switch's packets_in stays the sum of its outcomes. INA_CONTROL_RATE/BURST equal control.py's CONTROL_RATE
  * (tests/test_native.py checks). Header-only, shared by the UDP and DPDK loops. */
 #ifndef INA_PUNT_H
 #define INA_PUNT_H
@@ -49,7 +50,7 @@ typedef struct {
     uint32_t len[INA_PUNT_QUEUE];
     uint64_t src[INA_PUNT_QUEUE]; /* address ids: IPv4 << 16 | port */
     int n;
-    uint64_t dropped; /* queue full or too long (the core counts the rate-limited ones) */
+    uint64_t dropped; /* queue full or too long (also in the core's drops: punt_overflow, oversized) */
 } ina_punt_queue;
 
 static inline void ina_punt_init(ina_punt_queue *q)
@@ -65,7 +66,8 @@ static inline void ina_punt_push(ina_punt_queue *q, ina_switch *sw, const uint8_
         ina_switch_count_drop(sw, INA_DROP_RATE_LIMITED);
         return;
     }
-    if (q->n == INA_PUNT_QUEUE || len > INA_PUNT_MAX_LEN) {
+    if (len > INA_PUNT_MAX_LEN || q->n == INA_PUNT_QUEUE) {
+        ina_switch_count_drop(sw, len > INA_PUNT_MAX_LEN ? INA_DROP_OVERSIZED : INA_DROP_PUNT_OVERFLOW);
         q->dropped++;
         return;
     }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "ina_shm_ring.h"
 
@@ -18,7 +19,14 @@ struct ina_shm_client {
     uint32_t port;
     uint32_t pid;
     uint64_t next; /* ina_shm_peek's record end, for ina_shm_next */
+    char path[INA_SHM_NAME_MAX + 8];
+    dev_t dev; /* the segment's file, to tell it from a later one of the same name */
+    ino_t ino;
+    double next_check; /* ina_shm_switch_gone: when to look again */
+    int gone;
 };
+
+#define GONE_EVERY 0.1 /* seconds between ina_shm_switch_gone's checks */
 
 /* a port whose owner is gone (a worker killed without closing) may be taken over */
 static int claim(ina_shm_port *p, uint32_t me)
@@ -31,10 +39,9 @@ static int claim(ina_shm_port *p, uint32_t me)
     return 0;
 }
 
-static ina_shm_seg *map_segment(const char *name, size_t *size, int *err)
+static ina_shm_seg *map_segment(const char *name, char *path, size_t *size, struct stat *st_out, int *err)
 {
-    char path[INA_SHM_NAME_MAX + 8];
-    if (ina_shm_path(name, path, sizeof path)) {
+    if (ina_shm_path(name, path, INA_SHM_NAME_MAX + 8)) {
         *err = EINVAL;
         return NULL;
     }
@@ -58,13 +65,16 @@ static ina_shm_seg *map_segment(const char *name, size_t *size, int *err)
     }
     close(fd);
     *size = (size_t)st.st_size;
+    *st_out = st;
     return seg;
 }
 
 ina_shm_client *ina_shm_connect(const char *name, int *err)
 {
     size_t size;
-    ina_shm_seg *seg = map_segment(name, &size, err);
+    char path[INA_SHM_NAME_MAX + 8];
+    struct stat st;
+    ina_shm_seg *seg = map_segment(name, path, &size, &st, err);
     if (!seg)
         return NULL;
     ina_shm_client *c = calloc(1, sizeof *c);
@@ -74,6 +84,8 @@ ina_shm_client *ina_shm_connect(const char *name, int *err)
         return NULL;
     }
     c->seg = seg, c->size = size, c->pid = (uint32_t)getpid();
+    memcpy(c->path, path, sizeof path);
+    c->dev = st.st_dev, c->ino = st.st_ino;
     for (uint32_t p = 0; p < seg->ports; p++)
         if (claim(&seg->port[p], c->pid)) {
             ina_ring *down = &seg->port[p].down; /* what the switch sent a previous owner is not ours */
@@ -148,4 +160,36 @@ int ina_shm_wait(ina_shm_client *c, double seconds)
     ina_ring *down = &c->seg->port[c->port].down;
     ina_bell_wait(&down->bell, &down->sleeping, down_ready, c, seconds);
     return down_ready(c);
+}
+
+static double mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int ina_shm_switch_gone(ina_shm_client *c)
+{
+    if (c->gone)
+        return 1;
+    double t = mono();
+    if (t < c->next_check)
+        return 0;
+    c->next_check = t + GONE_EVERY;
+    pid_t pid = (pid_t)c->seg->switch_pid; /* a switch in another pid namespace would look dead: none is */
+    if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) {
+        c->gone = 1;
+        return 1;
+    }
+    int fd = shm_open(c->path, O_RDONLY, 0); /* a switch that stopped removed its name (ina_shm_switch_free) */
+    if (fd < 0) {
+        c->gone = errno == ENOENT;
+        return c->gone;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (st.st_dev != c->dev || st.st_ino != c->ino))
+        c->gone = 1; /* the name is another switch's segment now */
+    close(fd);
+    return c->gone;
 }

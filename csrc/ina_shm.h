@@ -28,5 +28,9 @@ const uint8_t *ina_shm_peek(ina_shm_client *c, uint32_t *len);
 void ina_shm_next(ina_shm_client *c);
 /* wait up to seconds for a packet down; 1 if one waits */
 int ina_shm_wait(ina_shm_client *c, double seconds);
+/* 1 when the switch is gone: its process (the segment's switch_pid) no longer exists, or its segment was
+ * removed or replaced (a switch that stopped, or a new one under the name); checked at most every 100 ms
+ * (between checks the last answer), and once gone, gone */
+int ina_shm_switch_gone(ina_shm_client *c);
 
 #endif

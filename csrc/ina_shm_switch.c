@@ -175,6 +175,8 @@ static int drain_port(ina_shm_switch *s, uint32_t p)
         const uint8_t *d = ina_ring_peek(up, INA_SHM_MAX_PACKET, &len, &next, &bad);
         if (!d) {
             s->c.bad_records += (uint64_t)bad;
+            if (bad) /* a record that cannot be, and the ring it emptied: one malformed packet to the switch */
+                ina_switch_count_dropped_in(s->loop.sw, INA_DROP_MALFORMED);
             break;
         }
         memcpy(s->pkt, d, len); /* the worker may rewrite its ring: the core reads our copy */

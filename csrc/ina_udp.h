@@ -23,7 +23,8 @@ typedef struct ina_udp ina_udp;
 /* fd: a bound IPv4 UDP socket owned by the caller; loss/dup/reorder are probabilities per packet and side */
 ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reorder, uint64_t seed);
 void ina_udp_free(ina_udp *u);
-/* Serve a while: returns the number of control-plane packets (join, leave, stats requests) waiting, or 0 when idle for
+/* Serve a while: returns the number of control-plane packets (join, leave, abort, heartbeat, stats requests)
+ * waiting, or 0 when idle for
  * 10 ms, after 256 batches, on a signal or once stopped, so the caller can look at its own state; -1 on a
  * socket error, with errno set. Call it in a loop. */
 int ina_udp_run(ina_udp *u);

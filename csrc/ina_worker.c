@@ -6,7 +6,12 @@
  * its deadline is resent from the copy kept in its window entry (the Python loop rebuilds the same bytes
  * from the counter-based RNG). New packets go out in sendmmsg batches, results come in recvmmsg batches;
  * runs of same-size packets in a batch go as UDP GSO sends and results are received with UDP_GRO where the
- * kernel has them (ina_gso.h), which leaves the datagrams on the wire as they were. */
+ * kernel has them (ina_gso.h), which leaves the datagrams on the wire as they were.
+ * Protocol v3: every packet carries the call's identity (call_kind, call, call_len) and the join_ack's boot;
+ * a result of another call is stale; an error of this generation ends the call with the datagram for the
+ * caller (INA_WK_SWITCH_ERROR) as worker.py's _results says (on_error), one of another session is stale; a
+ * switch port that keeps refusing (UDP) or a shared-memory switch that is gone ends it as INA_WK_REFUSED
+ * instead of waiting for the timeout. */
 #define _GNU_SOURCE
 #include "ina_worker.h"
 
@@ -24,6 +29,7 @@
 #include "ina_shm.h"
 
 #define SCAN_EVERY 0.002 /* seconds between retransmission scans, as in the Python loop */
+#define GONE_EVERY 0.1   /* seconds between checks that a shared-memory switch is still there */
 #define RTT_BATCH 16     /* RTT samples per estimator update (their minimum), as in the Python loop */
 #define INT32_MAX_ 2147483647
 
@@ -48,6 +54,8 @@ typedef struct {
     uint8_t *rbuf;
     size_t rlen;        /* receive buffer per message: one result, or a coalesced run with UDP_GRO */
     int gro_on;         /* this call turned UDP_GRO on (and turns it off in ina_wk_finish) */
+    double refused_since; /* the first ECONNREFUSED since the last datagram received; 0: none */
+    double next_gone;   /* shm: when to check next whether the switch is gone */
     struct mmsghdr rmsg[INA_WK_BATCH];
     struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH];
     char rctrl[INA_WK_BATCH][INA_GRO_CMSG_SPACE];
@@ -76,8 +84,9 @@ static double now(void)
 
 static uint32_t held_from(const ina_wk *w, uint64_t from);
 
-/* the receive buffers; with UDP_GRO each must hold a coalesced run (up to 64 KiB), else one result and a
- * byte more, so an oversized datagram shows as a length mismatch. The socket is the caller's and its
+/* the receive buffers; with UDP_GRO each must hold a coalesced run (up to 64 KiB), else one result (or one
+ * error, up to INA_WK_ERROR_MAX bytes: whichever is larger) and a byte more, so an oversized datagram shows
+ * as a length mismatch. The socket is the caller's and its
  * Python loop reads one datagram per recv, so GRO is on only while this call runs. */
 static int rx_init(ina_wk *w, priv_t *p)
 {
@@ -86,7 +95,7 @@ static int rx_init(ina_wk *w, priv_t *p)
     p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0;
     if (w->gro && !p->gro_on)
         w->gro = 0;
-    p->rlen = p->gro_on ? INA_GRO_BUF : p->pkt_max + 1;
+    p->rlen = p->gro_on ? INA_GRO_BUF : (p->pkt_max > INA_WK_ERROR_MAX ? p->pkt_max : INA_WK_ERROR_MAX) + 1;
     p->rbuf = malloc((size_t)INA_WK_BATCH * p->rlen);
     if (!p->rbuf)
         return -1;
@@ -130,6 +139,7 @@ int ina_wk_start(ina_wk *w)
     w->D = w->kind == INA_WK_INT32 || w->sparse ? 0 : (w->window < w->nb ? w->window : w->nb);
     w->total = w->nb + w->D;
     w->ndone = 0;
+    w->error_len = 0;
     w->priv = p;
     if (!w->sparse) {
         p->cand = malloc((3 * (size_t)w->window + 1) * sizeof *p->cand);
@@ -257,6 +267,8 @@ static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
     }
     put_header(buf, INA_MSG_UPDATE, w->job, w->rank, pid, (uint16_t)lane_slot(w, q % w->window), (uint8_t)(pid & 1),
                (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0, w->session);
+    put_call(buf, w->call_kind, w->call, w->call_len);
+    put_boot(buf, w->boot);
     return INA_HEADER_SIZE + (long)count * (long)p->esize;
 }
 
@@ -280,6 +292,8 @@ static long build_sparse(ina_wk *w, priv_t *p, uint32_t s, uint8_t *buf)
     int8_t exp_next = w->exps && next != INA_BLOCK_NONE ? w->exps[next] : INA_EXP_NONE;
     put_header(buf, INA_MSG_SPARSE_UPDATE, w->job, w->rank, pid, (uint16_t)lane_slot(w, s), (uint8_t)(pid & 1),
                (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0, w->session);
+    put_call(buf, w->call_kind, w->call, w->call_len);
+    put_boot(buf, w->boot);
     wr32(buf + INA_HEADER_SIZE, block);
     wr32(buf + INA_HEADER_SIZE + 4, next);
     return INA_HEADER_SIZE + INA_BLOCK_EXT_SIZE + (long)count * (long)p->esize;
@@ -304,8 +318,16 @@ static int pack(ina_wk *w, priv_t *p, int from)
     return m;
 }
 
-/* send the queued batch; like the Python loop, a refused or dropped send counts as sent and the
- * timeout recovers it. A GSO message the kernel refuses turns GSO off and goes again packet by packet. */
+/* an ECONNREFUSED on the socket (ICMP port unreachable: nothing listens at the switch's address) */
+static void refused(priv_t *p)
+{
+    if (p->refused_since == 0)
+        p->refused_since = now();
+}
+
+/* send the queued batch; like the Python loop, a dropped send counts as sent and the timeout recovers it.
+ * A refused send (the report of an earlier datagram's ICMP error) is noted (refused) and the batch goes on.
+ * A GSO message the kernel refuses turns GSO off and goes again packet by packet. */
 static void flush(ina_wk *w, priv_t *p)
 {
     if (w->shm) { /* a full ring loses the packet, as a full socket buffer does */
@@ -323,6 +345,10 @@ static void flush(ina_wk *w, priv_t *p)
             int r = sendmmsg(w->fd, p->gmsg + sent, (unsigned)(m - sent), 0);
             if (r < 0 && errno == EINTR)
                 continue;
+            if (r < 0 && errno == ECONNREFUSED) { /* the error is consumed: the next try sends */
+                refused(p);
+                continue;
+            }
             if (r <= 0)
                 break;
             for (int i = sent; i < sent + r; i++)
@@ -409,9 +435,12 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
     return 0;
 }
 
-/* build stream s's current round into its window entry and queue it; INA_WK_AGAIN or INA_WK_ENCODE_ERROR */
+/* build stream s's current round into its window entry and queue it; INA_WK_AGAIN, INA_WK_ENCODE_ERROR, or
+ * INA_WK_SWITCH_ERROR with an error pending (the round cannot complete) */
 static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
 {
+    if (w->error_len)
+        return INA_WK_SWITCH_ERROR;
     entry *e = &p->win[s];
     long len = build_sparse(w, p, s, p->pkts + (size_t)s * p->pkt_max);
     if (len < 0)
@@ -467,6 +496,34 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     return INA_WK_AGAIN;
 }
 
+/* an error of this generation (worker.py _results): it ends the call at once when the switch no longer has
+ * the generation (header only: not a member) or it answers a packet in flight (FLAG_REPLY with that packet's
+ * slot and id: its round cannot complete); otherwise (the failure's multicast, or the answer to an older
+ * packet) it is pending: the first one is kept in error, every packet in flight goes again at once (a round
+ * that completed answers with its result), and the loop stops before it sends any packet for the first time
+ * (INA_WK_SWITCH_ERROR); a call that completes returns INA_WK_DONE with error_len > 0 */
+static int on_error(ina_wk *w, priv_t *p, const header *h, const uint8_t *d, size_t len)
+{
+    int stop = len == INA_HEADER_SIZE;
+    if (!stop && (h->flags & INA_FLAG_REPLY)) {
+        uint32_t j, i;
+        locate(w, h, &j, &i);
+        const entry *e = &p->win[j < w->window ? j : 0];
+        stop = j < w->window && e->busy && e->q == (uint64_t)i * w->window + j;
+    }
+    if (stop || !w->error_len) {
+        w->error_len = (uint32_t)(len < INA_WK_ERROR_MAX ? len : INA_WK_ERROR_MAX);
+        memcpy(w->error, d, w->error_len);
+    }
+    if (stop)
+        return INA_WK_SWITCH_ERROR;
+    for (uint32_t k = 0; k < w->window; k++)
+        if (p->win[k].busy)
+            p->win[k].deadline = 0;
+    p->next_scan = 0;
+    return INA_WK_AGAIN;
+}
+
 /* one received datagram; INA_WK_AGAIN to go on, INA_WK_SWITCH_ERROR, INA_WK_BAD_RESULT (INA_WK_ENCODE_ERROR:
  * sparse) */
 static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
@@ -474,16 +531,17 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     header h;
     w->packets_received++;
     w->bytes_received += len;
+    p->refused_since = 0; /* something listens */
     if (parse(d, len, &h))
         return INA_WK_AGAIN;
-    if (h.msg_type == INA_MSG_ERROR) {
-        size_t t = len - INA_HEADER_SIZE < INA_WK_ERROR_TEXT - 1 ? len - INA_HEADER_SIZE : INA_WK_ERROR_TEXT - 1;
-        memcpy(w->error, d + INA_HEADER_SIZE, t);
-        w->error[t] = 0;
-        return INA_WK_SWITCH_ERROR;
-    }
     if (h.job != w->job || h.session != w->session) {
-        w->stale_results++; /* not of this job's generation */
+        w->stale_results++; /* not of this job's generation (an error of another session too) */
+        return INA_WK_AGAIN;
+    }
+    if (h.msg_type == INA_MSG_ERROR)
+        return on_error(w, p, &h, d, len);
+    if (h.call != w->call) {
+        w->stale_results++; /* a result of another call */
         return INA_WK_AGAIN;
     }
     if (w->sparse)
@@ -583,8 +641,10 @@ static int receive(ina_wk *w, priv_t *p)
         if (r < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return got;
-            if (errno == ECONNREFUSED)
-                continue; /* ICMP port unreachable: the switch is not there (yet); timeouts decide */
+            if (errno == ECONNREFUSED) { /* ICMP port unreachable: the switch is not there (yet) */
+                refused(p);
+                continue;
+            }
             w->sys_errno = errno;
             return -INA_WK_SYSTEM_ERROR;
         }
@@ -634,11 +694,13 @@ int ina_wk_run(ina_wk *w, int budget_ms)
     double end = now() + budget_ms * 1e-3;
     if (w->sparse && p->next_q == 0) { /* round 0 of every stream: the announcements */
         p->next_q = 1;
-        for (uint32_t s = 0; s < w->streams; s++)
-            if (start_round(w, p, s, now()) != INA_WK_AGAIN) {
+        for (uint32_t s = 0; s < w->streams; s++) {
+            int rc = start_round(w, p, s, now());
+            if (rc != INA_WK_AGAIN) {
                 flush(w, p);
-                return INA_WK_ENCODE_ERROR;
+                return rc;
             }
+        }
     }
     while (!finished(w)) {
         double t = now();
@@ -646,6 +708,10 @@ int ina_wk_run(ina_wk *w, int budget_ms)
             uint32_t q = p->cand[c];
             if (q >= w->total || p->sent[q] || !sendable(w, q))
                 continue;
+            if (w->error_len) { /* an error pending: this round cannot complete */
+                flush(w, p);
+                return INA_WK_SWITCH_ERROR;
+            }
             entry *e = &p->win[q % w->window];
             long len = build(w, p, q, p->pkts + (size_t)(e - p->win) * p->pkt_max);
             if (len < 0) {
@@ -664,6 +730,13 @@ int ina_wk_run(ina_wk *w, int budget_ms)
         if (got < 0)
             return -got;
         t = now();
+        if (p->refused_since && t - p->refused_since >= INA_WK_REFUSED_AFTER_MS * 1e-3)
+            return INA_WK_REFUSED;
+        if (w->shm && got == 0 && t >= p->next_gone) {
+            p->next_gone = t + GONE_EVERY;
+            if (ina_shm_switch_gone(w->shm))
+                return INA_WK_REFUSED;
+        }
         if (t >= p->next_scan) {
             p->next_scan = t + SCAN_EVERY;
             int rc = scan(w, p, t);

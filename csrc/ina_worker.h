@@ -14,13 +14,19 @@
 #define INA_WK_DONE 0
 #define INA_WK_AGAIN 1         /* the time budget ran out (or a signal came); call again */
 #define INA_WK_TIMEOUT 2       /* a packet had no result within timeout; timeout_pid/slot/tries tell which */
-#define INA_WK_SWITCH_ERROR 3  /* the switch sent MSG_ERROR; its text is in error */
+#define INA_WK_SWITCH_ERROR 3  /* the switch sent MSG_ERROR of this session: the datagram is in error */
 #define INA_WK_ENCODE_ERROR 4  /* a codec kernel failed (status in sys_errno) */
 #define INA_WK_SYSTEM_ERROR 5  /* a socket call failed (errno in sys_errno) */
 #define INA_WK_BAD_RESULT 6    /* a result the codec cannot decode into out (NC code 0x80: a corrupt payload) */
+/* INA_WK_REFUSED, no switch: on UDP its port refused (ECONNREFUSED: ICMP port unreachable) and
+ * INA_WK_REFUSED_AFTER_MS passed since the first refusal with no datagram received; on shared memory the
+ * switch's process is gone or its segment was removed (ina_shm_switch_gone) */
+#define INA_WK_REFUSED 7
+
+#define INA_WK_REFUSED_AFTER_MS 500 /* worker.REFUSED_AFTER */
 
 #define INA_WK_BATCH 64
-#define INA_WK_ERROR_TEXT 512
+#define INA_WK_ERROR_MAX 256 /* an error is never larger than the join it answers (INA_JOIN_SIZE) */
 
 typedef struct {
     /* set by the caller before ina_wk_start */
@@ -30,6 +36,12 @@ typedef struct {
     uint8_t rank, world;
     uint32_t window, k;
     uint32_t session;          /* of the joined generation, in every packet */
+    /* protocol v3: the call's identity in every packet (results must carry the same call), and the boot id of
+     * the join_ack (echoed, not checked) */
+    uint8_t call_kind;         /* wire.call_kind: the worker codec (1 int32, 2 fixed, 3 nc, 4 dither) | 0x80 sparse */
+    uint16_t call;             /* the call number since the join, mod 2^16 */
+    uint32_t call_len;         /* the call's length in elements */
+    uint32_t boot;
     uint32_t first_slot;       /* lane j (packet q's is q mod window; a sparse stream's, its index) uses slot */
     const uint32_t *slot_uses; /* (first_slot + j) mod window, whose i-th packet has id slot_uses[slot] + i */
     uint32_t *stream_rounds;   /* sparse: filled with the rounds each stream used (window entries) */
@@ -62,7 +74,8 @@ typedef struct {
     int overflow;
     uint32_t timeout_pid, timeout_slot, timeout_tries;
     int sys_errno;
-    char error[INA_WK_ERROR_TEXT];
+    uint8_t error[INA_WK_ERROR_MAX]; /* INA_WK_SWITCH_ERROR: the error datagram as received, header included */
+    uint32_t error_len;
     void *priv;
 } ina_wk;
 

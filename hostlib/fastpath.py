@@ -6,14 +6,15 @@ per-packet path. Communicator uses it when the kernels are built and the input h
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
 from . import kernels
+from . import errors
 from .codecs import natural
-from .errors import INAError
 
-RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C) and progress callbacks are served
+RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C), progress callbacks and heartbeats are served
 
 
 def gso_modes(comm) -> tuple[bool, bool]:
@@ -53,8 +54,15 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
 
     result holds native int32 sums (int32, fixed) or NC codes per element; with out (contiguous, of
     out_dtype(kind_), possibly flat itself) the loop decodes each result into out instead and returns it.
-    Raises TimeoutError when a packet gets no result within comm.timeout and INAError when the switch rejects
-    the job. held (a bool per block: this worker's block is non-zero) makes it the block-sparse allreduce."""
+    Every packet carries the call's identity (comm._call, comm._call_kind, comm._call_len: set by the
+    Communicator's _begin_call) and the join_ack's boot (comm.boot); results of another call are stale.
+    Between the C loop's chunks (RUN_MS) comm.heartbeat_due() may send a heartbeat on the same socket or ring.
+    Raises errors.CallTimeout when a packet gets no result within comm.timeout, comm.error_from_datagram(error)
+    when the switch sends an error of this session that ends the call (worker.py _results: not a member, or
+    the answer to a packet in flight; a failure's multicast becomes comm._pending if the call still completes),
+    and comm.refused_error() when no switch is there (its UDP port refused for INA_WK_REFUSED_AFTER_MS, or the
+    shared-memory switch is gone). held (a bool per block: this worker's block is non-zero) makes it the
+    block-sparse allreduce."""
     ffi, lib = kernels.ffi, kernels.lib
     n, k = flat.size, comm.k
     src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
@@ -71,6 +79,8 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     exps_c = np.ascontiguousarray(exps, dtype=np.int8) if exps is not None else None
     w = ffi.new("ina_wk *")
     w.fd, w.job, w.rank, w.world, w.session = comm.sock.fileno(), comm.job, comm.rank, comm.world_size, comm.session
+    w.call, w.call_kind, w.call_len = comm._call & 0xFFFF, comm._call_kind, comm._call_len
+    w.boot = comm.boot
     w.shm = getattr(comm.sock, "handle", None) or ffi.NULL  # hostlib.shm: rings instead of the socket
     w.window, w.k, w.kind = comm.window, k, kind_
     uses = np.ascontiguousarray(slots.uses, dtype=np.uint32)
@@ -102,6 +112,9 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     try:
         reported = 0
         while True:
+            # before each chunk, as the Python loop's first scan does: the C loop is paused, so the socket
+            # (or ring) is free for a heartbeat
+            comm.heartbeat_due()
             rc = lib.ina_wk_run(w, RUN_MS)
             if progress is not None and w.ndone != reported:
                 reported = w.ndone
@@ -128,11 +141,21 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
             comm._gro_ok = bool(w.gro)
         if w.have_srtt:
             rtt.srtt, rtt.rttvar, rtt.rto = w.srtt, w.rttvar, w.rto
-    if rc == lib.INA_WK_TIMEOUT:
-        raise TimeoutError(comm.timeout_message(w.timeout_pid, w.timeout_slot, w.timeout_tries))
+    error = bytes(ffi.buffer(w.error, w.error_len)) if w.error_len else None
     if rc == lib.INA_WK_SWITCH_ERROR:
-        comm.mark_broken("switch error")
-        raise INAError(ffi.string(w.error).decode(errors="replace"))
+        raise comm.error_from_datagram(error)
+    if error is not None and comm._pending is None:
+        # the failure's multicast came while every round could still complete (worker.py _results): the
+        # call goes on to its end; the next call raises it
+        comm._pending = comm.error_from_datagram(error)
+    if rc == lib.INA_WK_TIMEOUT:
+        comm._rejoin = True
+        raise errors.CallTimeout(comm.timeout_message(w.timeout_pid, w.timeout_slot, w.timeout_tries),
+                                 switch=comm.switch, job=comm.job)
+    if rc == lib.INA_WK_REFUSED:
+        if w.shm == ffi.NULL and getattr(comm, "_refused_since", None) is None:
+            comm._refused_since = time.monotonic()  # the Python loop's state: refused_error words it "refused"
+        raise comm.refused_error()
     if rc == lib.INA_WK_ENCODE_ERROR:
         raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")
     if rc == lib.INA_WK_BAD_RESULT:

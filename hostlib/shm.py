@@ -1,6 +1,7 @@
 """The worker's end of the shared-memory transport (`shm://NAME`, csrc/ina_shm.h): a port of the switch's
 segment in /dev/shm with the few socket calls Communicator makes (send, recv_into, close), plus wait in
-place of select. The packets are the UDP protocol's; the C worker loop drives the rings itself."""
+place of select and switch_gone in place of ECONNREFUSED. The packets are the UDP protocol's; the C worker
+loop drives the rings itself."""
 from __future__ import annotations
 
 import errno
@@ -63,6 +64,14 @@ class ShmSocket:
 
     def wait(self, seconds: float) -> bool:
         return bool(kernels.lib.ina_shm_wait(self.handle, max(0.0, seconds)))
+
+    def switch_gone(self) -> bool:
+        """Whether the switch is gone: its process exited, or it removed its segment (stopped) or another
+        switch took the name; looked at no more than every 100 ms (csrc/ina_shm.c ina_shm_switch_gone), and
+        once gone, always gone. A closed port has no switch: True."""
+        if self.handle is None:
+            return True
+        return bool(kernels.lib.ina_shm_switch_gone(self.handle))
 
     def close(self):
         if self.handle is not None:

@@ -72,6 +72,7 @@ class CommStats:
     stale_results: int = 0
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
     gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
+    heartbeats: int = 0  # liveness messages to the switch (one a second; not in packets_sent)
     elements: int = 0
     allreduces: int = 0
     seconds: float = 0.0
@@ -241,8 +242,14 @@ class Communicator:
         now = time.monotonic()
         if now - self._beat_at >= HEARTBEAT_EVERY and not self._rejoin:
             self._beat_at = now
-            self._send(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=self.session,
-                                 boot=self.boot))
+            self.stats.heartbeats += 1  # not in packets_sent/bytes_sent: those count the calls' traffic
+            try:
+                self.sock.send(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=self.session,
+                                         boot=self.boot))
+            except ConnectionRefusedError:
+                self._refused()
+            except (BlockingIOError, PermissionError):
+                pass
 
     def _beat_between_calls(self):
         """The heartbeat thread: between calls (the loops beat themselves in calls), so a rank that computes

@@ -28,7 +28,7 @@ REFERENCE = """
 header ethernet_t { bit<48> dst; bit<48> src; bit<16> ether_type; }
 header ipv4_t { bit<64> a; bit<8> ttl; bit<8> protocol; bit<16> checksum; bit<32> src; bit<32> dst; }
 header udp_t { bit<16> src_port; bit<16> dst_port; bit<16> length; bit<16> checksum; }
-header ina_t { bit<192> v; }
+header ina_t { bit<@HEADER_BITS@> v; }
 header lane_t { bit<32> v; }
 struct headers_t { ethernet_t ethernet; ipv4_t ipv4; udp_t udp; ina_t ina; lane_t[@N@] lanes; }
 struct meta_t { }
@@ -57,7 +57,8 @@ V1Switch(P(), N(), I(), E(), N(), D()) main;
 def reference_program(lanes: int) -> str:
     """Plain forwarding (lanes 0: parse to UDP, reflect) or a bare add of `lanes` int32 lanes into
     registers, all in one action as the INA program's lanes are, then reflect."""
-    parts = {"@N@": str(max(lanes, 1)), "@PARSE@": "", "@REGISTERS@": "", "@ADDS@": "", "@APPLY@": ""}
+    parts = {"@N@": str(max(lanes, 1)), "@HEADER_BITS@": str(8 * wire.HEADER_SIZE), "@PARSE@": "",
+             "@REGISTERS@": "", "@ADDS@": "", "@APPLY@": ""}
     if lanes:
         parts.update({
             "@PARSE@": "pkt.extract(hdr.ina); " + "pkt.extract(hdr.lanes.next); " * lanes,

@@ -24,16 +24,28 @@ def render() -> str:
              "#ifndef INA_WIRE_H", "#define INA_WIRE_H", ""]
     lines += [_define("VERSION", w.VERSION), _define("DEFAULT_PORT", w.DEFAULT_PORT), ""]
     lines += [_define(f"MSG_{name.upper()}", code) for code, name in sorted(w.MSG_NAMES.items())]
-    lines += [_define("MSG_COUNT", len(w.MSG_NAMES)), ""]
+    lines += [_define("MSG_COUNT", len(w.MSG_NAMES)),
+              _define("CONTROL_REQUESTS", sum(1 << m for m in w.CONTROL_REQUESTS),
+                      "bit m set: a message of type m goes to the control plane"), ""]
     lines += [_define(f"CODEC_{name.upper()}", code) for code, name in sorted(w.CODEC_NAMES.items())]
-    lines += ["", _define("FLAG_OVERFLOW", w.FLAG_OVERFLOW), ""]
+    flags = sorted((getattr(w, n), n) for n in dir(w) if n.startswith("FLAG_"))
+    lines += [""] + [_define(name, value) for value, name in flags] + [""]
     for name in ("EXP_NONE", "EXP_NONFINITE", "EXP_MIN", "EXP_MAX", "NC_BIAS", "NC_LEVEL_MIN", "NC_LEVEL_MAX",
                  "NC_SPAN", "MAX_WORKERS", "MAX_ELEMENTS", "HEADER_SIZE", "POOL_SET_BIT", "POOL_RESERVED_BIT",
                  "POOL_SLOT_MASK", "MAX_SLOTS", "PACKET_ID_MASK", "JOIN_SIZE", "JOIN_PAYLOAD_SIZE", "JOIN_MAC_SIZE",
-                 "MAX_ERROR_TEXT", "BLOCK_EXT_SIZE", "BLOCK_NONE"):
+                 "MAX_ERROR_TEXT", "BLOCK_EXT_SIZE", "BLOCK_NONE", "NO_RANK", "MAX_ABORT_TEXT", "CALL_SPARSE",
+                 "CALL_NUMBER_MASK", "MAX_CALL_LEN"):
         lines.append(_define(name, getattr(w, name)))
     lines += [_define("JOIN_ACK_PAYLOAD_SIZE", w.JOIN_ACK_PAYLOAD.size),
-              _define("JOIN_WAIT_PAYLOAD_SIZE", w.JOIN_WAIT_PAYLOAD.size), "",
+              _define("JOIN_WAIT_PAYLOAD_SIZE", w.JOIN_WAIT_PAYLOAD.size),
+              _define("ERROR_PAYLOAD_SIZE", w.ERROR_PAYLOAD.size), "",
+              "/* error codes (the first payload byte of an error; an empty payload is ERR_NOT_MEMBER) */"]
+    lines += [_define(f"ERR_{name.upper()}", code) for code, name in sorted(w.ERROR_NAMES.items())]
+    lines += ["", "/* call kinds: the worker codec of a call (| INA_CALL_SPARSE), and their names by kind */"]
+    lines += [_define(f"CALL_KIND_{name.upper()}", code) for code, name in sorted(w.CALL_KIND_NAMES.items())]
+    top = max(w.CALL_KIND_NAMES)
+    names = ", ".join(f'"{w.CALL_KIND_NAMES[k]}"' if k in w.CALL_KIND_NAMES else "0" for k in range(top + 1))
+    lines += [_define("CALL_KIND_COUNT", top + 1), f"#define INA_CALL_KIND_NAMES {{{names}}}", "",
               "/* header byte offsets (big-endian fields) */"]
     lines += [_define(f"OFF_{name.upper()}", off) for name, off in w.OFFSETS.items()]
     lines += ["", "/* drop reasons and per-slot counters, in the order of wire.DROP_REASONS / SLOT_COUNTERS */",

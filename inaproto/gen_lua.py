@@ -29,15 +29,25 @@ PAYLOADS = {
     wire.MSG_JOIN: (wire.JOIN_PAYLOAD, ("nonce", "world", "window", "mac")),
     wire.MSG_JOIN_ACK: (wire.JOIN_ACK_PAYLOAD, ("generation", "slots", "max_elements", "window", "first_packet_id")),
     wire.MSG_JOIN_WAIT: (wire.JOIN_WAIT_PAYLOAD, ("joined",)),
+    wire.MSG_ERROR: (wire.ERROR_PAYLOAD, ("code", "rank")),  # then the text; no payload at all: not_member
 }
-TEXT_PAYLOADS = {wire.MSG_ERROR: "error", wire.MSG_STATS: "stats"}
+# utf-8 text after the fixed layout (if any): its field
+TEXT_PAYLOADS = {wire.MSG_ERROR: "error", wire.MSG_STATS: "stats", wire.MSG_ABORT: "abort"}
+# call_kind: a worker codec, | CALL_SPARSE for a block-sparse call ("nc sparse"); 0 (none) in control messages
+CALL_KIND_NAMES = {0: "none", **{kind | sparse: wire.describe_kind(kind | sparse).removeprefix("codec ")
+                                 for kind in sorted(wire.CALL_KIND_NAMES) for sparse in (0, wire.CALL_SPARSE)}}
+# value_strings of fields (Lua tables in CONSTANTS): every value a name, or "Unknown"
+STRINGS = {"msg_type": "MSG_NAMES", "codec": "CODEC_NAMES", "call_kind": "CALL_KIND_NAMES",
+           "error.code": "ERROR_NAMES"}
 BLOCK_EXT = (wire.BLOCK_EXT, ("block", "next_block"))
 LABELS = {"msg_type": "Message type", "exp_cur": "Exponent of the payload", "exp_next": "Exponent of a later block",
           "packet_id": "Packet id", "pool": "Pool index", "pool_reserved": "Reserved bit", "next_block": "Next block",
           "first_packet_id": "First packet id", "max_elements": "Max elements per packet", "world": "World size",
           "joined": "Ranks joined (bitmap)", "mac": "MAC", "error": "Reason", "stats": "Counters (JSON)",
-          "block_ext": "Block extension", "elem": "Element", "code": "NC code", "value": "NC value"}
-HEX = {"flags", "pool", "reserved", "session", "nonce", "joined"}
+          "block_ext": "Block extension", "elem": "Element", "code": "NC code", "value": "NC value",
+          "call_kind": "Call kind", "call": "Call number", "call_len": "Call length (elements)",
+          "boot": "Switch boot id", "error.code": "Error code", "error.rank": "Rank named", "abort": "Reason"}
+HEX = {"flags", "pool", "session", "nonce", "joined", "call_kind", "boot"}
 FLAGS = sorted((v, k[len("FLAG_"):].lower()) for k, v in vars(wire).items() if k.startswith("FLAG_"))
 
 
@@ -102,7 +112,7 @@ def header_layout() -> list[dict]:
 def _field(key: str, kind: str, base: str = "", strings: str = "nil", mask: int | None = None) -> tuple[str, str]:
     """(key, Lua ProtoField constructor) for field ina.<key>; label from LABELS or the key's last part."""
     last = key.rsplit(".", 1)[-1]
-    label = _lua(LABELS.get(last, last.replace("_", " ").capitalize()))
+    label = _lua(LABELS.get(key, LABELS.get(last, last.replace("_", " ").capitalize())))
     args = [_lua("ina." + key), label]
     if kind == "bool":
         args += [base, strings, _lua(Hex(mask))]
@@ -114,10 +124,9 @@ def _field(key: str, kind: str, base: str = "", strings: str = "nil", mask: int 
 def fields() -> list[tuple[str, str]]:
     """Every field of the dissector, in tree order: header (with flag bits and the pool index's parts),
     block extension, elements, the control payloads."""
-    strings = {"msg_type": "MSG_NAMES", "codec": "CODEC_NAMES"}
     out = []
     for f in header_layout():
-        out.append(_field(f["name"], f["kind"], "base.HEX" if f["name"] in HEX else "", strings.get(f["name"], "nil")))
+        out.append(_field(f["name"], f["kind"], "base.HEX" if f["name"] in HEX else "", STRINGS.get(f["name"], "nil")))
         bits = str(8 * f["size"])
         if f["name"] == "flags":
             out += [_field(f"flags.{n}", "bool", bits, "nil", v) for v, n in FLAGS]
@@ -131,8 +140,8 @@ def fields() -> list[tuple[str, str]]:
             _field("nc.code", f"uint{8 * wire.ELEMENT_SIZE[wire.CODEC_NC8]}", "base.HEX"), _field("nc.value", "double")]
     for msg, (s, names) in PAYLOADS.items():
         msg_name = wire.MSG_NAMES[msg]
-        out += [_field(f"{msg_name}.{f['name']}", f["kind"], "base.HEX" if f["name"] in HEX else "")
-                for f in layout(s, names)]
+        out += [_field(key, f["kind"], "base.HEX" if f["name"] in HEX else "", STRINGS.get(key, "nil"))
+                for f in layout(s, names) for key in [f"{msg_name}.{f['name']}"]]
     out += [_field(name, "string") for name in TEXT_PAYLOADS.values()]
     return out
 
@@ -153,12 +162,15 @@ def constants() -> list[str]:
                    POOL_SLOT_MASK=Hex(w.POOL_SLOT_MASK), FLAG_OVERFLOW=Hex(w.FLAG_OVERFLOW),
                    EXP_NONFINITE=w.EXP_NONFINITE, NC_BIAS=w.NC_BIAS, NC_SIGN=Hex(NC_SIGN),
                    NC_INVALID=Hex(NC_INVALID), MSG_JOIN=w.MSG_JOIN, MSG_STATS=w.MSG_STATS,
+                   MSG_ERROR=w.MSG_ERROR, MSG_ABORT=w.MSG_ABORT, ERR_NOT_MEMBER=w.ERR_NOT_MEMBER,
                    CODEC_NC8=w.CODEC_NC8, PORTS=f"{PORTS[0]}-{PORTS[1]}")
     tables = dict(
         MSG_NAMES=dict(sorted(w.MSG_NAMES.items())), CODEC_NAMES=dict(sorted(w.CODEC_NAMES.items())),
         EXP_NAMES={w.EXP_NONE: "none", w.EXP_NONFINITE: "nonfinite"}, BLOCK_NAMES={w.BLOCK_NONE: "none"},
         ELEMENT_SIZE=dict(sorted(w.ELEMENT_SIZE.items())), DATA_MESSAGES=dict.fromkeys(w.DATA_MESSAGES, True),
-        SPARSE_MESSAGES=dict.fromkeys(w.SPARSE_MESSAGES, True), TEXT_PAYLOADS=TEXT_PAYLOADS)
+        SPARSE_MESSAGES=dict.fromkeys(w.SPARSE_MESSAGES, True), TEXT_PAYLOADS=TEXT_PAYLOADS,
+        CALL_KIND_NAMES=CALL_KIND_NAMES, ERROR_NAMES=dict(sorted(w.ERROR_NAMES.items())),
+        RANK_NAMES={w.NO_RANK: "none"}, PAYLOAD_SIZE={msg: s.size for msg, (s, _) in PAYLOADS.items()})
     lines = ["-- generated from inaproto/wire.py"]
     lines += [f"local {k} = {_lua(v)}" for k, v in scalars.items()]
     lines += [f"local {k} = {_lua(v)}" for k, v in tables.items()]

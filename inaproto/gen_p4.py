@@ -8,6 +8,7 @@ the per-lane code (v1model has no loops), so the P4 program never restates the w
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,14 @@ MEMBER_CAPACITY = 1024  # ranks over all jobs
 JOB_CAPACITY = 64
 PORT_RANGE_MASK = 0xFFF0  # the parser takes INA on UDP ports DEFAULT_PORT .. DEFAULT_PORT + 15
 UDP_HEADER = 8
-P4_TYPES = {"B": "bit<8>", "b": "bit<8>", "H": "bit<16>", "I": "bit<32>", "3x": "bit<24>"}
+FRAME_HEADERS = 14 + 20 + UDP_HEADER  # Ethernet, IPv4 without options, UDP: before the INA header
+# struct codes of wire.HEADER_FIELDS -> P4 types (signed fields are bits: P4 casts where it compares them);
+# "Nx" padding becomes a reserved bit<8N> field
+P4_TYPES = {"B": "bit<8>", "b": "bit<8>", "H": "bit<16>", "h": "bit<16>", "I": "bit<32>", "i": "bit<32>"}
+# why the data plane sends a packet to the controller (packet_in.punt)
+PUNT_CONTROL = 0  # a control request (join, leave, stats, abort, heartbeat): the control plane answers it
+PUNT_CALL_MISMATCH = 1  # a data packet whose call differs from its round's: fail the job (packet_in has the round's call)
+PUNT_FAILED = 2  # a data packet of a failed generation: answer the stored error
 
 
 def constants() -> list[str]:
@@ -38,11 +46,14 @@ def constants() -> list[str]:
     c += [("bit<8>", "MSG_MAX", max(w.MSG_NAMES))]
     c += [("bit<8>", f"CODEC_{name.upper()}", code) for code, name in sorted(w.CODEC_NAMES.items())]
     c += [("bit<8>", "CODEC_MAX", max(w.CODEC_NAMES)), ("bit<8>", "FLAG_OVERFLOW", w.FLAG_OVERFLOW),
+          ("bit<8>", "FLAG_REPLY", w.FLAG_REPLY),
           ("bit<8>", "EXP_NONE", w.EXP_NONE & 0xFF), ("int<16>", "NC_BIAS", w.NC_BIAS),
           ("int<16>", "NC_SPAN", w.NC_SPAN), ("int<16>", "NC_LEVEL_MIN", w.NC_LEVEL_MIN),
           ("int<16>", "NC_LEVEL_MAX", w.NC_LEVEL_MAX), ("bit<16>", "HEADER_SIZE", w.HEADER_SIZE),
           ("bit<16>", "BLOCK_EXT_SIZE", w.BLOCK_EXT_SIZE), ("bit<32>", "BLOCK_NONE", w.BLOCK_NONE),
-          ("bit<16>", "JOIN_SIZE", w.JOIN_SIZE)]
+          ("bit<16>", "JOIN_SIZE", w.JOIN_SIZE), ("bit<32>", "FRAME_HEADERS", FRAME_HEADERS),
+          ("bit<8>", "PUNT_CONTROL", PUNT_CONTROL), ("bit<8>", "PUNT_CALL_MISMATCH", PUNT_CALL_MISMATCH),
+          ("bit<8>", "PUNT_FAILED", PUNT_FAILED)]
     c += [("bit<8>", f"DROP_{r.upper()}", i) for i, r in enumerate(w.DROP_REASONS)]
     c += [("bit<32>", "DROP_COUNT", len(w.DROP_REASONS)), ("bit<16>", "LANES_16", LANES)]
     lines = [f"const {t} {name} = {v};" for t, name, v in c]
@@ -50,6 +61,16 @@ def constants() -> list[str]:
               f"#define SET_CAPACITY {2 * SLOT_CAPACITY}", f"#define MEMBER_CAPACITY {MEMBER_CAPACITY}",
               f"#define JOB_CAPACITY {JOB_CAPACITY}"]
     return ["// generated from inaproto/wire.py"] + lines
+
+
+def p4_type(code: str) -> str:
+    """The P4 type of one field's struct code (wire.HEADER_FIELDS); ValueError for one P4 has no type for."""
+    pad = re.fullmatch(r"(\d*)x", code)
+    if pad:
+        return f"bit<{8 * int(pad.group(1) or 1)}>"
+    if code not in P4_TYPES:
+        raise ValueError(f"wire.HEADER_FIELDS uses struct code {code!r}: add its P4 type to gen_p4.P4_TYPES")
+    return P4_TYPES[code]
 
 
 def ina_header() -> list[str]:
@@ -60,7 +81,7 @@ def ina_header() -> list[str]:
             assert (wire.POOL_SET_BIT, wire.POOL_RESERVED_BIT, wire.POOL_SLOT_MASK) == (0x8000, 0x4000, 0x3FFF)
             fields += ["bit<1> set;", "bit<1> pool_reserved;", "bit<14> slot;"]
         else:
-            fields.append(f"{P4_TYPES[code]} {name};")
+            fields.append(f"{p4_type(code)} {name};")
     return ["header ina_t {  // generated from wire.HEADER_FIELDS", *("    " + f for f in fields), "}"]
 
 

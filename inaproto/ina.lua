@@ -11,8 +11,8 @@
 local ina = Proto("ina", "In-Network Aggregation")
 
 -- generated from inaproto/wire.py
-local VERSION = 2
-local HEADER_SIZE = 24
+local VERSION = 3
+local HEADER_SIZE = 32
 local BLOCK_EXT_SIZE = 8
 local BLOCK_NONE = 0xFFFFFFFF
 local JOIN_SIZE = 256
@@ -27,21 +27,28 @@ local NC_SIGN = 0x80
 local NC_INVALID = 0x80
 local MSG_JOIN = 2
 local MSG_STATS = 7
+local MSG_ERROR = 5
+local MSG_ABORT = 11
+local ERR_NOT_MEMBER = 0
 local CODEC_NC8 = 2
 local PORTS = "48864-48879"
-local MSG_NAMES = { [0] = "update", [1] = "result", [2] = "join", [3] = "join_ack", [4] = "join_wait", [5] = "error", [6] = "stats_req", [7] = "stats", [8] = "sparse_update", [9] = "sparse_result", [10] = "leave" }
+local MSG_NAMES = { [0] = "update", [1] = "result", [2] = "join", [3] = "join_ack", [4] = "join_wait", [5] = "error", [6] = "stats_req", [7] = "stats", [8] = "sparse_update", [9] = "sparse_result", [10] = "leave", [11] = "abort", [12] = "heartbeat" }
 local CODEC_NAMES = { [0] = "none", [1] = "int32", [2] = "nc8" }
 local EXP_NAMES = { [-128] = "none", [127] = "nonfinite" }
 local BLOCK_NAMES = { [0xFFFFFFFF] = "none" }
 local ELEMENT_SIZE = { [1] = 4, [2] = 1 }
 local DATA_MESSAGES = { [0] = true, [1] = true, [8] = true, [9] = true }
 local SPARSE_MESSAGES = { [8] = true, [9] = true }
-local TEXT_PAYLOADS = { [5] = "error", [7] = "stats" }
+local TEXT_PAYLOADS = { [5] = "error", [7] = "stats", [11] = "abort" }
+local CALL_KIND_NAMES = { [0] = "none", [1] = "int32", [129] = "int32 sparse", [2] = "fixed", [130] = "fixed sparse", [3] = "nc", [131] = "nc sparse", [4] = "dither", [132] = "dither sparse" }
+local ERROR_NAMES = { [0] = "not_member", [1] = "rejected", [2] = "rank_taken", [3] = "call_mismatch", [4] = "aborted", [5] = "peer_dead" }
+local RANK_NAMES = { [255] = "none" }
+local PAYLOAD_SIZE = { [2] = 28, [3] = 16, [4] = 8, [5] = 2 }
 local HEADER = {
     { name = "version", offset = 0, size = 1 },
     { name = "msg_type", offset = 1, size = 1 },
     { name = "codec", offset = 2, size = 1 },
-    { name = "flags", offset = 3, size = 1, children = { "flags.overflow", "flags.per_slot" } },
+    { name = "flags", offset = 3, size = 1, children = { "flags.overflow", "flags.per_slot", "flags.reply" } },
     { name = "job", offset = 4, size = 2 },
     { name = "rank", offset = 6, size = 1 },
     { name = "exp_cur", offset = 7, size = 1, signed = true },
@@ -49,14 +56,18 @@ local HEADER = {
     { name = "pool", offset = 12, size = 2, children = { "set", "pool_reserved", "slot" } },
     { name = "count", offset = 14, size = 2 },
     { name = "exp_next", offset = 16, size = 1, signed = true },
-    { name = "reserved", offset = 17, size = 3 },
+    { name = "call_kind", offset = 17, size = 1 },
+    { name = "call", offset = 18, size = 2 },
     { name = "session", offset = 20, size = 4 },
+    { name = "call_len", offset = 24, size = 4 },
+    { name = "boot", offset = 28, size = 4 },
 }
 local BLOCK_EXT = { { field = "block", offset = 0, size = 4 }, { field = "next_block", offset = 4, size = 4 } }
 local PAYLOADS = {
     [2] = { { field = "join.nonce", offset = 0, size = 8 }, { field = "join.world", offset = 8, size = 2 }, { field = "join.window", offset = 10, size = 2 }, { field = "join.mac", offset = 12, size = 16 } },
     [3] = { { field = "join_ack.generation", offset = 0, size = 4 }, { field = "join_ack.slots", offset = 4, size = 2 }, { field = "join_ack.max_elements", offset = 6, size = 2 }, { field = "join_ack.window", offset = 8, size = 2 }, { field = "join_ack.first_packet_id", offset = 12, size = 4 } },
     [4] = { { field = "join_wait.joined", offset = 0, size = 8 } },
+    [5] = { { field = "error.code", offset = 0, size = 1 }, { field = "error.rank", offset = 1, size = 1 } },
 }
 
 local F = {
@@ -66,6 +77,7 @@ local F = {
     ["flags"] = ProtoField.uint8("ina.flags", "Flags", base.HEX, nil),
     ["flags.overflow"] = ProtoField.bool("ina.flags.overflow", "Overflow", 8, nil, 0x1),
     ["flags.per_slot"] = ProtoField.bool("ina.flags.per_slot", "Per slot", 8, nil, 0x2),
+    ["flags.reply"] = ProtoField.bool("ina.flags.reply", "Reply", 8, nil, 0x4),
     ["job"] = ProtoField.uint16("ina.job", "Job", base.DEC, nil),
     ["rank"] = ProtoField.uint8("ina.rank", "Rank", base.DEC, nil),
     ["exp_cur"] = ProtoField.int8("ina.exp_cur", "Exponent of the payload", base.DEC, nil),
@@ -76,8 +88,11 @@ local F = {
     ["slot"] = ProtoField.uint16("ina.slot", "Slot", base.DEC, nil, 0x3FFF),
     ["count"] = ProtoField.uint16("ina.count", "Count", base.DEC, nil),
     ["exp_next"] = ProtoField.int8("ina.exp_next", "Exponent of a later block", base.DEC, nil),
-    ["reserved"] = ProtoField.uint24("ina.reserved", "Reserved", base.HEX, nil),
+    ["call_kind"] = ProtoField.uint8("ina.call_kind", "Call kind", base.HEX, CALL_KIND_NAMES),
+    ["call"] = ProtoField.uint16("ina.call", "Call number", base.DEC, nil),
     ["session"] = ProtoField.uint32("ina.session", "Session", base.HEX, nil),
+    ["call_len"] = ProtoField.uint32("ina.call_len", "Call length (elements)", base.DEC, nil),
+    ["boot"] = ProtoField.uint32("ina.boot", "Switch boot id", base.HEX, nil),
     ["block_ext"] = ProtoField.none("ina.block_ext", "Block extension"),
     ["block"] = ProtoField.uint32("ina.block", "Block", base.DEC, nil),
     ["next_block"] = ProtoField.uint32("ina.next_block", "Next block", base.DEC, nil),
@@ -95,8 +110,11 @@ local F = {
     ["join_ack.window"] = ProtoField.uint16("ina.join_ack.window", "Window", base.DEC, nil),
     ["join_ack.first_packet_id"] = ProtoField.uint32("ina.join_ack.first_packet_id", "First packet id", base.DEC, nil),
     ["join_wait.joined"] = ProtoField.uint64("ina.join_wait.joined", "Ranks joined (bitmap)", base.HEX, nil),
+    ["error.code"] = ProtoField.uint8("ina.error.code", "Error code", base.DEC, ERROR_NAMES),
+    ["error.rank"] = ProtoField.uint8("ina.error.rank", "Rank named", base.DEC, nil),
     ["error"] = ProtoField.string("ina.error", "Reason"),
     ["stats"] = ProtoField.string("ina.stats", "Counters (JSON)"),
+    ["abort"] = ProtoField.string("ina.abort", "Reason"),
 }
 ina.fields = {
     F["version"],
@@ -105,6 +123,7 @@ ina.fields = {
     F["flags"],
     F["flags.overflow"],
     F["flags.per_slot"],
+    F["flags.reply"],
     F["job"],
     F["rank"],
     F["exp_cur"],
@@ -115,8 +134,11 @@ ina.fields = {
     F["slot"],
     F["count"],
     F["exp_next"],
-    F["reserved"],
+    F["call_kind"],
+    F["call"],
     F["session"],
+    F["call_len"],
+    F["boot"],
     F["block_ext"],
     F["block"],
     F["next_block"],
@@ -134,8 +156,11 @@ ina.fields = {
     F["join_ack.window"],
     F["join_ack.first_packet_id"],
     F["join_wait.joined"],
+    F["error.code"],
+    F["error.rank"],
     F["error"],
     F["stats"],
+    F["abort"],
 }
 
 local E = {
@@ -169,7 +194,8 @@ local function read_header(tvb)
 end
 
 -- Values with a meaning of their own (an exponent's "none", a block's "none"), noted after the number.
-local NOTES = { exp_cur = EXP_NAMES, exp_next = EXP_NAMES, block = BLOCK_NAMES, next_block = BLOCK_NAMES }
+local NOTES = { exp_cur = EXP_NAMES, exp_next = EXP_NAMES, block = BLOCK_NAMES, next_block = BLOCK_NAMES,
+                ["error.rank"] = RANK_NAMES }
 
 local function add_noted(tree, key, r, value)
     local item = tree:add(F[key], r)
@@ -208,11 +234,29 @@ local function header_notes(h, tree)
     end
 end
 
+-- An error's code and the rank it names (an error without a payload: not_member); nil for a short payload.
+local function error_code(tvb, h)
+    local len = tvb:len()
+    if len == HEADER_SIZE then
+        return ERR_NOT_MEMBER, nil
+    end
+    if len >= HEADER_SIZE + PAYLOAD_SIZE[MSG_ERROR] then
+        return tvb(HEADER_SIZE, 1):uint(), tvb(HEADER_SIZE + 1, 1):uint()
+    end
+end
+
 local function info(h)
     local text = string.format("%s job=%d rank=%d", MSG_NAMES[h.msg_type], h.job, h.rank)
     if DATA_MESSAGES[h.msg_type] then
-        text = text .. string.format(" slot=%d set=%d id=%d count=%d %s", h.slot, h.set, h.packet_id,
-                                     h.count, CODEC_NAMES[h.codec] or ("codec " .. h.codec))
+        text = text .. string.format(" slot=%d set=%d id=%d count=%d %s call=%d", h.slot, h.set, h.packet_id,
+                                     h.count, CODEC_NAMES[h.codec] or ("codec " .. h.codec), h.call)
+    elseif h.msg_type == MSG_ABORT then
+        text = text .. string.format(" call=%d", h.call)
+    elseif h.error_code then
+        text = text .. " " .. (ERROR_NAMES[h.error_code] or ("code " .. h.error_code))
+        if h.error_rank and not RANK_NAMES[h.error_rank] then
+            text = text .. string.format(" (rank %d)", h.error_rank)
+        end
     end
     return text
 end
@@ -294,11 +338,16 @@ local function data_payload(tvb, h, tree)
     end
 end
 
--- join, join_ack, join_wait: fixed layouts (PAYLOADS); error and stats: text (stats as JSON too).
+-- join, join_ack, join_wait: fixed layouts (PAYLOADS); error: code, rank, then text (no payload at all:
+-- not_member, shown as a generated code); abort and stats: text (stats as JSON too).
 local function control_payload(tvb, pinfo, h, tree)
     local len, off = tvb:len(), HEADER_SIZE
     if h.msg_type == MSG_JOIN and len ~= JOIN_SIZE then
         malformed(tree, string.format("join is %d bytes, not %d", len, JOIN_SIZE))
+    end
+    if h.msg_type == MSG_ERROR and len == HEADER_SIZE then
+        tree:add(F["error.code"], ERR_NOT_MEMBER):set_generated()
+        return
     end
     local layout = PAYLOADS[h.msg_type]
     for _, f in ipairs(layout or {}) do
@@ -306,8 +355,10 @@ local function control_payload(tvb, pinfo, h, tree)
             malformed(tree, string.format("%s payload truncated: %d bytes", MSG_NAMES[h.msg_type], len - off))
             return
         end
-        tree:add(F[f.field], tvb(off + f.offset, f.size))
+        local r = tvb(off + f.offset, f.size)
+        add_noted(tree, f.field, r, NOTES[f.field] and r:uint())  -- only 1..4-byte fields have notes
     end
+    off = off + (PAYLOAD_SIZE[h.msg_type] or 0)
     local text = TEXT_PAYLOADS[h.msg_type]
     if text and len > off then
         tree:add_packet_field(F[text], tvb(off, len - off), ENC_UTF_8)
@@ -333,6 +384,9 @@ function ina.dissector(tvb, pinfo, tree)
         malformed(root, h.version ~= VERSION and ("unknown version " .. h.version)
                         or ("unknown message type " .. h.msg_type))
         return len
+    end
+    if h.msg_type == MSG_ERROR then
+        h.error_code, h.error_rank = error_code(tvb, h)
     end
     root:append_text(", " .. info(h))
     header_notes(h, root)

@@ -7,22 +7,27 @@
  * What a packet meets, in order (docs/p4.md has the same with the reasons):
  *   parser      Ethernet / ARP | IPv4 / UDP (ports 0xBEE0-0xBEEF) / INA header / block extension / lanes
  *   ingress     packet-out from the controller -> its port; ARP for the switch's address -> reply;
- *               malformed -> drop; JOIN, LEAVE, STATS_REQ -> CPU port (metered);
+ *               malformed -> drop; JOIN, LEAVE, STATS_REQ, ABORT, HEARTBEAT -> CPU port (metered);
  *               admission: job table, member table (rank -> the address it joined from), session;
- *               slot_step (one action: the (slot, set) state machine of the model);
+ *               not a member (unknown_worker, wrong_session) -> a header-only ERROR back to the sender;
+ *               slot_step (one action: the (slot, set) state machine of the model, with the round's call
+ *               identity: a call mismatch fails the job and goes to the CPU port, which words the error;
+ *               a failed job's packets go to the CPU port, which answers the stored error);
  *               lanes: write / add (int32 sign-extended, NC codes as integers by shift);
  *               on completion: finish (int32: low 32 bits + overflow check; NC: re-compress to codes with
  *               the highest set bit and stochastic or deterministic rounding), multicast to the job's group;
  *               a duplicate of a completed round: resend the stored result out the ingress port.
  *   egress      per replica (egress_rid = rank + 1): the worker's MAC, IP, UDP port and rank.
  * Slot state is tagged with the generation's session: a slot last written by another generation reads as
- * clean, so a new generation needs no register writes (BMv2's P4Runtime cannot write registers).
+ * clean, so a new generation needs no register writes (BMv2's P4Runtime cannot write registers). The same
+ * holds for r_failed, the job's "failed by a call mismatch" mark; a failure the controller decides (abort,
+ * dead member, leave) is the `failed` parameter of the job's table entry.
  */
 #include <core.p4>
 #include <v1model.p4>
 
 // generated from inaproto/wire.py
-const bit<8> VERSION = 2;
+const bit<8> VERSION = 3;
 const bit<16> PORT_RANGE = 48864;
 const bit<16> PORT_RANGE_MASK = 65520;
 const bit<16> UDP_HEADER = 8;
@@ -37,21 +42,28 @@ const bit<8> MSG_STATS = 7;
 const bit<8> MSG_SPARSE_UPDATE = 8;
 const bit<8> MSG_SPARSE_RESULT = 9;
 const bit<8> MSG_LEAVE = 10;
-const bit<8> MSG_MAX = 10;
+const bit<8> MSG_ABORT = 11;
+const bit<8> MSG_HEARTBEAT = 12;
+const bit<8> MSG_MAX = 12;
 const bit<8> CODEC_NONE = 0;
 const bit<8> CODEC_INT32 = 1;
 const bit<8> CODEC_NC8 = 2;
 const bit<8> CODEC_MAX = 2;
 const bit<8> FLAG_OVERFLOW = 1;
+const bit<8> FLAG_REPLY = 4;
 const bit<8> EXP_NONE = 128;
 const int<16> NC_BIAS = 64;
 const int<16> NC_SPAN = 56;
 const int<16> NC_LEVEL_MIN = -63;
 const int<16> NC_LEVEL_MAX = 63;
-const bit<16> HEADER_SIZE = 24;
+const bit<16> HEADER_SIZE = 32;
 const bit<16> BLOCK_EXT_SIZE = 8;
 const bit<32> BLOCK_NONE = 4294967295;
 const bit<16> JOIN_SIZE = 256;
+const bit<32> FRAME_HEADERS = 42;
+const bit<8> PUNT_CONTROL = 0;
+const bit<8> PUNT_CALL_MISMATCH = 1;
+const bit<8> PUNT_FAILED = 2;
 const bit<8> DROP_MALFORMED = 0;
 const bit<8> DROP_UNKNOWN_JOB = 1;
 const bit<8> DROP_UNKNOWN_WORKER = 2;
@@ -67,7 +79,11 @@ const bit<8> DROP_BAD_MAC = 11;
 const bit<8> DROP_RATE_LIMITED = 12;
 const bit<8> DROP_NOT_CONTROL = 13;
 const bit<8> DROP_FRAGMENT = 14;
-const bit<32> DROP_COUNT = 15;
+const bit<8> DROP_CALL_MISMATCH = 15;
+const bit<8> DROP_FAILED = 16;
+const bit<8> DROP_OVERSIZED = 17;
+const bit<8> DROP_PUNT_OVERFLOW = 18;
+const bit<32> DROP_COUNT = 19;
 const bit<16> LANES_16 = 64;
 #define LANES 64
 #define SLOT_CAPACITY 4096
@@ -81,6 +97,7 @@ const bit<8> OP_WRITE = 1;   // first packet of a round: lanes = values
 const bit<8> OP_ADD = 2;     // lanes += values
 const bit<8> OP_RESEND = 3;  // a completed round's duplicate: the stored result back to its sender
 const bit<8> OP_DROP = 4;
+const bit<8> OP_PUNT = 5;    // counted as a drop (reason) and sent to the controller: a call mismatch, a failed job
 const bit<8> NO_REASON = 0xFF;
 const bit<8> ST_ROUND = 1;     // (slot, set) state bits: a round is open or done
 const bit<8> ST_COMPLETE = 2;  // the round is complete (the lanes hold its result)
@@ -111,15 +128,25 @@ header ina_t {  // generated from wire.HEADER_FIELDS
     bit<14> slot;
     bit<16> count;
     bit<8> exp_next;
-    bit<24> reserved;
+    bit<8> call_kind;
+    bit<16> call;
     bit<32> session;
+    bit<32> call_len;
+    bit<32> boot;
 }
 header block_t { bit<32> block; bit<32> next_block; }
 header lane32_t { bit<32> v; }
 header lane8_t { bit<8> v; }
 
 @controller_header("packet_in")
-header packet_in_t { bit<9> ingress_port; bit<7> pad; }
+header packet_in_t {
+    bit<9> ingress_port; bit<7> pad;
+    bit<8> punt;        // PUNT_*: why the packet is here
+    bit<8> writer;      // PUNT_CALL_MISMATCH: the rank that started the round, and the round's call identity
+    bit<8> call_kind;
+    bit<16> call;
+    bit<32> call_len;
+}
 @controller_header("packet_out")
 header packet_out_t { bit<9> egress_port; bit<7> pad; }
 
@@ -146,6 +173,7 @@ struct meta_t {
     bit<48> sw_mac;
     bit<32> sw_ip;
     bit<16> sw_port;
+    bit<32> boot;        // the switch's boot id, in everything it sends
     bit<8> reason;       // drop reason (DROP_*) or NO_REASON
     // the job (table jobs) and the member (table members)
     bit<8> world;
@@ -155,6 +183,8 @@ struct meta_t {
     bit<32> session;
     bit<32> first_id;
     bit<16> group;
+    bit<32> job_index;   // the job's cell of r_failed
+    bit<1> job_failed;   // the controller failed the generation (abort, dead member, leave)
     bit<32> member_ip;
     bit<16> member_port;
     bit<32> member_index;
@@ -179,6 +209,10 @@ struct meta_t {
     bit<1> sparse;
     bit<32> block;
     bit<32> next_block;
+    bit<16> call;           // the round's call identity and the rank whose packet started it
+    bit<8> call_kind;
+    bit<32> call_len;
+    bit<8> writer;
     scratch_t s;
 }
 
@@ -391,13 +425,14 @@ control InaVerifyChecksum(inout headers_t hdr, inout meta_t meta) {
 // ---------------------------------------------------------------------------------------------- ingress
 control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     counter(DROP_COUNT, CounterType.packets) drops;          // index: DROP_* reason
-    counter(4, CounterType.packets) io;                      // 0: INA packets in, 1: results out, 2: overflows, 3: not INA
+    counter(5, CounterType.packets) io;                      // 0: INA packets in, 1: results out, 2: overflows, 3: not INA,
+                                                             // 4: not-member errors out
     counter(SLOT_CAPACITY, CounterType.packets) received;    // per slot (slot_base + slot), as wire.SLOT_COUNTERS
     counter(SLOT_CAPACITY, CounterType.packets) multicast;
     counter(SLOT_CAPACITY, CounterType.packets) resent;
     counter(SLOT_CAPACITY, CounterType.packets) dropped;
     counter(MEMBER_CAPACITY, CounterType.packets) heard;     // admitted packets per member (liveness)
-    meter(1, MeterType.packets) punt_meter;                  // control requests to the CPU
+    meter(2, MeterType.packets) punt_meter;                  // to the CPU: 0 control requests, 1 failed jobs' packets
 
     // per (slot, set): index 2 * (slot_base + slot) + set
     register<bit<32>>(SET_CAPACITY) r_session;  // the generation the state below belongs to
@@ -412,6 +447,11 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     register<bit<8>>(SET_CAPACITY) r_flags;
     register<bit<32>>(SET_CAPACITY) r_block;
     register<bit<32>>(SET_CAPACITY) r_next_block;
+    // the round's call identity and the rank whose packet started it, in one register (BMv2 locks each
+    // register an action uses): call[63:48], call_kind[47:40], writer[39:32], call_len[31:0]
+    register<bit<64>>(SET_CAPACITY) r_call_id;
+    // per job (job_index): the session of a generation the data plane failed (a call mismatch)
+    register<bit<32>>(JOB_CAPACITY) r_failed;
     register<bit<64>>(SET_CAPACITY) acc0;
     register<bit<64>>(SET_CAPACITY) acc1;
     register<bit<64>>(SET_CAPACITY) acc2;
@@ -480,15 +520,16 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     action drop_for(bit<8> reason) { meta.reason = reason; }
 
     // ------------------------------------------------------------------ configuration (control plane)
-    action set_switch(bit<48> mac, bit<32> ip, bit<16> port, bit<1> nc_det) {
-        meta.sw_mac = mac; meta.sw_ip = ip; meta.sw_port = port; meta.nc_det = nc_det;
+    action set_switch(bit<48> mac, bit<32> ip, bit<16> port, bit<1> nc_det, bit<32> boot) {
+        meta.sw_mac = mac; meta.sw_ip = ip; meta.sw_port = port; meta.nc_det = nc_det; meta.boot = boot;
     }
-    table switch_config { actions = { set_switch; } default_action = set_switch(0, 0, 0, 0); }
+    table switch_config { actions = { set_switch; } default_action = set_switch(0, 0, 0, 0, 0); }
 
     action set_job(bit<8> world, bit<16> slots, bit<16> max_elements, bit<32> slot_base, bit<32> session,
-                   bit<32> first_id, bit<16> group) {
+                   bit<32> first_id, bit<16> group, bit<32> index, bit<1> failed) {
         meta.world = world; meta.slots = slots; meta.max_elements = max_elements; meta.slot_base = slot_base;
         meta.session = session; meta.first_id = first_id; meta.group = group;
+        meta.job_index = index; meta.job_failed = failed;
     }
     table jobs {
         key = { hdr.ina.job: exact; }
@@ -531,10 +572,16 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         }
     }
 
-    action punt() {
+    action punt(bit<8> why) {
         sm.egress_spec = CPU_PORT;
         hdr.packet_in.setValid();
         hdr.packet_in.ingress_port = sm.ingress_port;
+        hdr.packet_in.pad = 0;
+        hdr.packet_in.punt = why;
+        hdr.packet_in.writer = meta.writer;
+        hdr.packet_in.call_kind = meta.call_kind;
+        hdr.packet_in.call = meta.call;
+        hdr.packet_in.call_len = meta.call_len;
     }
 
     action check_member() {
@@ -841,6 +888,13 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         r_flags.read(meta.flags, meta.idx);
         r_block.read(meta.block, meta.idx);
         r_next_block.read(meta.next_block, meta.idx);
+        bit<64> call_id; r_call_id.read(call_id, meta.idx);
+        meta.call = call_id[63:48]; meta.call_kind = call_id[47:40]; meta.writer = call_id[39:32];
+        meta.call_len = call_id[31:0];
+        bit<32> fsess; r_failed.read(fsess, meta.job_index);
+        bit<1> failed = meta.job_failed;
+        if (fsess == meta.session) { failed = 1; }  // a call mismatch failed this generation
+        bit<1> fresh = 0;  // this packet starts the round: store its call identity
         if (sess != meta.session) { bitmap = 0; count = 0; state = 0; }  // another generation's: clean
         if (osess != meta.session) { obitmap = 0; ostate = 0; }
         meta.sparse = (bit<1>)((state & ST_SPARSE) != 0);
@@ -854,8 +908,12 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         if ((bitmap & me) != 0) {  // already counted: a duplicate
             if (pid == meta.round) {
                 obitmap = obitmap & ~me;
-                if ((state & ST_COMPLETE) != 0) { meta.op = OP_RESEND; } else { meta.reason = DROP_DUPLICATE; }
+                if ((state & ST_COMPLETE) != 0) { meta.op = OP_RESEND; }  // a completed call still resends
+                else if (failed == 1) { meta.op = OP_PUNT; meta.reason = DROP_FAILED; }
+                else { meta.reason = DROP_DUPLICATE; }
             }
+        } else if (failed == 1) {  // no new contribution to a failed generation: the controller answers the error
+            meta.op = OP_PUNT; meta.reason = DROP_FAILED;
         } else if (bitmap == 0) {  // a new round: only with the one id it must have
             has_expected = 0;
             if ((ostate & ST_ROUND) == 0) {
@@ -872,8 +930,17 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
                     meta.exp_max = hdr.ina.exp_next; meta.flags = 0;
                     meta.block = sparse == 1 ? hdr.block.block : BLOCK_NONE;
                     meta.next_block = sparse == 1 ? hdr.block.next_block : BLOCK_NONE;
+                    meta.call = hdr.ina.call; meta.call_kind = hdr.ina.call_kind; meta.call_len = hdr.ina.call_len;
+                    meta.writer = hdr.ina.rank; fresh = 1;
                 }
             }
+        } else if (pid == meta.round && (state & ST_COMPLETE) == 0
+                   && (hdr.ina.call != meta.call || hdr.ina.call_kind != meta.call_kind
+                       || hdr.ina.call_len != meta.call_len)) {
+            // another call than the round's: fail the generation here (every later packet sees it at once);
+            // the controller words the error from the round's identity and writer (packet_in)
+            meta.op = OP_PUNT; meta.reason = DROP_CALL_MISMATCH;
+            r_failed.write(meta.job_index, meta.session);
         } else if (pid == meta.round && (state & ST_COMPLETE) == 0) {  // a further packet of the open round
             bit<1> fits = 0;
             if (sparse == 0) {
@@ -929,6 +996,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             r_flags.write(meta.idx, meta.flags);
             r_block.write(meta.idx, meta.block);
             r_next_block.write(meta.idx, meta.next_block);
+            if (fresh == 1) { r_call_id.write(meta.idx, meta.call ++ meta.call_kind ++ meta.writer ++ meta.call_len); }
         }
         if (osess == meta.session) { r_bitmap.write(meta.oidx, obitmap); }
     }
@@ -3985,6 +4053,10 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         hdr.ina.exp_next = meta.exp_max;
         hdr.ina.flags = meta.flags;
         hdr.ina.session = meta.session;
+        hdr.ina.call = meta.call;
+        hdr.ina.call_kind = meta.call_kind;
+        hdr.ina.call_len = meta.call_len;
+        hdr.ina.boot = meta.boot;
         hdr.block.block = meta.block;
         hdr.block.next_block = meta.next_block;
         hdr.udp.length = UDP_HEADER + HEADER_SIZE + ext + meta.n_elems * size;
@@ -3994,6 +4066,34 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         hdr.ipv4.src = meta.sw_ip;
         hdr.udp.src_port = meta.sw_port;
         hdr.ethernet.src = meta.sw_mac;
+    }
+
+    action not_member() {
+        // model.Switch._not_member: a header, no payload (ERR_NOT_MEMBER), the answer to this packet (its job,
+        // rank, packet id, slot, set and session echoed, FLAG_REPLY), with the switch's boot id
+        hdr.ina.msg_type = MSG_ERROR;
+        hdr.ina.codec = CODEC_NONE;
+        hdr.ina.flags = FLAG_REPLY;
+        hdr.ina.exp_cur = 0;
+        hdr.ina.count = 0;
+        hdr.ina.exp_next = EXP_NONE;
+        hdr.ina.call_kind = 0;
+        hdr.ina.call = 0;
+        hdr.ina.call_len = 0;
+        hdr.ina.boot = meta.boot;
+        hdr.block.setInvalid();
+        hdr.udp.length = UDP_HEADER + HEADER_SIZE;
+        hdr.udp.checksum = 0;
+        hdr.ipv4.total_len = hdr.udp.length + 20;
+        hdr.ipv4.ttl = 64;
+        hdr.ethernet.dst = hdr.ethernet.src;
+        hdr.ipv4.dst = hdr.ipv4.src;
+        hdr.udp.dst_port = hdr.udp.src_port;
+        sm.egress_spec = sm.ingress_port;
+        hdr.ipv4.src = meta.sw_ip;
+        hdr.udp.src_port = meta.sw_port;
+        hdr.ethernet.src = meta.sw_mac;
+        truncate(FRAME_HEADERS + (bit<32>)HEADER_SIZE);  // lanes the parser left unparsed (count > LANES) go too
     }
 
     action to_sender() {
@@ -4044,10 +4144,11 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             check_wire();
         }
         if (meta.reason == NO_REASON && (hdr.ina.msg_type == MSG_JOIN || hdr.ina.msg_type == MSG_LEAVE
-                                         || hdr.ina.msg_type == MSG_STATS_REQ)) {
+                                         || hdr.ina.msg_type == MSG_STATS_REQ || hdr.ina.msg_type == MSG_ABORT
+                                         || hdr.ina.msg_type == MSG_HEARTBEAT)) {
             bit<2> color;
             punt_meter.execute_meter(0, color);
-            if (color == V1MODEL_METER_COLOR_RED) { meta.reason = DROP_RATE_LIMITED; } else { punt(); return; }
+            if (color == V1MODEL_METER_COLOR_RED) { meta.reason = DROP_RATE_LIMITED; } else { punt(PUNT_CONTROL); return; }
         }
         if (meta.reason == NO_REASON && hdr.ina.msg_type != MSG_UPDATE && hdr.ina.msg_type != MSG_SPARSE_UPDATE) {
             meta.reason = DROP_MALFORMED;  // results, acks... are never sent to a switch
@@ -4055,6 +4156,15 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         if (meta.reason == NO_REASON) { jobs.apply(); }
         if (meta.reason == NO_REASON) { members.apply(); }
         if (meta.reason == NO_REASON) { check_member(); }
+        if (meta.reason == DROP_UNKNOWN_WORKER || meta.reason == DROP_WRONG_SESSION) {
+            // a data packet of a generation this switch does not have: tell its sender (never larger)
+            drops.count((bit<32>)meta.reason);
+            hdr.l32.pop_front(LANES);
+            hdr.l8.pop_front(LANES);
+            not_member();
+            io.count(4);
+            return;
+        }
         if (meta.reason != NO_REASON) {
             drops.count((bit<32>)meta.reason);
             mark_to_drop(sm);
@@ -4068,6 +4178,15 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             drops.count((bit<32>)meta.reason);
             dropped.count(meta.counter_index);
             mark_to_drop(sm);
+            return;
+        }
+        if (meta.op == OP_PUNT) {  // counted here; the controller answers (a mismatch: once per generation)
+            drops.count((bit<32>)meta.reason);
+            dropped.count(meta.counter_index);
+            if (meta.reason == DROP_CALL_MISMATCH) { punt(PUNT_CALL_MISMATCH); return; }
+            bit<2> color;
+            punt_meter.execute_meter(1, color);
+            if (color == V1MODEL_METER_COLOR_RED) { mark_to_drop(sm); } else { punt(PUNT_FAILED); }
             return;
         }
         if (meta.op == OP_WRITE) {

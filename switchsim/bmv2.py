@@ -4,9 +4,16 @@ plane (switchsim/control.py): `switchsim serve --backend bmv2`.
 By default the server makes its own network namespace with one veth pair: BMv2's port 0 is the namespace
 end, the other end stays here with WORKER_IP, and the switch answers ARP for its SWITCH_IP, so workers on
 this machine reach it like any other backend. With `ifaces`, BMv2 takes those interfaces as ports 0, 1, ...
-in the current namespace (topologies). JOIN, LEAVE and STATS_REQ come up as P4Runtime packet-ins and the
-answers go down as packet-outs; admission writes the job's session into the `jobs` table, each rank's
-address into `members` and `replicas`, and the job's multicast group (docs/p4.md).
+in the current namespace (topologies). JOIN, LEAVE, STATS_REQ, ABORT and HEARTBEAT come up as P4Runtime
+packet-ins and the answers go down as packet-outs; admission writes the job's session into the `jobs` table,
+each rank's address into `members` and `replicas`, and the job's multicast group (docs/p4.md).
+
+Protocol v3's failures (p4/README.md, "protocol v3 in P4"): the data plane detects a call mismatch, marks the
+generation failed itself and punts the packet with the round's call identity and writer (packet_in); the
+controller words the error (wire.call_mismatch_text) and fails the job through the control plane. A failure
+the control plane decides (abort, dead member, leave) sets the `failed` parameter of the job's table entry.
+A failed job's data packets that no completed round answers are punted too, and answered with the stored
+error from here. Not-member errors (unknown_worker, wrong_session) are made in the data plane.
 """
 from __future__ import annotations
 
@@ -153,6 +160,10 @@ class BMv2Server:
         self.slot_base = {j: i * config.slots for i, j in enumerate(sorted(config.jobs))}
         self.member_base = dict(zip(sorted(config.jobs), itertools.accumulate((config.jobs[j] for j in sorted(config.jobs)), initial=0)))
         self.admitted: dict[int, list] = {}
+        self.generations: dict[int, tuple[int, int]] = {}  # job -> (session, first_id) of its admitted generation
+        self.failures: dict[int, bytes] = {}  # job -> the error payload of its failed generation
+        self.boot = 0  # the control plane sets it (set_boot)
+        self.sent = 0  # packet-outs (control replies, errors)
         self._stopped = threading.Event()
         self.started = time.monotonic()
         if pcap and grpc_addr:
@@ -174,19 +185,24 @@ class BMv2Server:
 
     # ------------------------------------------------------------------ configuration
     def _configure(self):
-        c, info = self.config, self.p4info
-        host, port = self.address
-        self.sw.modify(info.default_action("switch_config", "set_switch", {
-            "mac": _mac(SWITCH_MAC), "ip": int(ipaddress.IPv4Address(host)), "port": port,
-            "nc_det": int(c.nc_rounding == "deterministic")}))
+        c = self.config
+        self._write_switch_config()
         self.sw.insert(*[self._job_entry(j, 0, 0) for j in sorted(c.jobs)])
         rate, burst = CONTROL_RATE
-        self.sw.set_meter("punt_meter", 0, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst)
+        for cell in (0, 1):  # 0: control requests; 1: failed jobs' data packets (answered from here)
+            self.sw.set_meter("punt_meter", cell, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst)
 
-    def _job_entry(self, job: int, session: int, first_id: int):
+    def _write_switch_config(self):
+        host, port = self.address
+        self.sw.modify(self.p4info.default_action("switch_config", "set_switch", {
+            "mac": _mac(SWITCH_MAC), "ip": int(ipaddress.IPv4Address(host)), "port": port,
+            "nc_det": int(self.config.nc_rounding == "deterministic"), "boot": self.boot}))
+
+    def _job_entry(self, job: int, session: int, first_id: int, failed: bool = False):
         return self.p4info.table_entry("jobs", {"hdr.ina.job": job}, "set_job", {
             "world": self.config.jobs[job], "slots": self.config.slots, "max_elements": self.config.max_elements,
-            "slot_base": self.slot_base[job], "session": session, "first_id": first_id, "group": job + 1})
+            "slot_base": self.slot_base[job], "session": session, "first_id": first_id, "group": job + 1,
+            "index": sorted(self.config.jobs).index(job), "failed": int(failed)})
 
     # ------------------------------------------------------------------ DataPlane (what the control plane calls)
     def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list):
@@ -213,6 +229,39 @@ class BMv2Server:
         (self.sw.modify if old else self.sw.insert)(mc)
         self.sw.modify(self._job_entry(job, session, first_id))
         self.admitted[job] = list(addresses)
+        self.generations[job] = (session, first_id)
+        self.failures.pop(job, None)
+
+    def set_boot(self, boot: int):
+        """The switch's boot id: a parameter of switch_config's default action, which every answer the data
+        plane makes carries (results, not-member errors); the control plane's own answers carry it too."""
+        self.boot = boot
+        self._write_switch_config()
+
+    def fail(self, job: int, code: int, rank: int, text: str) -> list[tuple[bytes, object]]:
+        """The generation failed (model.Switch.fail): keep the first error, mark the job failed in its table
+        entry (the data plane then sends its packets here, duplicates of completed rounds excepted), and
+        return the error for every member."""
+        addresses = self.admitted.get(job)
+        if not addresses:
+            return []
+        if job not in self.failures:
+            self.failures[job] = wire.ERROR_PAYLOAD.pack(code, rank) + text.encode()[:wire.MAX_ERROR_TEXT]
+            self.sw.modify(self._job_entry(job, *self.generations[job], failed=True))
+        return [(self._error(job, r), addresses[r]) for r in range(len(addresses))]
+
+    def failed(self, job: int) -> bool:
+        return job in self.failures
+
+    def _error(self, job: int, rank: int, answered=None) -> bytes:
+        """The generation's error (model.Switch._error); as the answer to a packet (FLAG_REPLY) it echoes its
+        packet id and pool."""
+        if answered is None:
+            return wire.pack(wire.MSG_ERROR, job=job, rank=rank, payload=self.failures[job],
+                             session=self.generations[job][0], boot=self.boot)
+        return wire.pack(wire.MSG_ERROR, job=job, rank=rank, packet_id=answered.packet_id, slot=answered.slot,
+                         set=answered.set, flags=wire.FLAG_REPLY, payload=self.failures[job],
+                         session=self.generations[job][0], boot=self.boot)
 
     def member_packets(self, job: int) -> list[int]:
         base, n = self.member_base[job], self.config.jobs[job]
@@ -238,7 +287,9 @@ class BMv2Server:
                 self._control_request(*got)
 
     def _control_request(self, frame: bytes, metadata: dict):
-        """A punted JOIN / LEAVE / STATS_REQ: answer it through the control plane, out the port it came in."""
+        """A punted packet, answered out the port it came in: a control request (JOIN, LEAVE, STATS_REQ,
+        ABORT, HEARTBEAT) through the control plane; a data packet whose call differs from its round's
+        (the data plane counted it and marked the generation failed); a failed generation's data packet."""
         src = _parse_frame(frame)
         if src is None:
             return self.count_drop("malformed")
@@ -247,9 +298,43 @@ class BMv2Server:
             h = wire.unpack(payload)
         except wire.WireError:
             return self.count_drop("malformed")
-        self.ports[addr] = (mac, metadata["ingress_port"])
-        for reply, dst in self.control.handle(h, payload, addr):
+        punt = metadata.get("punt", gen_p4.PUNT_CONTROL)
+        if punt == gen_p4.PUNT_CONTROL:
+            self.ports[addr] = (mac, metadata["ingress_port"])
+            out = self.control.handle(h, payload, addr)
+        elif punt == gen_p4.PUNT_CALL_MISMATCH:
+            out = self._call_mismatch(h, metadata)
+        else:
+            out = self._failed_packet(h, addr)
+        for reply, dst in out:
             self.send(reply, tuple(dst))
+
+    def _current(self, h):
+        """The job's control state if the punted data packet is of its admitted generation (a punt queued
+        before a re-admission is not), else None."""
+        job = self.control.jobs.get(h.job)
+        if job is None or self.generations.get(h.job, (None,))[0] != h.session or h.session != job.session:
+            return None
+        return job
+
+    def _call_mismatch(self, h, metadata):
+        """The data plane found a packet of another call than its round's (model.Switch._update): word the
+        error as the model does and fail the generation through the control plane (every member is told)."""
+        job = self._current(h)
+        if job is None:
+            return []
+        stored = (metadata.get("call", 0), metadata.get("call_kind", 0), metadata.get("call_len", 0))
+        text = wire.call_mismatch_text(h.job, h.rank, h.call_id, metadata.get("writer", 0), stored)
+        return self.control.fail(job, wire.ERR_CALL_MISMATCH, h.rank, text)
+
+    def _failed_packet(self, h, addr):
+        """A failed generation's data packet (counted `failed` in the data plane): the error to its sender."""
+        if self._current(h) is None:
+            return []
+        if h.job not in self.failures:  # the data plane failed it, its mismatch punt never came: say so
+            return self.control.fail(self.control.jobs[h.job], wire.ERR_CALL_MISMATCH, wire.NO_RANK,
+                                     f"job {h.job}: the ranks' calls differ (the switch lost which ones)")
+        return [(self._error(h.job, h.rank, h), addr)]
 
     def send(self, payload: bytes, dst: tuple):
         """A UDP datagram from the switch's address to dst (an address heard from), as a packet-out."""
@@ -257,6 +342,7 @@ class BMv2Server:
             return
         mac, port = self.ports[dst]
         self.sw.packet_out(_udp_frame(SWITCH_MAC, mac, self.address, dst, payload), egress_port=port)
+        self.sent += 1
 
     def stop(self):
         self._stopped.set()
@@ -295,7 +381,7 @@ class BMv2Server:
         slots = [i for j in self.config.jobs for i in range(self.slot_base[j], self.slot_base[j] + self.config.slots)]
         read = {name: self._read_counter(name, slots) for name in wire.SLOT_COUNTERS}
         read["drops"] = self._read_counter("drops", range(len(wire.DROP_REASONS)))
-        read["io"] = self._read_counter("io", range(4))
+        read["io"] = self._read_counter("io", range(5))
 
         def packets(name, i):
             return read[name].get(i, 0)
@@ -305,12 +391,13 @@ class BMv2Server:
         for j, n in self.config.jobs.items():
             base, k = self.slot_base[j], self.config.slots
             counts = {c: [packets(c, base + s) for s in range(k)] for c in wire.SLOT_COUNTERS}
-            job = {"world_size": n, "generation": self.control.jobs[j].generation}
+            job = {"world_size": n, "generation": self.control.jobs[j].generation, "failed": self.failed(j)}
             job.update({c: sum(v) for c, v in counts.items()})
             if per_slot:
                 job["per_slot"] = counts
             jobs[str(j)] = job
         out = sum(jobs[str(j)]["multicast"] * n + jobs[str(j)]["resent"] for j, n in self.config.jobs.items())
+        out += packets("io", 4) + self.sent  # not-member errors; the controller's packet-outs
         s = {"packets_in": packets("io", 0), "packets_out": out, "dropped": drops, "overflows": packets("io", 2),
              "jobs": jobs, "bmv2": {"not_ina": packets("io", 3), "mac": SWITCH_MAC,
                                     "uptime_s": round(time.monotonic() - self.started, 3)}}

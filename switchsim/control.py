@@ -317,7 +317,7 @@ class ControlPlane:
         body = json.dumps(self.stats(per_slot=per_slot)).encode()
         if len(body) > wire.MAX_STATS_REPLY:  # one datagram: the totals without the per-slot arrays
             body = json.dumps({**self.stats(), "per_slot_omitted": len(body)}).encode()
-        return [(wire.pack(wire.MSG_STATS, payload=body), src)]
+        return [(wire.pack(wire.MSG_STATS, payload=body, boot=self.boot), src)]
 
     def annotate(self, stats: dict) -> dict:
         """Add each job's control state (members, pending joins, whether keyed) to a data plane's stats."""

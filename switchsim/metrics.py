@@ -51,11 +51,11 @@ def _job_families(jobs: dict, counter, gauge):
     slot = {c: counter(PREFIX + "job_" + c, f"packets {c} in the job's slots", labels=["job"])
             for c in wire.SLOT_COUNTERS}
     state = {g: gauge(PREFIX + "job_" + g, f"the job's {g.replace('_', ' ')}", labels=["job"])
-             for g in ("world_size", "generation", "members", "pending")}
+             for g in ("world_size", "generation", "members", "pending", "failed")}
     for job, j in jobs.items():
         for name, fam in (*slot.items(), *state.items()):
             if name in j:
-                fam.add_metric([job], j[name])
+                fam.add_metric([job], float(j[name]))
     yield from slot.values()
     yield from state.values()
 

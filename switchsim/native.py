@@ -54,7 +54,7 @@ def core_stats(core, per_slot: bool = False, ffi=ffi, lib=lib) -> dict:
         lib.ina_switch_job_info(core, i, job_id, world, gen)
         counters = lib.ina_switch_job_slot_counters(core, i)
         arrays = {name: [counters[k * slots + s] for s in range(slots)] for k, name in enumerate(SLOT_COUNTERS)}
-        j = {"world_size": world[0], "generation": gen[0]}
+        j = {"world_size": world[0], "generation": gen[0], "failed": lib.ina_switch_failed(core, job_id[0]) == 1}
         j.update({name: sum(a) for name, a in arrays.items()})
         if per_slot:
             j["per_slot"] = arrays
@@ -84,8 +84,8 @@ LOCAL_IDS = 1 << 48  # address ids above the 48-bit IPv4:port range name in-proc
 
 class CoreSwitch:
     """model.Switch's interface on the C core: process(data, src) -> [(bytes, dst)], stats(), and the data
-    plane calls of the control plane (admit, member_packets, count_drop). (ffi, lib) name the cffi module
-    the core is compiled into (the DPDK module has its own copy)."""
+    plane calls of the control plane (admit, set_boot, fail, failed, member_packets, count_drop). (ffi, lib)
+    name the cffi module the core is compiled into (the DPDK module has its own copy)."""
 
     def __init__(self, config: SwitchConfig | dict[int, int], ffi=ffi, lib=lib, **kw):
         """Args:
@@ -147,6 +147,10 @@ class CoreSwitch:
         n = self.lib.ina_switch_process(self.core, data, len(data), self.address_id(src), self._out)
         if n == self.lib.INA_PUNT:
             return self.control_request(data, src)
+        return self._emitted(n)
+
+    def _emitted(self, n: int) -> list[tuple[bytes, object]]:
+        """The first n packets the core wrote into its out array, as (bytes, destination)."""
         buf = self.ffi.buffer
         return [(bytes(buf(o.hdr)) + bytes(buf(o.payload, o.len)), self.address(o.dst)) for o in self._out[0:n]]
 
@@ -166,6 +170,36 @@ class CoreSwitch:
         ids = self.ffi.new("uint64_t[]", [self.address_id(a) for a in addresses])
         if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids) != 0:
             raise KeyError(f"job {job_id} is not served")
+
+    def set_boot(self, boot: int):
+        """model.Switch.set_boot: the boot id everything the core sends carries."""
+        self.lib.ina_switch_set_boot(self.core, boot & 0xFFFFFFFF)
+
+    def fail(self, job_id: int, code: int, rank: int, text: str) -> list[tuple[bytes, object]]:
+        """model.Switch.fail in the core: the generation's first failure stands; its error to every member.
+
+        Returns:
+            The error for each member, as (bytes, address); empty for a job without a generation.
+
+        Raises:
+            KeyError: a job the switch does not serve.
+        """
+        data = text.encode()
+        n = self.lib.ina_switch_fail(self.core, job_id, code, rank, data, len(data), self._out)
+        if n < 0:
+            raise KeyError(f"job {job_id} is not served")
+        return self._emitted(n)
+
+    def failed(self, job_id: int) -> bool:
+        """model.Switch.failed: whether the job's current generation failed.
+
+        Raises:
+            KeyError: a job the switch does not serve.
+        """
+        failed = self.lib.ina_switch_failed(self.core, job_id)
+        if failed < 0:
+            raise KeyError(f"job {job_id} is not served")
+        return bool(failed)
 
     def member_packets(self, job_id: int) -> list[int]:
         """model.Switch.member_packets: admitted packets per rank, read from the core."""
@@ -202,7 +236,7 @@ def impairment_stats(c) -> dict:
 
 class _CLoopServer:
     """What the C loops' servers share: serve_forever (the loop in C, control requests up to the control
-    plane and its replies back through the loop), start_thread and stop. A subclass names its loop's calls
+    plane and every packet it answers with back through the loop), start_thread and stop. A subclass names its loop's calls
     in _ops: run, punt, punt_clear, send and stop, each taking the loop first."""
 
     _ops: tuple[str, ...]
@@ -245,7 +279,9 @@ class _CLoopServer:
 
 class CUDPServer(_CLoopServer):
     """UDPServer's interface with the per-packet loop in C (csrc/ina_udp.c). Control requests (join, leave,
-    stats) come up to the Python control plane, rate-limited in C; everything else stays in C.
+    abort, heartbeat, stats) come up to the Python control plane, rate-limited in C, and what it answers
+    (replies, a failed generation's errors to every member) goes out through the loop; everything else
+    stays in C.
 
     Args:
         backend: the CoreSwitch whose core the loop drives.

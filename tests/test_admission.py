@@ -57,9 +57,11 @@ def test_a_stray_join_cannot_wedge_the_barrier(switch_backend):
     # a member whose ack was lost re-sends its join: answered at once, whatever is pending
     again = sw.send(1, sw.join_packet(1, 1, 2))
     assert [(p, wire.unpack(d).msg_type) for p, d in again] == [(1, wire.MSG_JOIN_ACK)]
-    # the job ends (leave) and restarts from the same ports: the stray is replaced, not obeyed
-    for r in (0, 1):
-        assert sw.send(r, wire.pack(wire.MSG_LEAVE, job=1, rank=r)) == []
+    # the job ends (leave) and restarts from the same ports: the stray is replaced, not obeyed. The first
+    # leave fails the generation for the member still in it (it is told, naming the rank that left)
+    first = sw.send(0, wire.pack(wire.MSG_LEAVE, job=1, rank=0))
+    assert [(p, wire.unpack_error(d)[:2]) for p, d in first] == [(0, (wire.ERR_PEER_DEAD, 0)), (1, (wire.ERR_PEER_DEAD, 0))]
+    assert sw.send(1, wire.pack(wire.MSG_LEAVE, job=1, rank=1)) == []
     sessions = sw.join_all(nonce=10)
     assert sw.stats()["jobs"]["1"]["generation"] == 2 and sessions[1]
     sw.send(0, update(0, 0, 0, 1, 0, 0))
@@ -76,7 +78,10 @@ def test_previous_generation_cannot_touch_the_next(switch_backend):
     assert sw.join_all(nonce=20)[1] != old
     zombie = wire.pack(wire.MSG_UPDATE, 1, 1, 0, 0, 0, 64, wire.CODEC_INT32, 0, 0, 0,
                        (V(1) * 500).astype(">i4").tobytes(), old)
-    assert sw.blast(1, [zombie] * 3) == []  # rank 1's zombie, still retransmitting from its old port
+    # rank 1's zombie, still retransmitting from its old port: dropped, and told (header only, its own
+    # session echoed) that it is no member of this generation
+    answers = [(p, len(d), wire.unpack(d).msg_type, wire.unpack(d).session) for p, d in sw.blast(1, [zombie] * 3)]
+    assert answers == [(1, wire.HEADER_SIZE, wire.MSG_ERROR, old)] * 3
     sw.send(0, update(0, 0, 0, 1, 0, 0))
     out = sw.send(1, update(1, 0, 0, 1, 0, 0))
     assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)  # not 502
@@ -101,7 +106,7 @@ def test_answers_to_strangers_are_small_and_rate_limited(switch_backend):
     join = wire.pack_join(9, 0, 5, 2, 64)
     out = sw.send(STRANGER, join)
     assert len(out) == 1 and len(out[0][1]) <= len(join)
-    assert out[0][1][wire.HEADER_SIZE:] == b"unknown job 9"  # and no list of the jobs served
+    assert wire.unpack_error(out[0][1]) == (wire.ERR_REJECTED, wire.NO_RANK, "unknown job 9")  # no list of jobs served
     n = control.ERROR_RATE[1] + 100
     t0 = time.monotonic()
     flood = sw.blast(STRANGER, [join] * n)

@@ -304,9 +304,9 @@ def test_python_sparse_loop_exact_under_loss(switch_process):
     check_impaired(json.loads(sw.stop()), stats)
 
 
-def test_ranks_that_disagree_on_sparse_time_out_clearly(switch_process):
-    """One rank sparse, the other dense: the switch drops the mixed round as a mismatch, and both ranks get
-    a TimeoutError that names the possibility, instead of a wrong sum."""
+def test_ranks_that_disagree_on_sparse_fail_by_name(switch_process):
+    """One rank sparse, the other dense: the call identities differ (call_kind's sparse bit), the switch
+    fails the call, and both ranks raise CallMismatch naming it at once, instead of a wrong sum."""
     sw = switch_process("--workers", 2)
     xs = [np.arange(3000, dtype=np.int32)] * 2
     box = [None, None]
@@ -323,5 +323,5 @@ def test_ranks_that_disagree_on_sparse_time_out_clearly(switch_process):
         t.start()
     for t in threads:
         t.join(30)
-    assert all(isinstance(e, TimeoutError) and "calls differ" in str(e) for e in box), box
-    assert json.loads(sw.stop())["dropped"]["mismatch"] > 0
+    assert all(isinstance(e, hostlib.CallMismatch) and "codec int32 sparse" in str(e) for e in box), box
+    assert json.loads(sw.stop())["dropped"]["call_mismatch"] == 1

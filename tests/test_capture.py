@@ -82,7 +82,7 @@ def test_every_packet_with_the_impairments_decision(switch_process, tmp_path):
         h = wire.unpack(bytes(udp.payload))
         assert h.version == wire.VERSION and h.job == 1
         if p.direction == 1:
-            assert h.msg_type in (wire.MSG_UPDATE, wire.MSG_JOIN, wire.MSG_LEAVE, wire.MSG_STATS_REQ)
+            assert h.msg_type in (wire.MSG_UPDATE, *wire.CONTROL_REQUESTS)  # heartbeats too (v3)
     kinds = {wire.unpack(bytes(p["UDP"].payload)).msg_type for p in packets}
     assert {wire.MSG_JOIN, wire.MSG_JOIN_ACK, wire.MSG_UPDATE, wire.MSG_RESULT} <= kinds
     if shutil.which("tshark"):

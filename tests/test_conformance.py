@@ -119,7 +119,8 @@ def test_exponent_is_max_over_workers(switch_backend):
 def test_bad_packets_are_dropped_and_counted(switch_backend):
     sw = switch_backend({1: 2}, slots=2, max_elements=64)
     assert sw.send(0, update(0, 0, 0, 1, 0, R, job=9)) == []  # unknown job
-    assert sw.send(0, update(5, 0, 0, 1, 0, R)) == []  # rank outside the job
+    out = sw.send(0, update(5, 0, 0, 1, 0, R))  # rank outside the job: dropped, and told it is not a member
+    assert [(port, len(d), wire.unpack(d).msg_type) for port, d in out] == [(0, wire.HEADER_SIZE, wire.MSG_ERROR)]
     assert sw.send(0, update(0, 3, 0, 1, 0, R)) == []  # slot beyond the pool
     assert sw.send(0, update(0, 0, 0, 1, 0, R)[:-3]) == []  # truncated payload
     assert sw.send(0, b"\x00" * 7) == []  # not even a header

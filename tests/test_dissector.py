@@ -25,7 +25,7 @@ from scapy.utils import rdpcap, wrpcap
 from hostlib.codecs import natural
 from inabench.harness import SwitchProcess
 from inaproto import gen_lua, wire
-from inaproto.scapy_layer import INA, INABlock, INAInt32, INANC8
+from inaproto.scapy_layer import INA, INAAbort, INABlock, INAError, INAInt32, INANC8
 from switchsim import cli
 from switchsim.server import query_stats
 from tests.test_e2e import run_workers
@@ -37,6 +37,9 @@ FIELDS = {key: re.match(r"ProtoField\.(\w+)", decl).group(1) for key, decl in ge
 VALUED = [key for key, kind in FIELDS.items() if kind != "none"]
 LISTS = ("elem", "nc.code", "nc.value")  # one occurrence per element
 EXPERTS = ("malformed", "bad_code", "overflow", "nonfinite")  # expert infos, filterable as ina.malformed...
+# the header's fields as the scapy layer has them (the pool index is three fields there)
+HEADER_NAMES = [n for n, _ in wire.HEADER_FIELDS if n != "pool"] + ["set", "pool_reserved", "slot"]
+ABORT_REASON = "ina-dissector-test: the rank's call failed before it was sent"
 
 
 def test_generated_dissector_is_up_to_date():
@@ -93,14 +96,18 @@ def claimed_udp_ports() -> frozenset[int]:
 def tshark_fields(pcap: str, ports: set[int]) -> dict[int, dict[str, str]]:
     """frame number -> ina field -> tshark's text, for the frames `-Y ina` keeps."""
     keys = VALUED + list(EXPERTS)
-    decode = [a for p in sorted(ports & claimed_udp_ports()) for a in ("-d", f"udp.port=={p},ina")]
-    out = tshark(pcap, *decode, "-Y", "ina", "-T", "fields", "-E", "separator=/t", "-e", "frame.number",
+    out = tshark(pcap, *decode_as_ina(ports), "-Y", "ina", "-T", "fields", "-E", "separator=/t", "-e", "frame.number",
                  *(a for k in keys for a in ("-e", f"ina.{k}")))
     rows = {}
     for line in out.splitlines():
         number, *values = line.split("\t")
         rows[int(number)] = dict(zip(keys, values, strict=True))
     return rows
+
+
+def decode_as_ina(ports: set[int]) -> list[str]:
+    """tshark's -d arguments that decode as ina those of these UDP ports another dissector claims."""
+    return [a for p in sorted(ports & claimed_udp_ports()) for a in ("-d", f"udp.port=={p},ina")]
 
 
 def parse(key: str, text: str):
@@ -125,11 +132,9 @@ def scapy_fields(ina: INA) -> dict:
     out = dict.fromkeys(VALUED + list(EXPERTS))
     out.update({k: [] for k in LISTS})
     flags = int(ina.flags)
-    out.update({k: getattr(ina, k) for k in ("version", "msg_type", "codec", "job", "rank", "exp_cur", "packet_id",
-                                              "set", "pool_reserved", "slot", "count", "exp_next", "reserved",
-                                              "session")})
-    out.update({"flags": flags, "pool": ina.set << 15 | ina.pool_reserved << 14 | ina.slot,
-                "flags.overflow": bool(flags & wire.FLAG_OVERFLOW), "flags.per_slot": bool(flags & wire.FLAG_PER_SLOT)})
+    out.update({k: getattr(ina, k) for k in HEADER_NAMES})
+    out.update({"flags": flags, "pool": ina.set << 15 | ina.pool_reserved << 14 | ina.slot})
+    out.update({f"flags.{name}": bool(flags & bit) for bit, name in gen_lua.FLAGS})
     out["overflow"] = True if flags & wire.FLAG_OVERFLOW else None
     out["nonfinite"] = True if wire.EXP_NONFINITE in (ina.exp_cur, ina.exp_next) else None
     if INABlock in ina:
@@ -140,12 +145,19 @@ def scapy_fields(ina: INA) -> dict:
         out["nc.code"] = list(ina[INANC8].codes)
         out["nc.value"] = list(natural.decode(np.array(out["nc.code"], np.uint8), np.float64))
     raw, name = bytes(ina.payload), wire.MSG_NAMES[ina.msg_type]
-    if ina.msg_type in gen_lua.PAYLOADS:
+    if ina.msg_type == wire.MSG_ERROR:  # code, named rank, text; no payload: not_member (a generated field)
+        if INAError in ina:
+            e = ina[INAError]
+            out.update({"error.code": e.code, "error.rank": e.rank, "error": e.text.decode() or None})
+        else:
+            assert raw == b""
+            out["error.code"] = wire.ERR_NOT_MEMBER
+    elif ina.msg_type in gen_lua.PAYLOADS:
         s, names = gen_lua.PAYLOADS[ina.msg_type]
         values = [v.hex() if isinstance(v, bytes) else v for v in s.unpack_from(raw)]
         out.update({f"{name}.{n}": v for n, v in zip(names, values, strict=True)})
-    if ina.msg_type == wire.MSG_ERROR:
-        out["error"] = raw.decode()
+    if INAAbort in ina:
+        out["abort"] = ina[INAAbort].reason.decode()
     if ina.msg_type == wire.MSG_STATS:
         out["stats"] = json.loads(raw)
     return out
@@ -222,13 +234,48 @@ def run_traffic(address: str):
         assert errors == [None, None], (codec, sparse)
     host, port = address.split(":")
     switch = (host, int(port))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(5)
-        for join in (wire.pack_join(9, 0, 1234, 2, 8), wire.pack_join(77, 0, 1, 2, 8)):
-            s.sendto(join, switch)
-            s.recvfrom(1 << 16)
+    control_traffic(switch)
     query_stats(switch)
     query_stats(switch, per_slot=True)
+
+
+def control_traffic(switch):
+    """Job 9's two ranks from two sockets, by hand: joins (waits, then acks), a heartbeat, an abort (the
+    switch fails the generation: an `aborted` error to both ranks), an update into the failed generation
+    (the error again, as a reply), an update with a wrong session (a header-only `not_member` error); and a
+    join of an unknown job (a `rejected` error)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        for s in socks:
+            s.settimeout(5)
+            s.bind(("127.0.0.1", 0))
+        acks = {}
+        for r, s in enumerate(socks):
+            join = wire.pack_join(9, r, 1234 + r, 2, 8)
+            s.sendto(join, switch)
+            s.sendto(join, switch)  # a join is confirmed by its repeat
+        for r, s in enumerate(socks):
+            while r not in acks:
+                data = s.recv(1 << 16)
+                if wire.unpack(data).msg_type == wire.MSG_JOIN_ACK:
+                    acks[r] = data
+        h = wire.unpack(acks[0])
+        session, boot, first_id = h.session, h.boot, wire.JOIN_ACK_PAYLOAD.unpack_from(acks[0], wire.HEADER_SIZE)[4]
+        call = dict(call=1, call_kind=wire.call_kind("nc"), call_len=200, boot=boot)
+        socks[0].sendto(wire.pack(wire.MSG_HEARTBEAT, 9, 0, session=session, boot=boot), switch)
+        socks[1].sendto(wire.pack(wire.MSG_ABORT, 9, 1, session=session, payload=ABORT_REASON.encode(), **call), switch)
+        for s in socks:
+            assert wire.unpack_error(s.recv(1 << 16))[:2] == (wire.ERR_ABORTED, 1)
+        update = dict(packet_id=first_id, count=1, codec=wire.CODEC_INT32, payload=bytes(4), **call)
+        socks[0].sendto(wire.pack(wire.MSG_UPDATE, 9, 0, session=session, **update), switch)
+        assert wire.unpack_error(socks[0].recv(1 << 16))[:2] == (wire.ERR_ABORTED, 1)
+        socks[0].sendto(wire.pack(wire.MSG_UPDATE, 9, 0, session=session ^ 1, **update), switch)
+        assert wire.unpack_error(socks[0].recv(1 << 16)) == (wire.ERR_NOT_MEMBER, wire.NO_RANK, "")
+        socks[0].sendto(wire.pack_join(77, 0, 1, 2, 8), switch)
+        assert wire.unpack_error(socks[0].recv(1 << 16))[:2] == (wire.ERR_REJECTED, wire.NO_RANK)
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="module", params=["dumpcap on lo", "serve --pcap"])
@@ -262,7 +309,7 @@ def test_tshark_reads_what_scapy_reads(capture):
     assert len(frames) > 100
     rows = tshark_fields(path, {p[UDP].sport ^ p[UDP].dport ^ port for p in frames.values()})  # the peers' ports
     assert sorted(rows) == sorted(frames), "tshark's ina frames are not the switch's packets"
-    seen = set()
+    seen, codes = set(), set()
     for number, pkt in frames.items():
         raw = bytes(pkt[UDP].payload)
         wire.unpack(raw)  # all well formed: no expert info expected
@@ -271,8 +318,38 @@ def test_tshark_reads_what_scapy_reads(capture):
         assert got == want, f"frame {number}: " + ", ".join(f"{k}: tshark {got[k]!r}, scapy {want[k]!r}"
                                                             for k in want if got[k] != want[k])
         seen.add((want["msg_type"], want["codec"]))
+        codes.add(want["error.code"])
     assert {m for m, _ in seen} == set(wire.MSG_NAMES)
+    assert {wire.ERR_NOT_MEMBER, wire.ERR_REJECTED, wire.ERR_ABORTED} <= codes
     assert {(m, c) for m in wire.DATA_MESSAGES for c in (wire.CODEC_INT32, wire.CODEC_NC8)} <= seen
+
+
+@needs_tshark
+def test_tshark_names_the_v3_fields_and_error_codes(capture):
+    """On the real capture, tshark's tree names the v3 header fields (call kind, call, call length, the
+    switch's boot id), the abort and heartbeat messages, and each error's code by name with the rank it
+    names and its text; the not-member error (no payload) shows a generated code; the Info column too."""
+    path, port = capture
+    packets = [p for p in rdpcap(path) if UDP in p and port in (p[UDP].sport, p[UDP].dport)]
+    ports = {p[UDP].sport ^ p[UDP].dport ^ port for p in packets}
+    sent = [INA(bytes(p[UDP].payload)) for p in packets if p[UDP].sport == port]
+    boots = {ina.boot for ina in sent if ina.msg_type != wire.MSG_STATS}  # what it sends its workers
+    assert len(boots) == 1 and 0 not in boots, "everything a switch sends its workers carries its one boot id"
+    shown = "ina.error.code || ina.msg_type == 11 || ina.msg_type == 12 || ina.call_len == 200"
+    tree = tshark(path, *decode_as_ina(ports), "-Y", shown, "-V")
+    lines = {line.strip() for line in tree.splitlines()}
+    for line in ("Message type: abort (11)", "Message type: heartbeat (12)", "Error code: aborted (4)",
+                 "Error code: rejected (1)", "[Error code: not_member (0)]", "Rank named: 1", "Rank named: 255 (none)",
+                 "Call kind: nc (0x03)", "Call number: 1", "Call length (elements): 200",
+                 f"Switch boot id: 0x{boots.pop():08x}", f"Reason: {ABORT_REASON}"):
+        assert line in lines, line
+    assert any(line.startswith("Reason: ") and line.endswith(ABORT_REASON) and line != f"Reason: {ABORT_REASON}"
+               for line in lines), "the aborted error quotes the abort's reason"
+    info = set(tshark(path, *decode_as_ina(ports), "-Y", "ina", "-T", "fields", "-e", "_ws.col.Info").splitlines())
+    for text in ("abort job=9 rank=1 call=1", "heartbeat job=9 rank=0", "error job=9 rank=0 aborted (rank 1)",
+                 "error job=9 rank=1 aborted (rank 1)", "error job=9 rank=0 not_member",
+                 "error job=77 rank=0 rejected"):
+        assert text in info, (text, sorted(i for i in info if "error" in i or "abort" in i))
 
 
 def expert_cases() -> list[tuple[bytes, set[str]]]:
@@ -296,12 +373,17 @@ def expert_cases() -> list[tuple[bytes, set[str]]]:
         wire.pack_sparse(wire.MSG_SPARSE_RESULT, count=0, block=3),  # a block without elements
         wire.pack_sparse(wire.MSG_SPARSE_RESULT, count=1, block=3, next_block=3, payload=bytes(4)),  # next <= block
         wire.pack_join(1, 0, 5, 2, 8)[:100],  # a short join
+        wire.pack(wire.MSG_ABORT, job=1, call=2, call_kind=wire.call_kind("int32"), call_len=9, payload=b"why"),
+        wire.pack(wire.MSG_HEARTBEAT, job=1, session=5, boot=6),
+        wire.pack_error(wire.ERR_PEER_DEAD, "rank 1 is silent", job=1, subject=1, boot=6),
+        wire.pack(wire.MSG_ERROR, job=1, boot=6),  # not a member: no payload, and nothing malformed
     ]
     return [(d, set()) for d in data] + [
         (wire.pack(wire.MSG_RESULT, count=2, codec=wire.CODEC_NC8, payload=bytes([0x80, 0xC1])), {"bad_code"}),
         (wire.pack(wire.MSG_RESULT, count=1, codec=wire.CODEC_INT32, flags=wire.FLAG_OVERFLOW,
                    exp_next=wire.EXP_NONFINITE, payload=bytes(4)), {"overflow", "nonfinite"}),
         (wire.pack(wire.MSG_JOIN_ACK, payload=bytes(4)), {"malformed"}),  # wire.unpack leaves payloads to callers
+        (wire.pack(wire.MSG_ERROR, payload=b"\x03"), {"malformed"}),  # a code without the rank it names
     ]
 
 

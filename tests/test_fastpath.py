@@ -1,18 +1,22 @@
 """The worker loop in C (csrc/ina_worker.c) against the Python loop it replaces: the same packets, the
-same results, the same errors; and the C loop's own recovery paths (loss, timeouts, switch errors)."""
+same results, the same errors; and the C loop's own recovery paths (loss, timeouts, switch errors, a switch
+that is not there)."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import hostlib
+from hostlib import errors as ina_errors
 from hostlib import fastpath, kernels, wire
 from hostlib.codecs import get_codec
+from hostlib.worker import Communicator
 from switchsim.model import Switch
 from switchsim.server import UDPServer
 
@@ -24,7 +28,7 @@ KERNEL_SOURCES = [os.path.join(CSRC, f) for f in ("ina_kernels.c", "ina_kernels_
 
 class RecordingSwitch(Switch):
     """The reference model, keeping every update it is sent ((rank, slot, packet id) -> copies), with the
-    session field zeroed (each run joins a generation of its own)."""
+    session and boot fields zeroed (each run joins a generation of its own, on a switch of its own)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -35,11 +39,20 @@ class RecordingSwitch(Switch):
         try:
             h = wire.unpack(data)
             if h.msg_type in (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE):
-                off = wire.OFFSETS["session"]
-                self.updates.setdefault((h.rank, h.slot, h.packet_id), []).append(data[:off] + bytes(4) + data[off + 4:])
+                assert h.boot == self.boot, "a worker echoes its join_ack's boot id"
+                self.updates.setdefault((h.rank, h.slot, h.packet_id), []).append(_zeroed(data, "session", "boot"))
         except wire.WireError:
             pass
         return super().process(data, src)
+
+
+def _zeroed(data: bytes, *fields) -> bytes:
+    """data with these 4-byte header fields zeroed."""
+    b = bytearray(data)
+    for f in fields:
+        off = wire.OFFSETS[f]
+        b[off:off + 4] = bytes(4)
+    return bytes(b)
 
 
 @pytest.fixture
@@ -158,8 +171,10 @@ def test_python_loop_still_exact_under_loss(switch_process, n, loss):
     assert sum(s.retransmissions for s in stats) > 0
 
 
-def test_c_loop_reports_a_dead_peer_as_timeout(recording_server):
-    """Rank 1 joins and then never sends: rank 0's C loop gives up after `timeout` with the packet named."""
+@pytest.mark.parametrize("fast", [True, False])
+def test_c_loop_reports_a_silent_peer_as_timeout(recording_server, fast):
+    """Rank 1 joins and then never calls (its heartbeats keep it a member): rank 0's C loop gives up after
+    `timeout` with the packet named, as the Python loop does; the next call re-joins, which rank 1 never does."""
     sw, address = recording_server(world=2)
     joined = threading.Event()
     errors = []
@@ -171,17 +186,147 @@ def test_c_loop_reports_a_dead_peer_as_timeout(recording_server):
     t = threading.Thread(target=silent_peer, daemon=True)
     t.start()
     try:
-        with hostlib.connect(address, 0, 2, job=1, codec="int32", timeout=0.5, fast=True) as comm:
-            with pytest.raises(TimeoutError, match=r"no result for packet \d+ .*after \d+ retransmissions"):
+        with hostlib.connect(address, 0, 2, job=1, codec="int32", timeout=0.5, join_timeout=10, fast=fast) as comm:
+            with pytest.raises(ina_errors.CallTimeout, match=r"no result for packet \d+ .*after \d+ retransmissions"):
                 comm.allreduce(np.arange(1000, dtype=np.int32))
-            with pytest.raises(RuntimeError, match="unusable"):
+            comm._join_timeout = 0.5
+            with pytest.raises(ina_errors.CallTimeout, match=r"ranks \[1\] did not join") as e:
                 comm.allreduce(np.arange(10, dtype=np.int32))
+            assert e.value.rank == 1
     except Exception as e:  # noqa: BLE001
         errors.append(e)
     finally:
         joined.set()
         t.join(10)
     assert not errors
+
+
+def spy_errors(monkeypatch) -> list[bytes]:
+    """Every datagram a loop hands to Communicator.error_from_datagram (the C loop: its raw copy)."""
+    seen = []
+    original = Communicator.error_from_datagram
+
+    def spy(self, data):
+        seen.append(bytes(data))
+        return original(self, data)
+
+    monkeypatch.setattr(Communicator, "error_from_datagram", spy)
+    return seen
+
+
+class FailingSwitch(Switch):
+    """The model, failing job 1 at the `at`-th update it is sent: as its control plane does for an abort
+    (fail: the error to every member, then to every packet of the generation), or by forgetting the
+    generation as a switch that re-formed the job without these workers (admit of another session) or
+    restarted (and a new boot id)."""
+
+    def __init__(self, *a, at=20, how="abort", **kw):
+        super().__init__(*a, **kw)
+        self.at, self.how, self.updates = at, how, 0
+
+    def process(self, data, src):
+        try:
+            h = wire.unpack(bytes(data))
+        except wire.WireError:
+            h = None
+        out = []
+        if h is not None and h.msg_type == wire.MSG_UPDATE:
+            self.updates += 1
+            if self.updates == self.at:
+                job = self.jobs[1]
+                if self.how == "abort":
+                    out = self.fail(1, wire.ERR_ABORTED, 1, "rank 1 aborted its call: test")
+                else:
+                    if self.how == "restart":
+                        self.set_boot(self.boot ^ 0x5A5A5A5A)
+                    self.admit(1, job.generation + 1, job.session ^ 1, job.first_id, job.addresses)
+        return out + super().process(data, src)
+
+
+@pytest.fixture
+def failing_server():
+    servers = []
+
+    def start(world, **kw):
+        srv = UDPServer(FailingSwitch({1: world}, **kw), "127.0.0.1", 0)
+        servers.append((srv, srv.start_thread()))
+        return "%s:%d" % srv.address
+
+    yield start
+    for srv, th in servers:
+        srv.stop()
+        th.join(5)
+        srv.close()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_c_loop_ends_a_failed_call_by_name(failing_server, monkeypatch, fast):
+    """The switch fails the job mid-call (an abort naming rank 1): both ranks raise CallAborted naming rank 1
+    with the switch's text, the C loop as the Python loop; what the C loop hands over is the error datagram
+    of the generation; the next call re-joins and is exact."""
+    seen = spy_errors(monkeypatch)
+    address = failing_server(2, at=40)
+    xs = [np.arange(20_000, dtype=np.int32) * (r + 1) for r in range(2)]
+    outcome = [None, None]
+
+    def call(comm, r, _):
+        with pytest.raises(ina_errors.CallAborted) as e:
+            comm.allreduce(xs[r])
+        outcome[r] = (e.value.rank, str(e.value), comm.session)
+        return comm.allreduce(xs[r])
+
+    outs, errs, _ = run_workers(address, xs, "int32", call=call, fast=fast, window=8, elements_per_packet=256,
+                                timeout=10)
+    assert errs == [None, None]
+    assert all(np.array_equal(o, xs[0] + xs[1]) for o in outs)
+    for rank, text, _ in outcome:
+        assert rank == 1 and "rank 1 aborted its call: test" in text
+    assert len(seen) >= 2
+    for raw in seen:
+        h = wire.unpack(raw)
+        assert h.msg_type == wire.MSG_ERROR and h.job == 1 and h.session in {o[2] for o in outcome}
+        assert wire.unpack_error(raw) == (wire.ERR_ABORTED, 1, "rank 1 aborted its call: test")
+
+
+@pytest.mark.parametrize("how,cls", [("re-formed", ina_errors.NotMember), ("restart", ina_errors.SwitchRestarted)])
+@pytest.mark.parametrize("fast", [True, False])
+def test_c_loop_stops_when_the_switch_forgot_the_generation(failing_server, monkeypatch, fast, how, cls):
+    """The switch no longer has the worker's generation (re-formed without it, or restarted): the header-only
+    error answering its packet ends the call at once (not after the 30 s timeout), by name."""
+    seen = spy_errors(monkeypatch)
+    address = failing_server(1, at=10, how=how)
+    with hostlib.connect(address, 0, 1, job=1, timeout=30, fast=fast, window=8, elements_per_packet=256) as comm:
+        start = time.monotonic()
+        with pytest.raises(cls):
+            comm.allreduce(np.arange(20_000, dtype=np.int32))
+        assert time.monotonic() - start < 5
+        session, boot = comm.session, comm.boot
+    raw = seen[-1]
+    h = wire.unpack(raw)
+    assert len(raw) == wire.HEADER_SIZE and h.msg_type == wire.MSG_ERROR and h.flags & wire.FLAG_REPLY
+    assert h.session == session and (h.boot != boot) == (how == "restart")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_no_switch_listening_is_refused_fast(fast):
+    """The switch's process is gone (its port answers ICMP port unreachable): the call raises
+    SwitchUnreachable after about worker.REFUSED_AFTER, not the 30 s timeout; both loops."""
+    assert kernels.lib.INA_WK_REFUSED_AFTER_MS == round(hostlib.worker.REFUSED_AFTER * 1000)
+    srv = UDPServer(Switch({1: 1}), "127.0.0.1", 0)
+    th = srv.start_thread()
+    comm = hostlib.connect("%s:%d" % srv.address, 0, 1, job=1, timeout=30, fast=fast)
+    try:
+        x = np.arange(100_000, dtype=np.int32)
+        assert np.array_equal(comm.allreduce(x), x)
+        srv.stop()
+        th.join(5)
+        srv.close()
+        start = time.monotonic()
+        with pytest.raises(ina_errors.SwitchUnreachable, match="refused"):
+            comm.allreduce(x)
+        assert time.monotonic() - start < 5
+    finally:
+        comm.close()
 
 
 def test_c_loop_raises_on_nan_and_overflow_like_the_python_loop(switch_process):
@@ -226,7 +371,8 @@ def test_fixed_dequantize_kernel_matches_codec_decode():
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 def test_c_loop_under_address_sanitizer(tmp_path):
     """csrc/tests/worker_echo.c drives the C loop against a lossy, duplicating echo switch on a socketpair,
-    built with -fsanitize=address,undefined: no report, every result right, every recovery path taken."""
+    built with -fsanitize=address,undefined: no report, every result right, every recovery path taken, every
+    packet with the call's identity and boot id, the error rules of protocol v3 and a refused port."""
     exe = tmp_path / "worker_echo"
     subprocess.run(["gcc", "-std=gnu11", "-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer", "-I", CSRC, os.path.join(CSRC, "tests", "worker_echo.c"),
@@ -237,4 +383,5 @@ def test_c_loop_under_address_sanitizer(tmp_path):
                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0"})
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-4000:]
     assert "runtime error" not in run.stderr and "ERROR" not in run.stderr, run.stderr[-4000:]
-    assert run.stderr.count("-> ok") == 6  # int32, fixed, nc; dense and block-sparse
+    # int32, fixed, nc, dense and block-sparse; six error runs; a refused port
+    assert run.stderr.count("-> ok") == 13 and "BAD" not in run.stderr, run.stderr[-4000:]

@@ -41,8 +41,15 @@ def test_c_wire_constants_match_wire_py():
     for name in ("VERSION", "DEFAULT_PORT", "FLAG_OVERFLOW", "EXP_NONE", "EXP_NONFINITE", "EXP_MIN", "EXP_MAX", "NC_BIAS",
                  "NC_LEVEL_MIN", "NC_LEVEL_MAX", "NC_SPAN", "MAX_WORKERS", "MAX_ELEMENTS", "HEADER_SIZE",
                  "POOL_SET_BIT", "POOL_RESERVED_BIT", "POOL_SLOT_MASK", "MAX_SLOTS", "PACKET_ID_MASK", "JOIN_SIZE",
-                 "JOIN_MAC_SIZE", "MAX_ERROR_TEXT", "BLOCK_EXT_SIZE", "BLOCK_NONE"):
+                 "JOIN_MAC_SIZE", "MAX_ERROR_TEXT", "BLOCK_EXT_SIZE", "BLOCK_NONE", "FLAG_PER_SLOT", "FLAG_REPLY",
+                 "NO_RANK", "MAX_ABORT_TEXT", "CALL_SPARSE", "CALL_NUMBER_MASK", "MAX_CALL_LEN"):
         assert d[f"INA_{name}"] == getattr(wire, name), name
+    for code, name in wire.ERROR_NAMES.items():
+        assert d[f"INA_ERR_{name.upper()}"] == code
+    for kind, name in wire.CALL_KIND_NAMES.items():
+        assert d[f"INA_CALL_KIND_{name.upper()}"] == kind
+    assert d["INA_ERROR_PAYLOAD_SIZE"] == wire.ERROR_PAYLOAD.size
+    assert d["INA_CONTROL_REQUESTS"] == sum(1 << m for m in wire.CONTROL_REQUESTS)
     for code, name in wire.MSG_NAMES.items():
         assert d[f"INA_MSG_{name.upper()}"] == code
     for code, name in wire.CODEC_NAMES.items():
@@ -52,7 +59,10 @@ def test_c_wire_constants_match_wire_py():
     assert d["INA_JOIN_ACK_PAYLOAD_SIZE"] == wire.JOIN_ACK_PAYLOAD.size
     # field offsets: pack a header with distinct bytes and read each field where the C header says it is
     pkt = wire.pack(wire.MSG_JOIN_WAIT, job=0x0102, rank=3, packet_id=0x04050607, slot=0x0809, set=1,
-                    count=0x0A0B, codec=12, exp_cur=13, exp_next=14, flags=15, session=0x10111213)
+                    count=0x0A0B, codec=12, exp_cur=13, exp_next=14, flags=15, session=0x10111213, call_kind=0x16,
+                    call=0x1718, call_len=0x191A1B1C, boot=0x1D1E1F20)
+    assert pkt[d["INA_OFF_CALL_KIND"]] == 0x16 and pkt[d["INA_OFF_CALL"]:][:2] == b"\x17\x18"
+    assert pkt[d["INA_OFF_CALL_LEN"]:][:4] == b"\x19\x1a\x1b\x1c" and pkt[d["INA_OFF_BOOT"]:][:4] == b"\x1d\x1e\x1f\x20"
     assert pkt[d["INA_OFF_VERSION"]] == wire.VERSION and pkt[d["INA_OFF_MSG_TYPE"]] == wire.MSG_JOIN_WAIT
     assert pkt[d["INA_OFF_SESSION"]:][:4] == b"\x10\x11\x12\x13"
     # the C loops' control-request bucket is the control plane's
@@ -70,6 +80,7 @@ JOBS = {1: 3, 4: 2}
 KEYS = {4: b"k" * 16}  # job 4 is keyed: its joins need the MAC
 SLOTS, K = 4, 16
 SECRET = 0xC0FFEE  # both switches derive the same sessions
+BOOT = 0xB0071D  # and send the same boot id
 
 
 class Clock:
@@ -86,7 +97,7 @@ def switches(rounding, seed):
     """(model, core, clock), the same configuration and control-plane clock."""
     clock = Clock()
     kw = dict(slots=SLOTS, max_elements=K, nc_rounding=rounding, seed=seed, keys=KEYS, secret=SECRET, clock=clock,
-              member_idle=0.5, join_expiry=1.0)
+              member_idle=0.5, join_expiry=1.0, boot=BOOT)
     return Switch(JOBS, **kw), native.CoreSwitch(JOBS, **kw), clock
 
 
@@ -121,7 +132,8 @@ class Traffic:
     """Packets as the jobs' workers would send them, driven by a model switch's answers (sessions from join
     acks, a slot's next round once the model multicast the last), plus what networks, buggy peers and
     attackers add: spoofed ranks, strangers, previous sessions, far-ahead and stale ids, wrong exponents,
-    invalid codes, truncation, bit flips, duplicates, reordering, joins, leaves, stats requests."""
+    invalid codes, ranks in another call than their round's, truncation, bit flips, duplicates, reordering,
+    joins, leaves, aborts, heartbeats, stats requests."""
 
     def __init__(self, seed, model, clock):
         self.rs, self.model, self.clock = np.random.default_rng(seed), model, clock
@@ -129,6 +141,8 @@ class Traffic:
         self.first = {j: 0 for j in JOBS}  # every slot's first packet id in the job's generation
         self.round = {}  # (job, slot) -> the round the workers are on
         self.shapes = {}  # (job, slot, round) -> codec, count, exp_cur, big, sparse, block
+        self.calls = {}  # (job, slot, round) -> the round's call: number, kind, length
+        self.failed = set()  # jobs whose generation failed (their workers re-join soon, as hostlib's do)
         self.log = []  # (data, src, what the model answered, the clock then)
 
     def send(self, data, src):
@@ -142,6 +156,9 @@ class Traffic:
                     self.round = {k: v for k, v in self.round.items() if k[0] != h.job}
                 self.sessions[h.job] = h.session
                 self.first[h.job] = wire.JOIN_ACK_PAYLOAD.unpack_from(pkt, wire.HEADER_SIZE)[4]
+                self.failed.discard(h.job)
+            elif h.msg_type == wire.MSG_ERROR and len(pkt) > wire.HEADER_SIZE and h.session == self.sessions.get(h.job):
+                self.failed.add(h.job)
             elif h.msg_type in (wire.MSG_RESULT, wire.MSG_SPARSE_RESULT) and self.round.get((h.job, h.slot)) == h.packet_id:
                 if self.rs.random() < 0.7:
                     self.round[(h.job, h.slot)] = h.packet_id + 1  # the workers move on
@@ -158,9 +175,34 @@ class Traffic:
             world = None if rs.random() < 0.9 else JOBS.get(job, 2) + 1
             mac = bytes(16) if rs.random() < 0.5 else None
             return join(job, rank, int(rs.integers(0, 3)), world, mac)
-        if c < 0.7:
-            return wire.pack(wire.MSG_LEAVE, job=job, rank=rank, session=self.sessions.get(job, 0))
+        session = self.sessions.get(job, 0)
+        if c < 0.5:
+            return wire.pack(wire.MSG_LEAVE, job=job, rank=rank, session=session)
+        if c < 0.55:  # a reason of any bytes (not utf-8, NULs, longer than the switch reads)
+            reason = rs.bytes(int(rs.integers(0, 2 * wire.MAX_ABORT_TEXT)))
+            return wire.pack(wire.MSG_ABORT, job=job, rank=rank, session=session, call=int(rs.integers(0, 9)),
+                             payload=reason)
+        if c < 0.8:
+            return wire.pack(wire.MSG_HEARTBEAT, job=job, rank=rank, session=session)
         return wire.pack(wire.MSG_STATS_REQ)
+
+    def call_of(self, key, codec, sparse):
+        """The call of a round's packet, (number, kind, length): the round's, but for a rare rank whose call
+        differs in one of the three (the switch fails the generation, naming it)."""
+        rs = self.rs
+        if key not in self.calls:
+            kinds = ("int32", "fixed") if codec == wire.CODEC_INT32 else ("nc", "dither")
+            self.calls[key] = (key[2] // 3 & wire.CALL_NUMBER_MASK, wire.call_kind(str(rs.choice(kinds)), sparse),
+                               int(rs.choice([K * SLOTS * 5, 1000, 2**32 - 1])))
+        call, kind, n = self.calls[key]
+        d = rs.random()
+        if d < 0.003:
+            call = (call + int(rs.choice([1, 2**16 - 1]))) & wire.CALL_NUMBER_MASK
+        elif d < 0.008:
+            kind = int(rs.choice([kind ^ wire.CALL_SPARSE, kind % 4 + 1, 9, 0x80 | 77]))
+        elif d < 0.011:
+            n = (n + 1) & 0xFFFFFFFF
+        return call, kind, n
 
     def update(self, job, rank):
         rs = self.rs
@@ -184,15 +226,16 @@ class Traffic:
         if rs.random() < 0.04:
             session = int(rs.choice([session ^ 1, 0, int(rs.integers(1, 2**32))]))  # an old or guessed session
         s = min(slot, wire.MAX_SLOTS - 1)
+        call, kind, n = self.call_of(key, codec, sparse)
         if sparse:  # block-sparse round: the holders' next blocks mostly lie after the round's block
             nxt = int(rs.choice([block + 1, block + 2, block + 3, wire.BLOCK_NONE, block, block - 1, 0]))
             if not count:
                 nxt = int(rs.choice([block + 1, block + 3, wire.BLOCK_NONE, block]))
             return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, job, rank, pid, s, pid & 1, count, codec, exp_cur,
                                     int(rs.integers(-128, 128)), 0, block if count else wire.BLOCK_NONE,
-                                    nxt & 0xFFFFFFFF, payload, session)
+                                    nxt & 0xFFFFFFFF, payload, session, kind, call, n)
         return wire.pack(wire.MSG_UPDATE, job, rank, pid, s, pid & 1, count, codec, exp_cur,
-                         int(rs.integers(-128, 128)), 0, payload, session)
+                         int(rs.integers(-128, 128)), 0, payload, session, kind, call, n)
 
     def fault(self, data, job, rank):
         rs, f = self.rs, self.rs.random()
@@ -217,7 +260,7 @@ class Traffic:
             rank = int(rs.integers(0, world + (rs.random() < 0.03)))
             who = rs.random()
             src = addr(job, rank) if who < 0.94 else addr(job, (rank + 1) % world) if who < 0.97 else 999
-            if rs.random() < 0.003 and job in JOBS:
+            if job in JOBS and rs.random() < (0.05 if job in self.failed else 0.003):
                 self.join_all(job)  # the job restarts: a new generation, packets of the old one still around
                 continue
             kind = rs.random()
@@ -259,9 +302,15 @@ def test_core_matches_model_packet_for_packet(seed, rounding):
                 sparse_empty += h.count == 0
     assert core.stats(per_slot=True) == model.stats(per_slot=True)
     stats = model.stats()
-    # the traffic reaches every branch worth comparing (DPDK alone sees fragments; nothing here floods)
+    # the traffic reaches every branch worth comparing (DPDK alone sees fragments; nothing here floods, and
+    # only the C loops cut requests too long or too many for their punt queue)
     assert emitted > 200 and stats["overflows"] > 0
-    assert all(v for k, v in stats["dropped"].items() if k not in ("fragment", "rate_limited")), stats["dropped"]
+    loops_only = ("fragment", "rate_limited", "oversized", "punt_overflow")
+    assert all(v for k, v in stats["dropped"].items() if k not in loops_only), stats["dropped"]
+    mismatches = {wire.unpack_error(p)[2] for _, _, out, _ in log for p, _ in out
+                  if p[1] == wire.MSG_ERROR and wire.unpack_error(p)[0] == wire.ERR_CALL_MISMATCH}
+    for what in ("out of step", "with codec", "elements"):  # each way a call differs, worded by the core too
+        assert any(what in t for t in mismatches), (what, mismatches)
     assert stats["jobs"]["1"]["resent"] > 0 and stats["jobs"]["4"]["multicast"] > 0
     assert stats["jobs"]["1"]["generation"] > 1  # restarts happened
     assert sparse_blocks > 20 and sparse_empty > 5  # block-sparse rounds, with and without elements
@@ -288,7 +337,7 @@ def test_each_simd_path_matches_model_on_random_traffic(monkeypatch, path, round
     forced lane path."""
     model, _, clock = switches(rounding, 7)
     core = forced_core(monkeypatch, path, JOBS, slots=SLOTS, max_elements=K, nc_rounding=rounding, seed=7,
-                       keys=KEYS, secret=SECRET, clock=clock, member_idle=0.5, join_expiry=1.0)
+                       keys=KEYS, secret=SECRET, clock=clock, member_idle=0.5, join_expiry=1.0, boot=BOOT)
     for i, (data, src, want, t) in enumerate(traffic(7, model, clock, 3000)):
         clock.t = t
         assert core.process(data, src) == want, f"packet {i}: {data.hex()}"
@@ -318,7 +367,7 @@ def test_each_simd_path_matches_model_on_wide_nc_rounds(monkeypatch, path, round
     exponents from the bottom of the table to past its top (overflow), codes at the block's edges, a
     bad code in a late packet, and int32 rounds that overflow: the core's bytes and counters = the model's."""
     workers, k = 64, 1031
-    config = dict(slots=4, max_elements=k, nc_rounding=rounding, seed=99)
+    config = dict(slots=4, max_elements=k, nc_rounding=rounding, seed=99, boot=BOOT)
     model = Switch({1: workers}, **config)
     core = forced_core(monkeypatch, path, {1: workers}, **config)
     for sw in (model, core):
@@ -352,8 +401,8 @@ def test_each_simd_path_matches_model_on_wide_nc_rounds(monkeypatch, path, round
 
 def test_core_answers_control_requests_like_the_model():
     clocks = [Clock(), Clock()]
-    model = Switch({1: 2}, secret=5, clock=clocks[0])
-    core = native.CoreSwitch({1: 2}, secret=5, clock=clocks[1])
+    model = Switch({1: 2}, secret=5, clock=clocks[0], boot=BOOT)
+    core = native.CoreSwitch({1: 2}, secret=5, clock=clocks[1], boot=BOOT)
     for data, src in ((wire.pack(wire.MSG_STATS_REQ), 7), (wire.pack(wire.MSG_STATS_REQ), ("10.1.2.3", 9)),
                       (join(1, 0, 5, 2), 1), (join(1, 1, 6, 2), 2), (join(1, 0, 5, 2), 1), (join(1, 1, 6, 2), 2),
                       (join(9, 0, 6, 2), 3),
@@ -364,7 +413,8 @@ def test_core_answers_control_requests_like_the_model():
 
 
 def write_replay(path, records, rounding, seed):
-    """records: ("packet", data, src) or ("admit", job, generation, session, first id, addresses)"""
+    """records: ("packet", data, src), ("admit", job, generation, session, first id, addresses), ("fail", job,
+    code, rank, text) or ("boot", boot id): csrc/tests/replay.c's input"""
     with open(path, "wb") as f:
         f.write(struct.pack("<IIIQI", SLOTS, K, rounding == "deterministic", seed, len(JOBS)))
         for job, n in JOBS.items():
@@ -372,6 +422,11 @@ def write_replay(path, records, rounding, seed):
         for r in records:
             if r[0] == "packet":
                 f.write(struct.pack("<BIQ", 0, len(r[1]), r[2]) + r[1])
+            elif r[0] == "fail":
+                text = r[4].encode()
+                f.write(struct.pack("<BIBBI", 2, r[1], r[2], r[3], len(text)) + text)
+            elif r[0] == "boot":
+                f.write(struct.pack("<BI", 3, r[1]))
             else:
                 _, job, gen, session, first, addrs = r
                 f.write(struct.pack("<BIQIII", 1, job, gen, session, first, len(addrs))
@@ -401,14 +456,19 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
                    check=True)
     for seed, rounding in ((11, "stochastic"), (12, "deterministic")):
         model, _, clock = switches(rounding, seed)
-        records = []  # the packets, and the generations the control plane admitted, in order
-        admit = model.admit
+        # the packets, and the generations the control plane admitted and failed, in order
+        records = [("boot", BOOT)]
+        admit, fail = model.admit, model.fail
 
         def logged_admit(job, generation, session, first, addresses):
             records.append(("admit", job, generation, session, first, addresses))
             admit(job, generation, session, first, addresses)
 
-        model.admit = logged_admit
+        def logged_fail(job, code, rank, text):  # the core's own fails (call mismatches) again: no change
+            records.append(("fail", job, code, rank, text))
+            return fail(job, code, rank, text)
+
+        model.admit, model.fail = logged_admit, logged_fail
         gen = Traffic(seed, model, clock)
         send = gen.send
         gen.send = lambda data, src: (records.append(("packet", data, src)), send(data, src))

@@ -5,6 +5,7 @@ adversarial and end-to-end suites (conftest.BACKENDS["bmv2"])."""
 from __future__ import annotations
 
 import re
+import struct
 
 import pytest
 
@@ -60,9 +61,9 @@ def info():
 def test_p4info_describes_what_the_control_plane_writes(info):
     entry = info.table_entry("jobs", {"hdr.ina.job": 7}, "set_job", {
         "world": 4, "slots": 512, "max_elements": 64, "slot_base": 0, "session": 0xDEADBEEF, "first_id": 2,
-        "group": 8})
+        "group": 8, "index": 0, "failed": 1})
     assert entry.table_id == info.table_id("InaIngress.jobs")
-    assert len(entry.action.action.params) == 7
+    assert len(entry.action.action.params) == 9
     member = info.table_entry("members", {"hdr.ina.job": 7, "hdr.ina.rank": 3}, "set_member",
                               {"ip": 0x0A000001, "port": 40000, "index": 3})
     assert [m.exact.value for m in member.match] == [b"\x07", b"\x03"]
@@ -73,7 +74,7 @@ def test_p4info_describes_what_the_control_plane_writes(info):
                                {"mac": 0x02494E410001, "ip": 0x0A000001, "port": 40000})
     assert replica.table_id == info.table_id("InaEgress.replicas")
     default = info.default_action("switch_config", "set_switch", {"mac": 1, "ip": 2, "port": wire.DEFAULT_PORT,
-                                                                  "nc_det": 1})
+                                                                  "nc_det": 1, "boot": 0xFFFFFFFF})
     assert default.is_default_action
     for msg in (entry, member, replica, default):
         assert type(msg).FromString(msg.SerializeToString()) == msg
@@ -83,5 +84,22 @@ def test_p4info_sizes_follow_the_wire_format(info):
     counters = {c.preamble.name.split(".")[-1]: c.size for c in info.message.counters}
     assert counters["drops"] == len(wire.DROP_REASONS)
     assert counters["received"] == gen_p4.SLOT_CAPACITY
-    names = [name for name, _, _ in info.packet_metadata("packet_in")]
-    assert names == ["ingress_port", "pad"]
+    names = [(name, width) for name, _, width in info.packet_metadata("packet_in")]
+    # why a packet is punted, and a call mismatch's round: call fields as wide as the header's
+    widths = dict(zip((n for n, _ in wire.HEADER_FIELDS), (struct.calcsize(">" + c) * 8 for _, c in wire.HEADER_FIELDS)))
+    assert names == [("ingress_port", 9), ("pad", 7), ("punt", 8), ("writer", 8), ("call_kind", widths["call_kind"]),
+                     ("call", widths["call"]), ("call_len", widths["call_len"])]
+
+
+def test_every_header_field_type_has_a_p4_type():
+    assert all(gen_p4.p4_type(code) for _, code in wire.HEADER_FIELDS)
+    assert gen_p4.p4_type("3x") == "bit<24>" and gen_p4.p4_type("x") == "bit<8>"
+    with pytest.raises(ValueError, match="P4_TYPES"):
+        gen_p4.p4_type("q")
+
+
+def test_punt_reasons_are_the_controllers():
+    consts = {name: int(v) for name, v in re.findall(r"const \S+ (\w+) = (-?\d+);", p4_source())}
+    for name in ("PUNT_CONTROL", "PUNT_CALL_MISMATCH", "PUNT_FAILED"):
+        assert consts[name] == getattr(gen_p4, name)
+    assert len({gen_p4.PUNT_CONTROL, gen_p4.PUNT_CALL_MISMATCH, gen_p4.PUNT_FAILED}) == 3

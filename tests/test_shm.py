@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import hostlib
+from hostlib import errors as ina_errors
 from inabench.harness import ROOT, SwitchProcess
 from inaproto import wire
 from switchsim import native
@@ -147,27 +148,71 @@ def test_shm_ports_names_and_owners():
     assert not os.path.exists(f"/dev/shm/ina-{name}")
 
 
-def test_shm_switch_gone_is_a_timeout():
-    """Workers joined, then the switch goes away: the allreduce raises TimeoutError, it does not hang."""
-    name = f"gone-{os.getpid()}"
-    server, thread = shm_switch(name)
+def join_both(address):
+    """Rank 0 on the C loop, rank 1 on the Python loop, joined (a barrier); a long timeout, so only the
+    switch-gone check can end a call fast."""
     comms = [None, None]
 
     def join(r):
-        comms[r] = hostlib.connect(f"shm://{name}", r, 2, timeout=1.0, join_timeout=30)
+        comms[r] = hostlib.connect(address, r, 2, timeout=30, join_timeout=30, fast=None if r == 0 else False)
 
     ts = [threading.Thread(target=join, args=(r,)) for r in range(2)]
     for t in ts:
         t.start()
     for t in ts:
         t.join(30)
+    assert all(comms), "a rank did not join"
+    return comms
+
+
+def assert_refused_fast(comms):
+    """Each rank's next allreduce raises SwitchUnreachable well before its 30 s timeout."""
+    try:
+        for c in comms:
+            start = time.monotonic()
+            with pytest.raises(ina_errors.SwitchUnreachable):
+                c.allreduce(np.ones(100_000, np.int32))
+            assert time.monotonic() - start < 5
+    finally:
+        for c in comms:
+            c.close()
+
+
+def test_shm_switch_stopped_is_refused_fast():
+    """Workers joined, then the switch stops (it removes its segment; its process, this one, lives on): both
+    loops raise SwitchUnreachable at once instead of waiting for the timeout, also when a new switch took the
+    name meanwhile (another segment); ShmSocket.switch_gone says so."""
+    name = f"gone-{os.getpid()}"
+    server, thread = shm_switch(name)
+    comms = join_both(f"shm://{name}")
+    assert not comms[0].sock.switch_gone()
     stop(server, thread)
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match="no result"):
-        comms[0].allreduce(np.ones(10_000, np.int32))
-    assert time.monotonic() - start < 10
-    for c in comms:
-        c.close()
+    time.sleep(0.15)  # switch_gone looks again every 100 ms
+    assert comms[0].sock.switch_gone()  # the name is gone
+    server, thread = shm_switch(name)
+    try:
+        assert comms[1].sock.switch_gone()  # the name is another segment's
+        assert_refused_fast(comms)
+    finally:
+        stop(server, thread)
+
+
+def test_shm_switch_killed_is_refused_fast():
+    """The switch's process is killed (its segment stays, with its pid): both loops raise SwitchUnreachable
+    at once."""
+    sw = SwitchProcess("--workers", 2, backend="shm")
+    name = sw.address[len("shm://"):]
+    try:
+        comms = join_both(sw.address)
+        assert not comms[1].sock.switch_gone()
+        sw.proc.kill()
+        sw.proc.wait(10)
+        assert os.path.exists(f"/dev/shm/ina-{name}")  # no clean-up: only the pid tells
+        assert_refused_fast(comms)
+    finally:
+        sw.stop()
+        if os.path.exists(f"/dev/shm/ina-{name}"):
+            os.unlink(f"/dev/shm/ina-{name}")
 
 
 def test_stats_through_a_port():

@@ -3,7 +3,8 @@
  * in:  u32 slots, u32 max_elements, u32 deterministic, u64 seed, u32 jobs, jobs x (u32 id, u32 world),
  *      then records (little-endian framing): u8 0, u32 len, u64 src, bytes (a packet), or
  *      u8 1, u32 job, u64 generation, u32 session, u32 first id, u32 n, n x u64 address (what the control
- *      plane admitted)
+ *      plane admitted), or u8 2, u32 job, u8 code, u8 rank, u32 len, text (a generation the control plane
+ *      failed; its errors are the control plane's, not written), or u8 3, u32 boot (the switch's boot id)
  * out: per emitted packet: u32 index of the packet that caused it, u64 dst, u32 len, bytes
  * It also runs the codec kernels over odd-sized buffers so the sanitizer sees their loops. */
 #include <stdio.h>
@@ -14,6 +15,29 @@
 #include "ina_kernels.h"
 
 static int rd(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
+
+/* a record of kind 1 (admit), 2 (fail) or 3 (boot): applied to the core; 0, or nonzero for a bad one */
+static int control_record(FILE *in, ina_switch *sw, uint8_t kind)
+{
+    static ina_out o[INA_MAX_OUT];
+    uint32_t job, session, first, n;
+    uint64_t gen, addrs[INA_MAX_WORKERS];
+    if (kind == 3) {
+        uint32_t boot;
+        if (!rd(in, &boot, 4))
+            return 1;
+        ina_switch_set_boot(sw, boot);
+        return 0;
+    }
+    if (kind == 2) {
+        uint8_t code, rank;
+        char text[1024];
+        return !rd(in, &job, 4) || !rd(in, &code, 1) || !rd(in, &rank, 1) || !rd(in, &n, 4) || n > sizeof text ||
+               !rd(in, text, n) || ina_switch_fail(sw, job, code, rank, text, n, o) < 0;
+    }
+    return !rd(in, &job, 4) || !rd(in, &gen, 8) || !rd(in, &session, 4) || !rd(in, &first, 4) || !rd(in, &n, 4) ||
+           n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) || ina_switch_admit(sw, job, gen, session, first, addrs);
+}
 
 static int kernels(void)
 {
@@ -54,12 +78,8 @@ int main(int argc, char **argv)
     uint64_t src;
     uint8_t kind;
     for (uint32_t index = 0; rd(in, &kind, 1); ) {
-        if (kind == 1) {
-            uint32_t job, session, first, n;
-            uint64_t gen, addrs[INA_MAX_WORKERS];
-            if (!rd(in, &job, 4) || !rd(in, &gen, 8) || !rd(in, &session, 4) || !rd(in, &first, 4) ||
-                !rd(in, &n, 4) || n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) ||
-                ina_switch_admit(sw, job, gen, session, first, addrs))
+        if (kind != 0) {
+            if (control_record(in, sw, kind))
                 return 2;
             continue;
         }

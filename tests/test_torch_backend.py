@@ -1,0 +1,523 @@
+"""The "ina" torch.distributed backend (hostlib.integrations.torch_backend): two ranks spawned with
+MASTER_ADDR/PORT, RANK and WORLD_SIZE as torchrun sets them and a `switchsim serve` child; each collective,
+DDP and FSDP2 against gloo in the same processes; the fallback to gloo when the switch dies, and the re-join
+when it is back. One spawn per scenario and switch backend, checked by several tests."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+import torch.distributed as dist  # noqa: E402
+
+from inabench.harness import ROOT, SwitchProcess, free_port  # noqa: E402
+
+BACKENDS = ["python", "c"]
+# the C worker loop moves to protocol v3 with csrc/; until it lands the ranks run the Python loop
+RANK_ENV = {"INA_FAST": os.environ.get("INA_TEST_FAST", "0")}
+STEPS = 6
+KILL_AFTER = 2  # DDP steps through the switch before it is killed
+RETRY_EVERY = 3
+
+
+# ---------------------------------------------------------------- ranks (spawned)
+def _init(rank, port, address, env=None):
+    import faulthandler; faulthandler.dump_traceback_later(40)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      INA_SWITCH=address, **RANK_ENV, **(env or {}))
+    import hostlib  # noqa: F401 - registers "ina"
+
+    torch.set_num_threads(1)
+    dist.init_process_group("ina")
+    return dist.group.WORLD, dist.new_group(backend="gloo")
+
+
+def _float_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+
+
+def _integer_model():
+    """Integer weights, inputs and targets: every gradient and every sum is an integer, exact in float32 and
+    in fixed point, so the switch's run and gloo's can be compared bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 4, bias=False))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randint(-2, 3, p.shape, generator=g).float())
+    return m
+
+
+def _loss(model, integer, g):
+    if integer:
+        x = torch.randint(-3, 4, (5, 8), generator=g).float()
+        return (model(x) * torch.randint(-1, 2, (5, 4), generator=g).float()).sum()
+    return model(torch.randn(16, 20, generator=g)).pow(2).mean()
+
+
+def _params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _ddp_run(group, rank, integer, steps, between=None):
+    """DDP over `group`; between(step) runs before each step (the fallback test kills the switch there).
+    Returns the final parameters and the seconds each step took."""
+    model = _integer_model() if integer else _float_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=2.0 if integer else 0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    seconds = []
+    for step in range(steps):
+        if between is not None:
+            between(step)
+        t0 = time.perf_counter()
+        loss = _loss(ddp, integer, g)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seconds.append(time.perf_counter() - t0)
+    return _params(model), seconds
+
+
+def _fsdp_run(group, rank, steps=4):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    model = _float_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        loss = _loss(model, False, g)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+
+
+def _caught(fn):
+    """(exception class name, message) of fn(), or None if it returned."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return type(e).__name__, str(e)
+    return None
+
+
+def _collectives_rank(rank, port, address, queue):
+    """Every collective once, DDP and FSDP2 against gloo: the results go to the parent."""
+    try:
+        pg, gloo = _init(rank, port, address)
+        out = {"backend": dist.get_backend(), "group": type(pg).__name__}
+        r = rank
+        t = torch.arange(8, dtype=torch.float32) + r
+        dist.all_reduce(t)
+        out["sum"] = t.tolist()
+        t = torch.arange(8, dtype=torch.float32) + r
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        out["avg"] = t.tolist()
+        big = torch.arange(3000, dtype=torch.int32) * 300_001 + r  # beyond float32's 2^24: exact only as integers
+        dist.all_reduce(big)
+        out["int32"] = big.tolist()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+                t = torch.tensor([r + 2.0, 5.0 - r])
+                dist.all_reduce(t, op=op)
+                out[f"op {op}"] = t.tolist()
+            t = torch.tensor([2**40 + r])  # int64: gloo's
+            dist.all_reduce(t)
+            out["int64"] = t.tolist()
+        out["warnings"] = [str(w.message) for w in caught]
+        ts = [torch.ones(3) * (r + 1), torch.arange(5, dtype=torch.float32)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            dist.all_reduce_coalesced(ts)
+            out["coalesced"] = [x.tolist() for x in ts]
+            for name in ("reduce_scatter_tensor", "_reduce_scatter_base"):
+                shard = torch.empty(4)
+                getattr(dist, name)(shard, torch.arange(8, dtype=torch.float32) + 10 * r)
+                out[name] = shard.tolist()
+            shard = torch.empty(4)
+            dist.reduce_scatter_tensor(shard, torch.arange(8, dtype=torch.float32) + 10 * r, op=dist.ReduceOp.AVG)
+            out["reduce_scatter avg"] = shard.tolist()
+        shard = torch.empty(3)
+        dist.reduce_scatter(shard, [torch.full((3,), float(10 * r + k)) for k in range(2)])
+        out["reduce_scatter list"] = shard.tolist()
+        b = torch.full((3,), float(r))
+        dist.broadcast(b, src=1)
+        out["broadcast"] = b.tolist()
+        gathered = [torch.empty(2) for _ in range(2)]
+        dist.all_gather(gathered, torch.full((2,), float(r)))
+        out["all_gather"] = [x.tolist() for x in gathered]
+        flat = torch.empty(4)
+        dist.all_gather_into_tensor(flat, torch.full((2,), float(r + 1)))
+        out["all_gather_into_tensor"] = flat.tolist()
+        dist.barrier()
+        if r == 0:
+            dist.send(torch.tensor([42.0]), dst=1)
+        else:
+            got = torch.empty(1)
+            dist.recv(got, src=0)
+            out["recv"] = got.tolist()
+        a2a = torch.empty(2)
+        dist.all_to_all_single(a2a, torch.tensor([10.0 * r, 10.0 * r + 1]))
+        out["all_to_all_single"] = a2a.tolist()
+        lists = [torch.empty(1) for _ in range(2)]
+        dist.all_to_all(lists, [torch.tensor([float(10 * r + k)]) for k in range(2)])
+        out["all_to_all"] = [x.tolist() for x in lists]
+        works = [(k, torch.full((100,), float(k + r)), None) for k in range(8)]
+        works = [(k, x, dist.all_reduce(x, async_op=True)) for k, x, _ in works]
+        for _, _, w in reversed(works):  # waited in any order: each completes with its own sum
+            w.wait()
+        out["async"] = [x[0].item() - (2 * k + 1) for k, x, _ in works]
+        out["mismatch"] = _caught(lambda: dist.all_reduce(torch.ones(10 if r == 0 else 20)))
+        nan = torch.ones(10)
+        nan[3] = float("nan") if r == 0 else 1.0
+        out["nan"] = _caught(lambda: dist.all_reduce(nan))
+        t = torch.ones(6)
+        dist.all_reduce(t)
+        out["after errors"] = t.tolist()
+        sub = dist.new_group(backend="ina")
+        t = torch.ones(4)
+        dist.all_reduce(t, group=sub)
+        out["subgroup"] = (t.tolist(), sub.ina_stats()["switch_calls"])
+        ina_ddp, _ = _ddp_run(None, r, False, 4)
+        gloo_ddp, _ = _ddp_run(gloo, r, False, 4)
+        out["ddp"] = (ina_ddp, gloo_ddp, _params(_float_model()))
+        before = pg.ina_stats()["switch_calls"]
+        out["fsdp"] = (_fsdp_run(pg, r), _fsdp_run(gloo, r))
+        out["fsdp switch calls"] = pg.ina_stats()["switch_calls"] - before
+        out["stats"] = pg.ina_stats()
+        dist.destroy_process_group()
+        queue.put((rank, _portable(out)))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        queue.put((rank, traceback.format_exc()))
+
+
+def _portable(obj):
+    """Tensors as numpy arrays: a queue would pass a tensor as a file descriptor, gone once the rank exits."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_portable(v) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _portable(v) for k, v in obj.items()}
+    return obj
+
+
+def _fallback_rank(rank, port, address, step_done, killed, want_restart, restarted, queue):
+    """A fault at the end of a call on one rank only (the vote sends both to gloo), a re-join of the live
+    switch, then DDP on an integer model: KILL_AFTER steps through the switch, the switch SIGKILLed by the
+    parent, the rest through gloo; the same training on gloo alone; then the switch restarted on its port
+    and the group back on it after RETRY_EVERY calls."""
+    try:
+        pg, gloo = _init(rank, port, address, {"INA_RETRY_EVERY": str(RETRY_EVERY)})
+        out = {}
+        t = torch.ones(4)
+        dist.all_reduce(t)  # call 0: through the switch
+        if rank == 1:  # call 1: the switch's result arrives here, then the switch "dies"
+            from hostlib import errors
+
+            real = pg._switch_sum
+
+            def dies_at_the_end(x):
+                pg._switch_sum = real
+                real(x)
+                raise errors.SwitchUnreachable("injected: the switch died as the call ended", switch=pg.switch)
+
+            pg._switch_sum = dies_at_the_end
+        t = torch.arange(5, dtype=torch.float32) * (rank + 1)
+        dist.all_reduce(t)
+        out["end fault"] = (t.tolist(), dict(pg.ina_stats()))
+        for _ in range(RETRY_EVERY):  # calls 2, 3 on gloo; call 4 re-joins
+            dist.all_reduce(torch.ones(4))
+        out["rejoined live"] = dict(pg.ina_stats())
+
+        def between(step):
+            if step == KILL_AFTER:
+                dist.barrier(group=gloo)
+                if rank == 0:
+                    step_done.set()
+                assert killed.wait(30), "the parent did not kill the switch"
+
+        ina, seconds = _ddp_run(None, rank, True, STEPS, between)
+        out["kill"] = (ina, seconds, dict(pg.ina_stats()))
+        out["gloo"] = _ddp_run(gloo, rank, True, STEPS)[0]
+        dist.barrier(group=gloo)
+        if rank == 0:
+            want_restart.set()
+        assert restarted.wait(30), "the parent did not restart the switch"
+        before = pg.ina_stats()
+        sums = []
+        for k in range(2 * RETRY_EVERY):
+            t = torch.full((64,), float(k + rank))
+            dist.all_reduce(t)
+            sums.append(t[0].item() - (2 * k + 1))
+        out["restart"] = (before, dict(pg.ina_stats()), sums)
+        dist.destroy_process_group()
+        queue.put((rank, _portable(out)))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        queue.put((rank, traceback.format_exc()))
+
+
+# ---------------------------------------------------------------- the parent's side
+def _start(target, *args):
+    ctx = mp.get_context("spawn")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, port, *args, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    return procs, queue
+
+
+def _results(procs, queue, timeout=180) -> list[dict]:
+    """Each rank's dict, in rank order; the first rank's traceback fails the test."""
+    got, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(got) < 2 and time.monotonic() < deadline:
+            try:
+                rank, out = queue.get(timeout=1)
+            except Exception:  # noqa: BLE001 - queue.Empty: are the ranks alive?
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            if isinstance(out, str):
+                pytest.fail(f"rank {rank} failed:\n{out}")
+            got[rank] = out
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert len(got) == 2, f"{len(got)} of 2 ranks reported within {timeout} s"
+    return [got[0], got[1]]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def collectives(request):
+    sw = SwitchProcess("--workers", 2, backend=request.param)
+    try:
+        procs, queue = _start(_collectives_rank, sw.address)
+        return _results(procs, queue)
+    finally:
+        sw.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def fallback(request):
+    ctx = mp.get_context("spawn")
+    events = [ctx.Event() for _ in range(4)]
+    step_done, killed, want_restart, restarted = events
+    sw = SwitchProcess("--workers", 2, backend=request.param)
+    port = sw.address.rsplit(":", 1)[1]
+    try:
+        procs, queue = _start(_fallback_rank, sw.address, *events)
+        assert step_done.wait(120), "the ranks did not reach the kill"
+        os.kill(sw.proc.pid, signal.SIGKILL)
+        sw.proc.wait()
+        killed.set()
+        assert want_restart.wait(120), "the ranks did not finish training"
+        sw = SwitchProcess("--workers", 2, "--port", port, backend=request.param)
+        restarted.set()
+        results = _results(procs, queue)
+        return results, sw.stop_stats()
+    finally:
+        sw.stop()
+
+
+# ---------------------------------------------------------------- the collectives
+def test_backend_is_registered_by_hostlib_and_init_needs_only_the_environment(collectives):
+    for out in collectives:
+        assert out["backend"] == "ina" and out["group"] == "ProcessGroupINA"
+
+
+def test_all_reduce_sums_through_the_switch(collectives):
+    for r, out in enumerate(collectives):
+        assert out["sum"] == [2.0 * k + 1 for k in range(8)]
+        assert out["avg"] == [k + 0.5 for k in range(8)]
+        assert out["int32"] == [2 * (k * 300_001) + 1 for k in range(3000)]  # exact (int32 codec)
+        assert out["coalesced"] == [[3.0] * 3, [0.0, 2.0, 4.0, 6.0, 8.0]]
+        assert out["async"] == [0.0] * 8
+        assert out["stats"]["switch_calls"] > 10 and out["stats"]["gloo_calls"] == 0
+        assert out["stats"]["faults"] == 0 and out["stats"]["comm"]["packets_sent"] > 0
+
+
+def test_other_ops_and_dtypes_are_delegated_to_gloo_with_a_warning(collectives):
+    for r, out in enumerate(collectives):
+        assert out["op RedOpType.MIN"] == [2.0, 4.0] and out["op RedOpType.MAX"] == [3.0, 5.0]
+        assert out["op RedOpType.PRODUCT"] == [6.0, 20.0]
+        assert out["int64"] == [2**41 + 1]
+        assert any("MIN is not a sum: delegated to gloo" in w for w in out["warnings"])
+        assert any("torch.int64 tensors are summed by gloo" in w for w in out["warnings"])
+
+
+def test_reduce_scatter_gives_each_rank_its_shard_of_the_sum(collectives):
+    total = [2.0 * k + 10 for k in range(8)]
+    for r, out in enumerate(collectives):
+        shard = total[4 * r: 4 * r + 4]
+        assert out["reduce_scatter_tensor"] == shard and out["_reduce_scatter_base"] == shard
+        assert out["reduce_scatter avg"] == [v / 2 for v in shard]
+        assert out["reduce_scatter list"] == [10.0 + 2 * r] * 3
+
+
+def test_delegated_collectives(collectives):
+    for r, out in enumerate(collectives):
+        assert out["broadcast"] == [1.0] * 3
+        assert out["all_gather"] == [[0.0, 0.0], [1.0, 1.0]]
+        assert out["all_gather_into_tensor"] == [1.0, 1.0, 2.0, 2.0]
+        assert out["all_to_all_single"] == [float(r), 10.0 + r]
+        assert out["all_to_all"] == [[float(r)], [10.0 + r]]
+    assert collectives[1]["recv"] == [42.0]
+
+
+def test_collective_errors_raise_through_wait_and_the_next_call_is_exact(collectives):
+    for out in collectives:
+        assert out["mismatch"][0] == "CallMismatch" and "called allreduce with 20 elements" in out["mismatch"][1]
+        assert out["nan"][0] == "ValueError" and "NaN" in out["nan"][1]
+        assert out["after errors"] == [2.0] * 6
+        assert out["stats"]["gloo_calls"] == 0  # an error is not a fault: nothing fell back
+
+
+def test_a_subgroup_runs_on_gloo(collectives):
+    for out in collectives:
+        assert out["subgroup"] == ([2.0] * 4, 0)
+
+
+def _tracks(got, want, start, tolerance=1e-5):
+    """got is want within the fixed codec's rounding: a small part of how far training moved the parameters
+    (fixed point rounds each value to 2^-31 of its block's largest)."""
+    moved = float(np.linalg.norm(want - start))
+    return moved > 0.01 and float(np.linalg.norm(got - want)) <= tolerance * moved
+
+
+def test_ddp_trains_to_the_parameters_gloo_gives(collectives):
+    for out in collectives:
+        ina, gloo, start = out["ddp"]
+        assert _tracks(ina, gloo, start)
+    assert np.array_equal(collectives[0]["ddp"][0], collectives[1]["ddp"][0])
+
+
+def test_fsdp2_trains_to_the_parameters_gloo_gives(collectives):
+    start = collectives[0]["ddp"][2]
+    for out in collectives:
+        ina, gloo = out["fsdp"]
+        assert out["fsdp switch calls"] >= 4  # the reduce-scatters went through the switch
+        assert _tracks(ina, gloo, start)
+        assert _tracks(ina, out["ddp"][1], start)  # and FSDP2 trains as DDP does
+    assert np.array_equal(collectives[0]["fsdp"][0], collectives[1]["fsdp"][0])
+
+
+# ---------------------------------------------------------------- the switch dies, and comes back
+def test_a_fault_on_one_rank_at_the_end_of_a_call_sends_every_rank_to_gloo(fallback):
+    (outs, _) = fallback
+    for r, out in enumerate(outs):
+        result, stats = out["end fault"]
+        assert result == [3.0 * k for k in range(5)]
+        assert stats["faults"] == 1 and stats["gloo_calls"] == 1 and not stats["connected"]
+        assert out["rejoined live"]["rejoins"] == 1 and out["rejoined live"]["connected"]
+        assert out["rejoined live"]["gloo_calls"] == RETRY_EVERY  # the call that failed, then RETRY_EVERY - 1
+
+
+def test_training_goes_on_through_gloo_when_the_switch_is_killed(fallback):
+    (outs, _) = fallback
+    for out in outs:
+        ina, seconds, stats = out["kill"]
+        assert np.array_equal(ina, out["gloo"])  # integer gradients: exact through the switch and gloo alike
+        assert sum(seconds[KILL_AFTER:]) < 10, seconds
+        assert stats["faults"] == 2 and stats["gloo_calls"] > RETRY_EVERY
+    assert np.array_equal(outs[0]["kill"][0], outs[1]["kill"][0])
+
+
+def test_the_group_rejoins_a_restarted_switch_after_the_retry_interval(fallback):
+    (outs, switch_stats) = fallback
+    for out in outs:
+        before, after, sums = out["restart"]
+        assert sums == [0.0] * len(sums)
+        assert after["rejoins"] == before["rejoins"] + 1 and after["connected"]
+        assert after["switch_calls"] > before["switch_calls"]
+    assert switch_stats.get("packets_in", 0) > 0  # the restarted switch summed the later calls
+
+
+# ---------------------------------------------------------------- in one process
+def test_call_vote_agrees_and_keeps_the_store_small():
+    """The vote on one store from two threads: any fault sends both to gloo, any error raises on both; the
+    last voter of each call deletes the previous call's keys."""
+    import threading
+
+    from hostlib.integrations.torch_backend import CallVote
+
+    store = dist.HashStore()
+    votes = [CallVote(store, 2), CallVote(store, 2)]
+    cases = [("ok", "ok", "ok"), ("ok", "fault", "fault"), ("fault", "fault", "fault"), ("ok", "error", "error"),
+             ("ok", "ok", "ok")]
+    for n, (a, b, want) in enumerate(cases):
+        got = [None, None]
+        threads = [threading.Thread(target=lambda i, o: got.__setitem__(i, votes[i](f"call/{n}", o)), args=(i, o))
+                   for i, o in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert got == [want, want], (n, a, b)
+        assert store.num_keys() <= 2  # this call's counter and verdict only
+
+
+def test_importing_hostlib_does_not_import_torch_and_registers_after_torch():
+    code = ("import sys, hostlib; assert 'torch' not in sys.modules; "
+            "import torch.distributed as dist; print('INA' in dist.Backend._plugins)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "True", run.stderr[-2000:]
+
+
+def test_torch_autoload_entry_point_registers_without_importing_hostlib(tmp_path):
+    """pyproject's "torch.backends" entry point, as an installed package's metadata gives it to torch."""
+    text = open(os.path.join(ROOT, "pyproject.toml")).read()
+    m = re.search(r'\[project\.entry-points\."torch\.backends"\]\s*\n(\w+)\s*=\s*"([^"]+)"', text)
+    assert m, "no torch.backends entry point in pyproject.toml"
+    info = tmp_path / "ina_autoload_check-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ina-autoload-check\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[torch.backends]\n{m.group(1)} = {m.group(2)}\n")
+    code = "import torch.distributed as dist; print('INA' in dist.Backend._plugins)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "True", run.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda.is_available() "
+                                                          "is False); the backend's CUDA path runs on a GPU machine")
+def test_cuda_tensors_go_through_host_memory(tmp_path):
+    """One rank, CUDA tensors: all_reduce through the switch and back into the GPU tensor."""
+    sw = SwitchProcess("--workers", 1, backend="python")
+    os.environ.update(INA_SWITCH=sw.address, **RANK_ENV)
+    import hostlib  # noqa: F401
+
+    dist.init_process_group("ina", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        t = torch.arange(1000, dtype=torch.float32, device="cuda")
+        dist.all_reduce(t)
+        i = torch.arange(1000, dtype=torch.int32, device="cuda")
+        dist.all_reduce(i)
+        assert t.is_cuda and torch.allclose(t.cpu(), torch.arange(1000, dtype=torch.float32))
+        assert torch.equal(i.cpu(), torch.arange(1000, dtype=torch.int32))
+        assert dist.group.WORLD.ina_stats()["switch_calls"] == 2
+    finally:
+        dist.destroy_process_group()
+        sw.stop()
