@@ -151,7 +151,8 @@ def test_byte_layout_matches_docs():
 
 def test_message_types_match_docs():
     """docs/protocol.md's message-type table has a row for every message type of wire.py, by its name."""
-    rows = dict(re.findall(r"^\|\s*(\d+)\s*\|\s*(\w+)\s*\|", DOC.read_text(), re.M))
+    table = DOC.read_text().split("<!-- BEGIN GENERATED: messages -->")[1].split("<!-- END")[0]
+    rows = dict(re.findall(r"^\|\s*(\d+)\s*\|\s*(\w+)\s*\|", table, re.M))
     for code, name in wire.MSG_NAMES.items():
         assert rows.get(str(code)) == name, (code, name)
 
@@ -240,7 +241,7 @@ def test_scapy_layer_dissects_and_builds_errors_aborts_heartbeats():
 
 
 def test_block_extension_layout_matches_docs():
-    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*`ext\.(\w+)`", DOC.read_text(), re.M)
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*u32\s*\|\s*`ext\.(\w+)`", DOC.read_text(), re.M)
     h = wire.HEADER_SIZE
     assert {name: (int(off), int(size)) for off, size, name in rows} == {"block": (h, 4), "next_block": (h + 4, 4)}
     data = wire.pack_sparse(wire.MSG_SPARSE_RESULT, count=1, block=0x01020304, next_block=0x05060708,

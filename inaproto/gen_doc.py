@@ -1,0 +1,284 @@
+"""Generates the tables of docs/protocol.md from inaproto/wire.py (and the control plane's and the worker's
+constants), and a worked example of real packets from the reference switch, so the spec cannot drift from
+the code. The prose stays hand-written; each generated part sits between markers:
+
+    <!-- BEGIN GENERATED: header -->  ...  <!-- END GENERATED: header -->
+
+    python -m inaproto.gen_doc           # rewrite the generated parts of docs/protocol.md
+    python -m inaproto.gen_doc --check   # exit 1 if any is out of date (tests/test_protocol_doc.py does the same)
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+import sys
+
+from . import auth, wire
+from .gen_c import update
+
+PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "protocol.md")
+DOC_NAMES = {"pool": "pool_index"}  # the header field as the doc names it
+
+FIELD_MEANING = {
+    "version": f"{wire.VERSION}; a packet of another version is `malformed`",
+    "msg_type": "see message types",
+    "codec": "wire codec of the elements: " + ", ".join(f"{c} {n}" for c, n in sorted(wire.CODEC_NAMES.items()))
+             + " (0 in control messages)",
+    "flags": f"bit 0 OVERFLOW ({wire.FLAG_OVERFLOW:#04x}): the aggregate does not fit the codec's range; bit 1 "
+             f"PER_SLOT ({wire.FLAG_PER_SLOT:#04x}, stats_req): add each job's per-slot counters; bit 2 REPLY "
+             f"({wire.FLAG_REPLY:#04x}, error): it answers the data packet whose `packet_id` and `pool_index` it "
+             f"echoes; other bits 0",
+    "job": "job id; jobs are isolated (own slots, bitmaps, counters)",
+    "rank": f"worker rank (0..{wire.MAX_WORKERS - 1}); in a result or error: the rank the copy is addressed to",
+    "exp_cur": "signed: the agreed exponent the payload was encoded with (0 for int32)",
+    "packet_id": "the slot's use number since the join plus the generation's first packet id, mod 2^32 "
+                 "(set = its parity); echoed in results",
+    "pool": "bit 15 = set (shadow copy), bit 14 reserved (must be 0), bits 13..0 = slot",
+    "count": "number of elements in the payload (0 in control messages)",
+    "exp_next": f"signed: worker's exponent for a later block; in a result, the max over workers; "
+                f"{wire.EXP_NONE} when none",
+    "call_kind": "the call's worker codec (" + ", ".join(f"{k} {n}" for k, n in sorted(wire.CALL_KIND_NAMES.items()))
+                 + f"), \\| {wire.CALL_SPARSE:#04x} for a block-sparse call; 0 in control messages",
+    "call": "the communicator's call number since its join, mod 2^16",
+    "session": "the job generation's session value (from `join_ack`); 0 in join, stats and join errors",
+    "call_len": f"the call's length in elements (at most {wire.MAX_CALL_LEN})",
+    "boot": "the switch's random nonzero boot id, in everything the switch sends; workers echo the one of their "
+            "`join_ack` (not checked)",
+}
+
+MESSAGES = {  # direction, payload
+    "update": ("worker → switch", "`count` elements"),
+    "result": ("switch → worker", "`count` elements (the aggregate)"),
+    "join": ("worker → switch", "join payload below, zero padding to JOIN_SIZE bytes in all"),
+    "join_ack": ("switch → worker", "join_ack payload below; `session` and `boot` in the header"),
+    "join_wait": ("switch → worker", "u64 bitmap of the ranks whose join counts so far"),
+    "error": ("switch → worker", "error payload below; an empty payload (header only, `count` 0) is "
+                                 "not_member"),
+    "stats_req": ("control host → switch", "empty (flag PER_SLOT: per-slot counters in the reply, left out "
+                                            f"past {wire.MAX_STATS_REPLY} bytes)"),
+    "stats": ("switch → control host", "JSON counters"),
+    "sparse_update": ("worker → switch", "block extension, then `count` elements"),
+    "sparse_result": ("switch → worker", "block extension, then `count` elements (the aggregated block)"),
+    "leave": ("worker → switch", "empty; `session` of the generation it leaves (0: withdraw a pending join)"),
+    "abort": ("worker → switch", f"UTF-8 reason, at most {wire.MAX_ABORT_TEXT} bytes; the header names the call "
+                                 "(`call`, `call_kind`, `call_len`) that failed on this rank"),
+    "heartbeat": ("worker → switch", "empty: the member is alive (in calls and between them)"),
+}
+
+ERRORS = {
+    "not_member": ("a data packet whose job has no generation, or another session (header only, REPLY)", "—"),
+    "rejected": ("a join refused: unknown job, world size, rank range, window 0, bad MAC", "—"),
+    "rank_taken": ("a join for a rank another live address holds, job without a key", "the rank"),
+    "call_mismatch": ("the ranks' packets of one round have different call identities", "the later packet's rank"),
+    "aborted": ("a member's `abort`", "the aborting rank"),
+    "peer_dead": ("a member silent for PEER_SILENT s, or one that left while others remain", "that rank"),
+}
+
+DROPS = {
+    "malformed": "not a packet of this version (header, type, codec, length, reserved bit), or a message a "
+                 "switch never receives",
+    "unknown_job": "a job the switch does not serve",
+    "unknown_worker": "a rank out of range, or a job with no admitted generation (answered: not_member)",
+    "spoofed": "a rank's packet from another address than it joined from",
+    "wrong_session": "another generation's session (answered: not_member)",
+    "bad_slot": "a slot beyond the job's pool, or more elements than a slot holds",
+    "stale": "an older packet id than the slot's round",
+    "ahead": "a newer packet id than the slot's round may have",
+    "mismatch": "codec, count or exp_cur (or block) different from the round's",
+    "duplicate": "a repeat into an incomplete round",
+    "bad_codes": "an NC code outside the block's range, or 0x80",
+    "bad_mac": "a keyed job's join with a wrong MAC",
+    "rate_limited": "control requests or error replies over their rate",
+    "not_control": "a stats request from a host that is not a control host",
+    "fragment": "an IP fragment (DPDK loop)",
+    "call_mismatch": "a round's packets of different calls: the generation fails",
+    "failed": "a packet of a failed generation (answered with its error)",
+    "oversized": "a control request larger than the control plane takes (C loops)",
+    "punt_overflow": "the queue to the control plane is full (C loops)",
+}
+
+STRUCT_TYPES = {"B": "u8", "H": "u16", "I": "u32", "Q": "u64", "b": "i8"}
+
+
+def _constants():
+    from hostlib import worker  # the worker's timers are part of the protocol a client must follow
+    from switchsim import control
+
+    w = wire
+    rows = [("VERSION", w.VERSION, "header byte 0"), ("DEFAULT_PORT", w.DEFAULT_PORT, "the switch's UDP port"),
+            ("HEADER_SIZE", w.HEADER_SIZE, "bytes"), ("JOIN_SIZE", w.JOIN_SIZE, "a join's size, padding included"),
+            ("MAX_ERROR_TEXT", w.MAX_ERROR_TEXT, "bytes of an error's text"),
+            ("MAX_ABORT_TEXT", w.MAX_ABORT_TEXT, "bytes of an abort's reason"),
+            ("MAX_WORKERS", w.MAX_WORKERS, "ranks per job"), ("MAX_ELEMENTS", w.MAX_ELEMENTS, "elements per packet"),
+            ("MAX_SLOTS", w.MAX_SLOTS, "slots per job"), ("MAX_CALL_LEN", w.MAX_CALL_LEN, "elements per call"),
+            ("EXP_NONE", w.EXP_NONE, "exponent byte: no data"), ("EXP_NONFINITE", w.EXP_NONFINITE,
+                                                                   "exponent byte: NaN/Inf seen"),
+            ("BLOCK_NONE", f"{w.BLOCK_NONE:#x}", "no block"), ("NO_RANK", f"{w.NO_RANK:#x}", "an error naming no rank"),
+            ("NC_BIAS", w.NC_BIAS, "NC code m is 2^(m − NC_BIAS)"), ("NC_SPAN", w.NC_SPAN, "NC levels in a block")]
+    timers = [("JOIN_EXPIRY", control.JOIN_EXPIRY, "switch: a pending join not repeated this long expires"),
+              ("MEMBER_IDLE", control.MEMBER_IDLE, "switch: a silent member's rank may be taken (keyless)"),
+              ("PEER_SILENT", control.PEER_SILENT, "switch: a member silent this long is dead"),
+              ("CLAIM_ACTIVE", control.CLAIM_ACTIVE, "switch: a contested pending join repeated this long after is live"),
+              ("TAKEN_AFTER", control.TAKEN_AFTER, "switch: a contested live generation heard this long is running"),
+              ("join repeat", 0.1, "worker: a join is sent every 100 ms until acked, and at once after a join_wait"),
+              ("HEARTBEAT_EVERY", worker.HEARTBEAT_EVERY, "worker: a heartbeat at least this often"),
+              ("REFUSED_AFTER", worker.REFUSED_AFTER, "worker: connection refused this long, nothing heard: unreachable"),
+              ("ABORT_WAIT", worker.ABORT_WAIT, "worker: an abort is repeated every 100 ms this long at most"),
+              ("rto", 0.03, "worker: retransmission timeout floor (follows the RTT: RFC 6298 over the smallest of "
+                            "16 samples), doubling per retry"),
+              ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
+    out = ["| constant | value | meaning |", "|---|---|---|"]
+    out += [f"| `{n}` | {v} | {m} |" for n, v, m in rows]
+    out += [f"| `{n}` | {v:g} s | {m} |" for n, v, m in timers]
+    return out
+
+
+def _header():
+    out = ["| offset | size | field | meaning |", "|---|---|---|---|"]
+    for name, code in wire.HEADER_FIELDS:
+        out.append(f"| {wire.OFFSETS[name]} | {struct.calcsize('>' + code)} | `{DOC_NAMES.get(name, name)}` | "
+                   f"{FIELD_MEANING[name]} |")
+    return out
+
+
+def _messages():
+    out = ["| value | name | direction | payload |", "|---|---|---|---|"]
+    for code, name in sorted(wire.MSG_NAMES.items()):
+        direction, payload = MESSAGES[name]
+        out.append(f"| {code} | {name} | {direction} | {payload} |")
+    return out
+
+
+def _struct_rows(fmt: str, names: list[str], base: int) -> list[str]:
+    rows, off = [], base
+    for code, name in zip(re.findall(r"\d*[a-zA-Z]", fmt.lstrip(">")), names):
+        size = struct.calcsize(">" + code)
+        if name:
+            kind = STRUCT_TYPES.get(code, f"{size} bytes")
+            rows.append(f"| {off} | {size} | {kind} | {name} |")
+        off += size
+    return rows
+
+
+def _payloads():
+    h = wire.HEADER_SIZE
+    out = ["| offset | size | type | field |", "|---|---|---|---|", "| | | | **join** |"]
+    out += _struct_rows(wire.JOIN_PAYLOAD.format, ["nonce (random per join attempt)", "world size",
+                                                    "window the worker asks for (1..65535)",
+                                                    "MAC (zeros for a job without a key)"], h)
+    out += [f"| {h + wire.JOIN_PAYLOAD.size} | {wire.JOIN_SIZE - h - wire.JOIN_PAYLOAD.size} | zeros | padding "
+            f"to {wire.JOIN_SIZE} bytes |", "| | | | **join_ack** |"]
+    out += _struct_rows(wire.JOIN_ACK_PAYLOAD.format, ["generation", "slots of the job", "max elements per packet",
+                                                        "agreed window (the smallest asked, at most the slots)", "",
+                                                        "first packet id of every slot in this generation (even)"], h)
+    out += ["| | | | **join_wait** |"] + _struct_rows(wire.JOIN_WAIT_PAYLOAD.format, ["bitmap of joined ranks"], h)
+    out += ["| | | | **error** |"] + _struct_rows(wire.ERROR_PAYLOAD.format, ["code (error codes below)",
+                                                                            "the rank it names (0xFF: none)"], h)
+    out += [f"| {h + wire.ERROR_PAYLOAD.size} | ≤ {wire.MAX_ERROR_TEXT} | UTF-8 | text |",
+            "| | | | **sparse_update / sparse_result** (block extension, then the elements) |"]
+    out += [f"| {h} | 4 | u32 | `ext.block`: the block the elements belong to (result: the aggregated block) |",
+            f"| {h + 4} | 4 | u32 | `ext.next_block`: the sender's next non-zero block (result: the smallest over "
+            f"workers) |"]
+    return out
+
+
+def _errors():
+    out = ["| code | name | sent when | rank named |", "|---|---|---|---|"]
+    for code, name in sorted(wire.ERROR_NAMES.items()):
+        when, rank = ERRORS[name]
+        out.append(f"| {code} | {name} | {when} | {rank} |")
+    return out
+
+
+def _drops():
+    return [f"- `{r}`: {DROPS[r]}" for r in wire.DROP_REASONS]
+
+
+EXAMPLE_KEY = b"0123456789abcdef"
+
+
+def _mac_vector():
+    mac = auth.join_mac(EXAMPLE_KEY, 1, 0, 0x1122334455667788, 2, 8)
+    return [f"MAC test vector: key `{EXAMPLE_KEY.decode()}`, job 1, rank 0, nonce 0x1122334455667788, world 2, "
+            f"window 8 → `{mac.hex()}`."]
+
+
+def example_switch():
+    """The reference switch of the worked example: deterministic secret, boot id and seed."""
+    from switchsim.model import Switch
+
+    return Switch({1: 2}, slots=4, max_elements=64, secret=0x5EC2E7, boot=0xB0075EED)
+
+
+def example_packets() -> list[tuple[str, str, bytes]]:
+    """The example's requests: (who sends, what, datagram): two joins each (a join counts once repeated), one
+    update of 4 int32 elements from each rank."""
+    nonces = {0: 0x1111111111111111, 1: 0x2222222222222222}
+    joins = [(f"rank {r}", f"join (nonce {nonces[r]:#x}, world 2, window 2)", wire.pack_join(1, r, nonces[r], 2, 2))
+             for r in (0, 1) for _ in range(2)]
+    sw = example_switch()
+    session = first = boot = None
+    for who, _, data in joins:
+        for out, _ in sw.process(data, who):
+            h = wire.unpack(out)
+            if h.msg_type == wire.MSG_JOIN_ACK:
+                session, boot = h.session, h.boot
+                first = wire.JOIN_ACK_PAYLOAD.unpack_from(out, wire.HEADER_SIZE)[-1]
+    import numpy as np
+
+    updates = []
+    for r, values in ((0, [1, 2, 3, 4]), (1, [10, 20, 30, -40])):
+        payload = np.array(values, ">i4").tobytes()
+        updates.append((f"rank {r}", f"update of call 0 (int32, 4 elements {values}) on slot 0",
+                        wire.pack(wire.MSG_UPDATE, 1, r, first, 0, first & 1, 4, wire.CODEC_INT32, 0, wire.EXP_NONE,
+                                  0, payload, session, wire.call_kind("int32"), 0, 4, boot)))
+    return joins + updates
+
+
+def _hex(data: bytes) -> str:
+    return "\n".join(data[i:i + 16].hex(" ") for i in range(0, len(data), 16))
+
+
+def _example():
+    """Replays example_packets() into a fresh reference switch; every request and every answer, as hex."""
+    sw = example_switch()
+    out = []
+    for who, what, data in example_packets():
+        shown = data if len(data) <= 64 else data[:64]
+        out += [f"**{who} → switch**: {what}, {len(data)} bytes" + (" (the first 64 shown; the rest zeros)"
+                                                                   if len(data) > 64 else ""), "```", _hex(shown), "```"]
+        for reply, dst in sw.process(data, who):
+            h = wire.unpack(reply)
+            out += [f"**switch → {dst}**: {wire.MSG_NAMES[h.msg_type]}, {len(reply)} bytes", "```", _hex(reply), "```"]
+    return out
+
+
+SECTIONS = {"header": _header, "messages": _messages, "payloads": _payloads, "errors": _errors,
+            "drops": _drops, "constants": _constants, "mac": _mac_vector, "example": _example}
+
+
+def render(text: str) -> str:
+    """The doc with every generated part rewritten.
+
+    Raises:
+        ValueError: a section's markers are missing.
+    """
+    for name, make in SECTIONS.items():
+        begin, end = f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"docs/protocol.md has no '{begin}' ... '{end}' markers")
+        text = pattern.sub(lambda _: "\n".join([begin, *make(), end]), text)
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with open(PATH) as f:
+        current = f.read()
+    return update(PATH, render(current), "--check" in argv, "inaproto.gen_doc")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
