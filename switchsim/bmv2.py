@@ -177,10 +177,11 @@ class BMv2Server:
             self.sw = p4rt.Switch(grpc_addr)
             self.sw.set_pipeline(self.p4info, json_path)
             self._configure()
+            # here too: it writes the boot id into the switch (set_boot), and BMv2 must not outlive a failure
+            self.control = ControlPlane(self, config, stats=self.stats, in_flight=IN_FLIGHT)
         except BaseException:
             self.close()
             raise
-        self.control = ControlPlane(self, config, stats=self.stats, in_flight=IN_FLIGHT)
         self.jobs = self.control.jobs
 
     # ------------------------------------------------------------------ configuration
