@@ -293,7 +293,8 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
     }
     struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
     uint32_t ulen = rte_be_to_cpu_16(udp->dgram_len);
-    if (udp->dst_port != d->udp_port || ulen < sizeof *udp || sizeof *eth + sizeof *ip + ulen > rte_pktmbuf_pkt_len(m)) {
+    if (udp->dst_port != d->udp_port || ulen < sizeof *udp ||
+        sizeof *eth + sizeof *ip + ulen > rte_pktmbuf_pkt_len(m)) {
         d->c.not_ina++;
         rte_pktmbuf_free(m);
         return;

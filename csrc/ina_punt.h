@@ -1,8 +1,9 @@
 /* The queue of control requests (join, leave, abort, heartbeat, stats) a C loop hands up to the control
  * plane (switchsim/control.py), behind a token bucket on the monotonic clock: a flood of them is dropped
  * here, in C, at the cost of any small datagram. Every request it drops is counted in the core's drops
- * (rate_limited, oversized, punt_overflow), so the switch's packets_in stays the sum of its outcomes. INA_CONTROL_RATE/BURST equal control.py's CONTROL_RATE
- * (tests/test_native.py checks). Header-only, shared by the UDP and DPDK loops. */
+ * (rate_limited, oversized, punt_overflow), so the switch's packets_in stays the sum of its outcomes.
+ * INA_CONTROL_RATE/BURST equal control.py's CONTROL_RATE (tests/test_native.py checks). Header-only,
+ * shared by the UDP, shared-memory and DPDK loops. */
 #ifndef INA_PUNT_H
 #define INA_PUNT_H
 #include <stdint.h>

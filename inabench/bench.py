@@ -432,6 +432,70 @@ def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
     dist.destroy_process_group()
 
 
+def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_iters, out):
+    """One rank of the "ina" process group (hostlib.integrations.torch_backend), timed as gloo's rows are:
+    per count, warm-up then timed in-place dist.all_reduce, then one on a fresh copy for the check. Also
+    reports the group's store votes (seconds per call), the agreement every call through the switch costs."""
+    import torch
+    import torch.distributed as dist
+
+    import hostlib  # noqa: F401 - registers "ina"
+
+    from .demo import make_input
+
+    torch.set_num_threads(1)
+    os.environ["INA_SWITCH"] = address
+    dtype = "int32" if codec == "int32" else "float32"
+    options = {"elements_per_packet": elements, "timeout": 60}
+    if codec != "int32":
+        options["codec"] = codec
+    dist.init_process_group("ina", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
+                            pg_options=options)
+    pg = dist.group.WORLD
+    times, wrong = [], []
+    for count in counts:
+        x = make_input(dtype, count, rank)
+        t = torch.from_numpy(x.copy())
+        warm, iters = _iterations(4 * count, n_iters)
+        for _ in range(warm):
+            dist.all_reduce(t)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        times.append((time.perf_counter() - t0) / iters)
+        t = torch.from_numpy(x.copy())
+        dist.all_reduce(t)
+        wrong.append(count_wrong(codec, [make_input(dtype, count, r) for r in range(n)], t.numpy(), elements)
+                     if rank == 0 else None)
+    stats = pg.ina_stats()
+    fell_back = stats["gloo_calls"]
+    out.put((rank, times, wrong, stats["vote_seconds"] / max(1, stats["votes"]), fell_back))
+    dist.destroy_process_group()
+
+
+def _torch_ina_config(backend, codec, workers, payload, sizes, iters=None) -> list[dict]:
+    """The "ina" torch.distributed backend over every size, on its own switch: what a training job sees
+    (dist.all_reduce in place, the worker thread, the store vote per call) next to hostlib's own rows."""
+    elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
+    config = {"config": f"torch ina {backend}/{codec} x{workers} {payload} B", "backend": f"torch ina {backend}",
+              "codec": codec, "workers": workers, "payload B": payload}
+    sw = None
+    try:
+        sw = SwitchProcess("--workers", workers, "--elements-per-packet", max(elements, 1024), backend=backend)
+        reports = run_ranks(_torch_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes],
+                                                             iters), expect=workers)
+    except RuntimeError as e:
+        return [{**config, "size": s, "error": " ".join(str(e).split())[:200]} for s in sizes]
+    finally:
+        if sw is not None:
+            sw.stop()
+    config["vote us"] = float(np.mean([r[3] for r in reports])) * 1e6
+    config["gloo calls"] = max(r[4] for r in reports)  # > 0: some calls fell back (a switch fault)
+    return _rows(config, sizes, [r[:3] for r in reports], workers, "int32" if codec == "int32" else "float",
+                 in_place=True)
+
+
 def copyto_seconds(size: int) -> float:
     """Seconds of np.copyto of a size-byte float32 buffer (best of 3 batches): the memory-bound reference."""
     src = np.ones(size // 4, np.float32)
@@ -475,10 +539,11 @@ def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None
 
 
 def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None,
-                    windows=(None,), iters=None) -> list[dict]:
+                    windows=(None,), iters=None, torch_ina=True) -> list[dict]:
     """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload x
     window, and gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
-    "x gloo" is the time over gloo's at the same size and worker count."""
+    With torch_ina, the "ina" torch.distributed backend per backend x codec x workers x payload too ("torch
+    ina", in place as gloo). "x gloo" is the time over gloo's at the same size and worker count."""
     rows = [{"config": "np.copyto", "backend": "memory", "codec": "float32", "workers": 1, "size": s,
              "count": s // 4, "type": "float", "time": t * 1e6, "algbw": s / t / 1e9}
             for s, t in ((s, copyto_seconds(s)) for s in sizes)]
@@ -491,6 +556,12 @@ def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), glo
             reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes], iters), expect=workers)
             rows += _rows(config, sizes, reports, workers, "float", in_place=True)
             base = {r["size"]: r["time"] for r in rows[-len(sizes):]}
+        for backend, codec, payload in itertools.product(backends, codecs, payloads) if torch_ina else ():
+            if progress:
+                progress(f"torch ina {backend}/{codec} x{workers} {payload} B/packet")
+            for r in _torch_ina_config(backend, codec, workers, payload, sizes, iters):
+                r["x gloo"] = r["time"] / base[r["size"]] if "time" in r and base else None
+                rows.append(r)
         for backend, codec, payload, window in itertools.product(backends, codecs, payloads, windows or (None,)):
             if progress:
                 progress(f"{backend}/{codec} x{workers} {payload} B/packet" + (f", window {window}" if window else ""))
@@ -517,12 +588,16 @@ def nccl_table(rows: list[dict]) -> str:
             f"{'(GB/s)':>7}  {'':>6}")
     lines = ["# busbw = algbw * 2(n-1)/n (nccl-tests' allreduce); #wrong: elements outside the codec's bound",
              "# INA: out of place into a preallocated buffer (allreduce(x, out=y), nccl-tests' recvbuff); "
-             "gloo: in place (all_reduce(t))"]
+             "gloo and torch ina (init_process_group(\"ina\")): in place (all_reduce(t))"]
     for config in dict.fromkeys(r["config"] for r in rows):
         block = [r for r in rows if r["config"] == config]
         note = ("memory bound: np.copyto of the same buffer, one core (algbw = size / copy time)"
                 if block[0]["backend"] == "memory" else
                 f"{config}: {'in place' if block[0].get('in place') else 'out of place'}")
+        if block[0].get("vote us") is not None:
+            note += f"; store vote {block[0]['vote us']:.0f} us per call"
+            if block[0].get("gloo calls"):
+                note += f"; {block[0]['gloo calls']} calls fell back to gloo"
         lines += ["", f"# {note}", head, *map(_fmt_size_row, block)]
     return "\n".join(line.rstrip() for line in lines)
 

@@ -163,7 +163,7 @@ class ControlPlane:
         m = job.members.get(h.rank)
         if m is not None and m.nonce == nonce and m.address == src and not m.left:
             return out + [(self._join_ack(job, h.rank), src)]  # its ack was lost: send it again
-        if job.key is None and m is not None and m.address != src and not job.failed and self._live(job, h.rank, m, now):
+        if job.key is None and m is not None and m.address != src and not self._failed(job) and self._live(job, h.rank, m, now):
             return out + self._contested(job, h, src, m, now)  # in use: no takeover by another address
         job.pending = {r: p for r, p in job.pending.items() if now - p.at <= self.join_expiry}
         p = job.pending.get(h.rank)
@@ -253,6 +253,11 @@ class ControlPlane:
             return None, "wrong_session"
         return job, m
 
+    def _failed(self, job) -> bool:
+        """Whether the generation failed, here or in the data plane (a call mismatch is the data plane's)."""
+        job.failed = job.failed or (job.generation > 0 and self.dataplane.failed(job.job_id))
+        return job.failed
+
     def fail(self, job, code: int, rank: int, text: str):
         """Fail the job's generation in the data plane (every member is told, now and on every later data
         packet) and free its ranks for the next join."""
@@ -264,7 +269,7 @@ class ControlPlane:
         is dead: fail the generation naming it. Run on every heartbeat and join of the job, so it happens
         while some member is alive to be told."""
         job = self.jobs[job_id]
-        if not job.generation or job.failed:
+        if not job.generation or self._failed(job):
             return []
         now = self.clock()
         for r, m in job.members.items():
@@ -288,7 +293,7 @@ class ControlPlane:
             return self._drop(m)
         reason = bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + wire.MAX_ABORT_TEXT]).decode(errors="replace")
         text = f"job {h.job}: rank {h.rank} aborted call {h.call}: {reason}"
-        if job.failed:
+        if self._failed(job):
             return self.dataplane.fail(job.job_id, wire.ERR_ABORTED, h.rank, text)  # repeats the first error
         return self.fail(job, wire.ERR_ABORTED, h.rank, text)
 
@@ -302,7 +307,7 @@ class ControlPlane:
         if job is None:
             return self._drop(m)
         m.left = True
-        if job.failed or all(x.left for x in job.members.values()):
+        if self._failed(job) or all(x.left for x in job.members.values()):
             return []
         # the others may still call: they fail by name at once (a call that completed still resends)
         return self.fail(job, wire.ERR_PEER_DEAD, h.rank, f"job {h.job}: rank {h.rank} left the job (closed its "

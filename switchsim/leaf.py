@@ -42,6 +42,7 @@ class Uplink(Communicator):
     def __init__(self, sock: socket.socket, root: tuple[str, int], rank: int, leaves: int, job: int,
                  window: int, timeout: float, key: bytes | None = None):
         self.sock, self.address = sock, root
+        self.switch = f"{root[0]}:{root[1]}"  # how the worker's errors name the switch (the root)
         self.rank, self.world_size, self.job, self.key = rank, leaves, job, key
         self.stats = CommStats()
         self._buf = bytearray(65536)

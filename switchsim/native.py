@@ -236,8 +236,8 @@ def impairment_stats(c) -> dict:
 
 class _CLoopServer:
     """What the C loops' servers share: serve_forever (the loop in C, control requests up to the control
-    plane and every packet it answers with back through the loop), start_thread and stop. A subclass names its loop's calls
-    in _ops: run, punt, punt_clear, send and stop, each taking the loop first."""
+    plane and every packet it answers with back through the loop), start_thread and stop. A subclass names
+    its loop's calls in _ops: run, punt, punt_clear, send and stop, each taking the loop first."""
 
     _ops: tuple[str, ...]
     thread_name = "switchsim-c"

@@ -55,7 +55,8 @@ def check_error(port_data, rank, boot, session, error, answered=None):
     (packet_id, slot, set)) it echoes that packet with FLAG_REPLY, else packet id and pool are 0."""
     port, d = port_data
     h = wire.unpack(d)
-    assert (port, h.msg_type, h.job, h.rank, h.session, h.boot, h.count) == (rank, wire.MSG_ERROR, 1, rank, session, boot, 0)
+    got = (port, h.msg_type, h.job, h.rank, h.session, h.boot, h.count)
+    assert got == (rank, wire.MSG_ERROR, 1, rank, session, boot, 0)
     reply = (wire.FLAG_REPLY, *answered) if answered else (0, 0, 0, 0)
     assert (h.flags, h.packet_id, h.slot, h.set) == reply
     assert wire.unpack_error(d) == error

@@ -158,7 +158,7 @@ class Traffic:
                 self.first[h.job] = wire.JOIN_ACK_PAYLOAD.unpack_from(pkt, wire.HEADER_SIZE)[4]
                 self.failed.discard(h.job)
             elif h.msg_type == wire.MSG_ERROR and len(pkt) > wire.HEADER_SIZE and h.session == self.sessions.get(h.job):
-                self.failed.add(h.job)
+                self.failed.add(h.job)  # the generation failed: its workers re-join
             elif h.msg_type in (wire.MSG_RESULT, wire.MSG_SPARSE_RESULT) and self.round.get((h.job, h.slot)) == h.packet_id:
                 if self.rs.random() < 0.7:
                     self.round[(h.job, h.slot)] = h.packet_id + 1  # the workers move on

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+from queue import Empty
 import signal
 import subprocess
 import sys
@@ -294,7 +295,7 @@ def _results(procs, queue, timeout=180) -> list[dict]:
         while len(got) < 2 and time.monotonic() < deadline:
             try:
                 rank, out = queue.get(timeout=1)
-            except Exception:  # noqa: BLE001 - queue.Empty: are the ranks alive?
+            except Empty:  # are the ranks alive?
                 if not any(p.is_alive() for p in procs):
                     break
                 continue
