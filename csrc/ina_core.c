@@ -36,6 +36,7 @@ typedef struct {
     uint64_t *counters; /* [INA_SLOT_COUNTERS][slots] */
     uint32_t session;   /* of the admitted generation (generation 0: none admitted) */
     uint32_t first_id;  /* every slot's first packet id in this generation */
+    uint32_t elements;  /* the generation's agreed elements per packet: a data packet with more is bad_slot */
     uint64_t addresses[INA_MAX_WORKERS]; /* rank -> the address it joined from */
     uint64_t heard[INA_MAX_WORKERS];     /* rank -> admitted packets */
     /* the generation failed (failed_len > 0): the error payload (code, rank, text) its packets get */
@@ -183,11 +184,12 @@ static job_t *job_of(const ina_switch *sw, uint32_t job_id)
 }
 
 int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
-                     const uint64_t *addrs)
+                     const uint64_t *addrs, uint32_t elements)
 {
     job_t *j = job_of(sw, job_id);
-    if (!j)
+    if (!j || elements > sw->max_elements)
         return -1;
+    j->elements = elements ? elements : sw->max_elements;
     j->generation = generation;
     j->session = session;
     j->first_id = first_id;
@@ -554,7 +556,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         return not_member(sw, h, src, reason, out);
     if (!j)
         return drop(sw, reason, NULL, -1);
-    if (h->slot >= sw->slots || h->count > sw->max_elements)
+    if (h->slot >= sw->slots || h->count > j->elements)
         return drop(sw, INA_DROP_BAD_SLOT, NULL, -1);
     (*slot_counter(sw, j, INA_SLOT_RECEIVED, h->slot))++;
     slot_set *st = &j->sets[2 * h->slot + h->set], *other = &j->sets[2 * h->slot + (1 - h->set)];

@@ -37,7 +37,7 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
  * them), the session value and every slot's first packet id; the job's slots start clean. 0, or -1 for an
  * unknown job. */
 int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
-                     const uint64_t *addrs);
+                     const uint64_t *addrs, uint32_t elements);
 /* per rank of the job: packets admitted (right address and session), for the control plane's liveness */
 int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *out);
 void ina_switch_count_drop(ina_switch *sw, int reason); /* a drop decided outside the core */

@@ -105,7 +105,8 @@ class Communicator:
             switch, rank, world_size, job, codec: as in `hostlib.connect`.
             window: slots to use at once (the switch may grant fewer: self.window after the join). None:
                 as many packets as IN_FLIGHT_BYTES hold (auto_window), the same on every rank.
-            elements_per_packet: elements per packet (default: the codec's; capped by the switch's limit).
+            elements_per_packet: elements per packet (default: the codec's), asked in the join: every rank must
+                ask the same (the switch refuses the join otherwise), and the switch caps it at its limit.
             timeout: seconds without a result before an allreduce gives up.
             join_timeout: seconds to wait for every rank to join (default: timeout).
             rto, max_rto: floor and ceiling of the retransmission timeout; between them it follows the
@@ -172,8 +173,8 @@ class Communicator:
     def _start_generation(self):
         """Join (a barrier with every rank) and set up a fresh generation: window, slots, call numbers."""
         window, auto, elements_per_packet = self._asked
-        self._join(window, self._join_timeout)
-        self.k = min(elements_per_packet or self.codec.default_elements, self.max_elements)
+        self._join(window, self._join_timeout, elements_per_packet or self.codec.default_elements)
+        self.k = self.max_elements  # what every rank asked, capped by the switch: the job's packet size
         if auto:
             self.window = auto_window(self.window, self.k * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size)
         # per slot: its uses since the join (the next packet id on it, mod 2^32); the slot the next call starts on
@@ -271,12 +272,13 @@ class Communicator:
             select.select([self.sock], [], [], max(0.0, seconds))
 
     # ------------------------------------------------------------------ join barrier
-    def _join(self, window: int, timeout: float):
+    def _join(self, window: int, timeout: float, elements: int = 0):
+        """The join barrier; elements: per packet (0: the switch's maximum), the same on every rank."""
         nonce = secrets.randbits(64)
-        window = min(window, 0xFFFF)
-        mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window) if self.key
+        window, elements = min(window, 0xFFFF), min(elements, 0xFFFF)
+        mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window, elements) if self.key
                else bytes(wire.JOIN_MAC_SIZE))
-        join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac)
+        join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac, elements)
         deadline = time.monotonic() + timeout
         joined, heard, refused, confirmed = 0, False, False, False
         self._refused_since = None

@@ -11,7 +11,7 @@ from . import wire
 
 KEY_ENV = "INA_JOB_KEY"
 MIN_KEY_BYTES = 16
-_FIELDS = struct.Struct(">HBQHH")  # job, rank, nonce, world, window
+_FIELDS = struct.Struct(">HBQHHH")  # job, rank, nonce, world, window, elements
 
 
 def load_key(path: str) -> bytes:
@@ -34,11 +34,12 @@ def key_from_env() -> bytes | None:
     return check_key(value, f"${KEY_ENV}") if value else None
 
 
-def join_mac(key: bytes, job: int, rank: int, nonce: int, world: int, window: int) -> bytes:
+def join_mac(key: bytes, job: int, rank: int, nonce: int, world: int, window: int, elements: int = 0) -> bytes:
     k = key if len(key) <= 64 else hashlib.blake2b(key).digest()
-    msg = b"ina-join-v%d" % wire.VERSION + _FIELDS.pack(job, rank, nonce, world, window)
+    msg = b"ina-join-v%d" % wire.VERSION + _FIELDS.pack(job, rank, nonce, world, window, elements)
     return hashlib.blake2b(msg, key=k, digest_size=wire.JOIN_MAC_SIZE).digest()
 
 
-def mac_ok(key: bytes, mac: bytes, job: int, rank: int, nonce: int, world: int, window: int) -> bool:
-    return hmac.compare_digest(mac, join_mac(key, job, rank, nonce, world, window))
+def mac_ok(key: bytes, mac: bytes, job: int, rank: int, nonce: int, world: int, window: int,
+           elements: int = 0) -> bool:
+    return hmac.compare_digest(mac, join_mac(key, job, rank, nonce, world, window, elements))

@@ -68,7 +68,8 @@ MESSAGES = {  # direction, payload
 
 ERRORS = {
     "not_member": ("a data packet whose job has no generation, or another session (header only, REPLY)", "—"),
-    "rejected": ("a join refused: unknown job, world size, rank range, window 0, bad MAC", "—"),
+    "rejected": ("a join refused: unknown job, world size, rank range, window 0, bad MAC; every pending join "
+                 "when the ranks ask for different packet sizes", "— (sizes: a rank that differs)"),
     "rank_taken": ("a join for a rank another live address holds, job without a key", "the rank"),
     "call_mismatch": ("the ranks' packets of one round have different call identities", "the later packet's rank"),
     "aborted": ("a member's `abort`", "the aborting rank"),
@@ -82,7 +83,7 @@ DROPS = {
     "unknown_worker": "a rank out of range, or a job with no admitted generation (answered: not_member)",
     "spoofed": "a rank's packet from another address than it joined from",
     "wrong_session": "another generation's session (answered: not_member)",
-    "bad_slot": "a slot beyond the job's pool, or more elements than a slot holds",
+    "bad_slot": "a slot beyond the job's pool, or more elements than the job's packet size",
     "stale": "an older packet id than the slot's round",
     "ahead": "a newer packet id than the slot's round may have",
     "mismatch": "codec, count or exp_cur (or block) different from the round's",
@@ -166,10 +167,14 @@ def _payloads():
     out = ["| offset | size | type | field |", "|---|---|---|---|", "| | | | **join** |"]
     out += _struct_rows(wire.JOIN_PAYLOAD.format, ["nonce (random per join attempt)", "world size",
                                                     "window the worker asks for (1..65535)",
-                                                    "MAC (zeros for a job without a key)"], h)
+                                                    "MAC (zeros for a job without a key)",
+                                                    "elements per packet asked (0: the switch's maximum); every "
+                                                    "rank must ask the same, or every join is refused"], h)
     out += [f"| {h + wire.JOIN_PAYLOAD.size} | {wire.JOIN_SIZE - h - wire.JOIN_PAYLOAD.size} | zeros | padding "
             f"to {wire.JOIN_SIZE} bytes |", "| | | | **join_ack** |"]
-    out += _struct_rows(wire.JOIN_ACK_PAYLOAD.format, ["generation", "slots of the job", "max elements per packet",
+    out += _struct_rows(wire.JOIN_ACK_PAYLOAD.format, ["generation", "slots of the job",
+                                                        "the job's elements per packet (what every rank asked, at "
+                                                        "most the switch's maximum)",
                                                         "agreed window (the smallest asked, at most the slots)", "",
                                                         "first packet id of every slot in this generation (even)"], h)
     out += ["| | | | **join_wait** |"] + _struct_rows(wire.JOIN_WAIT_PAYLOAD.format, ["bitmap of joined ranks"], h)
@@ -199,9 +204,9 @@ EXAMPLE_KEY = b"0123456789abcdef"
 
 
 def _mac_vector():
-    mac = auth.join_mac(EXAMPLE_KEY, 1, 0, 0x1122334455667788, 2, 8)
+    mac = auth.join_mac(EXAMPLE_KEY, 1, 0, 0x1122334455667788, 2, 8, 256)
     return [f"MAC test vector: key `{EXAMPLE_KEY.decode()}`, job 1, rank 0, nonce 0x1122334455667788, world 2, "
-            f"window 8 → `{mac.hex()}`."]
+            f"window 8, 256 elements per packet → `{mac.hex()}`."]
 
 
 def example_switch():
@@ -215,7 +220,8 @@ def example_packets() -> list[tuple[str, str, bytes]]:
     """The example's requests: (who sends, what, datagram): two joins each (a join counts once repeated), one
     update of 4 int32 elements from each rank."""
     nonces = {0: 0x1111111111111111, 1: 0x2222222222222222}
-    joins = [(f"rank {r}", f"join (nonce {nonces[r]:#x}, world 2, window 2)", wire.pack_join(1, r, nonces[r], 2, 2))
+    joins = [(f"rank {r}", f"join (nonce {nonces[r]:#x}, world 2, window 2, 4 elements per packet)",
+              wire.pack_join(1, r, nonces[r], 2, 2, elements=4))
              for r in (0, 1) for _ in range(2)]
     sw = example_switch()
     session = first = boot = None

@@ -26,8 +26,8 @@ NC_INVALID = NC_SIGN
 # Names of the fields of the fixed-layout payloads, in the order of their struct in wire.py (pad bytes
 # have none); a struct that gains or loses a field fails the generator rather than the dissector.
 PAYLOADS = {
-    wire.MSG_JOIN: (wire.JOIN_PAYLOAD, ("nonce", "world", "window", "mac")),
-    wire.MSG_JOIN_ACK: (wire.JOIN_ACK_PAYLOAD, ("generation", "slots", "max_elements", "window", "first_packet_id")),
+    wire.MSG_JOIN: (wire.JOIN_PAYLOAD, ("nonce", "world", "window", "mac", "elements")),
+    wire.MSG_JOIN_ACK: (wire.JOIN_ACK_PAYLOAD, ("generation", "slots", "elements", "window", "first_packet_id")),
     wire.MSG_JOIN_WAIT: (wire.JOIN_WAIT_PAYLOAD, ("joined",)),
     wire.MSG_ERROR: (wire.ERROR_PAYLOAD, ("code", "rank")),  # then the text; no payload at all: not_member
 }
@@ -42,7 +42,7 @@ STRINGS = {"msg_type": "MSG_NAMES", "codec": "CODEC_NAMES", "call_kind": "CALL_K
 BLOCK_EXT = (wire.BLOCK_EXT, ("block", "next_block"))
 LABELS = {"msg_type": "Message type", "exp_cur": "Exponent of the payload", "exp_next": "Exponent of a later block",
           "packet_id": "Packet id", "pool": "Pool index", "pool_reserved": "Reserved bit", "next_block": "Next block",
-          "first_packet_id": "First packet id", "max_elements": "Max elements per packet", "world": "World size",
+          "first_packet_id": "First packet id", "elements": "Elements per packet", "world": "World size",
           "joined": "Ranks joined (bitmap)", "mac": "MAC", "error": "Reason", "stats": "Counters (JSON)",
           "block_ext": "Block extension", "elem": "Element", "code": "NC code", "value": "NC value",
           "call_kind": "Call kind", "call": "Call number", "call_len": "Call length (elements)",

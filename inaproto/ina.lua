@@ -43,7 +43,7 @@ local TEXT_PAYLOADS = { [5] = "error", [7] = "stats", [11] = "abort" }
 local CALL_KIND_NAMES = { [0] = "none", [1] = "int32", [129] = "int32 sparse", [2] = "fixed", [130] = "fixed sparse", [3] = "nc", [131] = "nc sparse", [4] = "dither", [132] = "dither sparse" }
 local ERROR_NAMES = { [0] = "not_member", [1] = "rejected", [2] = "rank_taken", [3] = "call_mismatch", [4] = "aborted", [5] = "peer_dead" }
 local RANK_NAMES = { [255] = "none" }
-local PAYLOAD_SIZE = { [2] = 28, [3] = 16, [4] = 8, [5] = 2 }
+local PAYLOAD_SIZE = { [2] = 30, [3] = 16, [4] = 8, [5] = 2 }
 local HEADER = {
     { name = "version", offset = 0, size = 1 },
     { name = "msg_type", offset = 1, size = 1 },
@@ -64,8 +64,8 @@ local HEADER = {
 }
 local BLOCK_EXT = { { field = "block", offset = 0, size = 4 }, { field = "next_block", offset = 4, size = 4 } }
 local PAYLOADS = {
-    [2] = { { field = "join.nonce", offset = 0, size = 8 }, { field = "join.world", offset = 8, size = 2 }, { field = "join.window", offset = 10, size = 2 }, { field = "join.mac", offset = 12, size = 16 } },
-    [3] = { { field = "join_ack.generation", offset = 0, size = 4 }, { field = "join_ack.slots", offset = 4, size = 2 }, { field = "join_ack.max_elements", offset = 6, size = 2 }, { field = "join_ack.window", offset = 8, size = 2 }, { field = "join_ack.first_packet_id", offset = 12, size = 4 } },
+    [2] = { { field = "join.nonce", offset = 0, size = 8 }, { field = "join.world", offset = 8, size = 2 }, { field = "join.window", offset = 10, size = 2 }, { field = "join.mac", offset = 12, size = 16 }, { field = "join.elements", offset = 28, size = 2 } },
+    [3] = { { field = "join_ack.generation", offset = 0, size = 4 }, { field = "join_ack.slots", offset = 4, size = 2 }, { field = "join_ack.elements", offset = 6, size = 2 }, { field = "join_ack.window", offset = 8, size = 2 }, { field = "join_ack.first_packet_id", offset = 12, size = 4 } },
     [4] = { { field = "join_wait.joined", offset = 0, size = 8 } },
     [5] = { { field = "error.code", offset = 0, size = 1 }, { field = "error.rank", offset = 1, size = 1 } },
 }
@@ -96,7 +96,7 @@ local F = {
     ["block_ext"] = ProtoField.none("ina.block_ext", "Block extension"),
     ["block"] = ProtoField.uint32("ina.block", "Block", base.DEC, nil),
     ["next_block"] = ProtoField.uint32("ina.next_block", "Next block", base.DEC, nil),
-    ["elements"] = ProtoField.none("ina.elements", "Elements"),
+    ["elements"] = ProtoField.none("ina.elements", "Elements per packet"),
     ["elem"] = ProtoField.int32("ina.elem", "Element", base.DEC, nil),
     ["nc.code"] = ProtoField.uint8("ina.nc.code", "NC code", base.HEX, nil),
     ["nc.value"] = ProtoField.double("ina.nc.value", "NC value"),
@@ -104,9 +104,10 @@ local F = {
     ["join.world"] = ProtoField.uint16("ina.join.world", "World size", base.DEC, nil),
     ["join.window"] = ProtoField.uint16("ina.join.window", "Window", base.DEC, nil),
     ["join.mac"] = ProtoField.bytes("ina.join.mac", "MAC"),
+    ["join.elements"] = ProtoField.uint16("ina.join.elements", "Elements per packet", base.DEC, nil),
     ["join_ack.generation"] = ProtoField.uint32("ina.join_ack.generation", "Generation", base.DEC, nil),
     ["join_ack.slots"] = ProtoField.uint16("ina.join_ack.slots", "Slots", base.DEC, nil),
-    ["join_ack.max_elements"] = ProtoField.uint16("ina.join_ack.max_elements", "Max elements per packet", base.DEC, nil),
+    ["join_ack.elements"] = ProtoField.uint16("ina.join_ack.elements", "Elements per packet", base.DEC, nil),
     ["join_ack.window"] = ProtoField.uint16("ina.join_ack.window", "Window", base.DEC, nil),
     ["join_ack.first_packet_id"] = ProtoField.uint32("ina.join_ack.first_packet_id", "First packet id", base.DEC, nil),
     ["join_wait.joined"] = ProtoField.uint64("ina.join_wait.joined", "Ranks joined (bitmap)", base.HEX, nil),
@@ -150,9 +151,10 @@ ina.fields = {
     F["join.world"],
     F["join.window"],
     F["join.mac"],
+    F["join.elements"],
     F["join_ack.generation"],
     F["join_ack.slots"],
-    F["join_ack.max_elements"],
+    F["join_ack.elements"],
     F["join_ack.window"],
     F["join_ack.first_packet_id"],
     F["join_wait.joined"],

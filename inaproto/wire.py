@@ -92,15 +92,18 @@ PACKET_ID_MASK = 0xFFFFFFFF
 # IPv4 + UDP + Ethernet (with FCS, preamble and inter-frame gap left out) per packet
 WIRE_OVERHEAD = 14 + 20 + 8
 
-# join: nonce, world size, window the worker asks for, MAC (zeros for a job without a key), then zero
-# padding to JOIN_SIZE bytes in all, so that no answer to a join (ack, wait, error) is larger than the join
-# itself: a forged source address gains no amplification.
-JOIN_PAYLOAD = struct.Struct(">QHH16s")
+# join: nonce, world size, window the worker asks for, MAC (zeros for a job without a key), elements per
+# packet the worker asks for (0: the switch's maximum; every rank must ask the same, or the join is refused),
+# then zero padding to JOIN_SIZE bytes in all, so that no answer to a join (ack, wait, error) is larger than
+# the join itself: a forged source address gains no amplification.
+JOIN_PAYLOAD = struct.Struct(">QHH16sH")
 JOIN_SIZE = 256
 JOIN_PAYLOAD_SIZE = JOIN_SIZE - HEADER_SIZE
 JOIN_MAC_SIZE = 16
-# join_ack: generation, slots, max elements per packet, agreed window, 2 bytes 0, and the packet id every
-# slot's first round has in this generation (even, so set 0 comes first; random unless the switch is told)
+# join_ack: generation, slots, the job's elements per packet (agreed: what every rank asked, at most the
+# switch's maximum; the switch drops a data packet with more as bad_slot), agreed window, 2 bytes 0, and the
+# packet id every slot's first round has in this generation (even, so set 0 comes first; random unless the
+# switch is told)
 JOIN_ACK_PAYLOAD = struct.Struct(">IHHH2xI")
 JOIN_WAIT_PAYLOAD = struct.Struct(">Q")  # bitmap of the ranks joined so far
 # error: code, the rank it names (NO_RANK: none), then utf-8 text; never larger than the join it answers.
@@ -240,9 +243,10 @@ def call_mismatch_text(job: int, rank: int, call_id, other_rank: int, other_id) 
             f"rank {other_rank} with {on}")
 
 
-def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE)) -> bytes:
-    """A join request, padded to JOIN_SIZE bytes."""
-    body = JOIN_PAYLOAD.pack(nonce, world, window, mac)
+def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE),
+              elements: int = 0) -> bytes:
+    """A join request, padded to JOIN_SIZE bytes (elements: per packet, 0 for the switch's maximum)."""
+    body = JOIN_PAYLOAD.pack(nonce, world, window, mac, elements)
     return pack(MSG_JOIN, job=job, rank=rank, payload=body.ljust(JOIN_PAYLOAD_SIZE, b"\0"))
 
 

@@ -199,14 +199,16 @@ class BMv2Server:
             "mac": _mac(SWITCH_MAC), "ip": int(ipaddress.IPv4Address(host)), "port": port,
             "nc_det": int(self.config.nc_rounding == "deterministic"), "boot": self.boot}))
 
-    def _job_entry(self, job: int, session: int, first_id: int, failed: bool = False):
+    def _job_entry(self, job: int, session: int, first_id: int, elements: int | None = None, failed: bool = False):
         return self.p4info.table_entry("jobs", {"hdr.ina.job": job}, "set_job", {
-            "world": self.config.jobs[job], "slots": self.config.slots, "max_elements": self.config.max_elements,
+            "world": self.config.jobs[job], "slots": self.config.slots,
+            "max_elements": elements or self.config.max_elements,
             "slot_base": self.slot_base[job], "session": session, "first_id": first_id, "group": job + 1,
             "index": sorted(self.config.jobs).index(job), "failed": int(failed)})
 
     # ------------------------------------------------------------------ DataPlane (what the control plane calls)
-    def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list):
+    def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list,
+              elements: int | None = None):
         """A new generation: bind each rank to its address, multicast to their ports, the new session
         (slot state of other sessions reads as clean in the data plane)."""
         from . import p4rt
@@ -228,9 +230,9 @@ class BMv2Server:
         self.sw.insert(*members, *replicas)
         mc = p4rt.multicast_group(job + 1, group)
         (self.sw.modify if old else self.sw.insert)(mc)
-        self.sw.modify(self._job_entry(job, session, first_id))
+        self.sw.modify(self._job_entry(job, session, first_id, elements))
         self.admitted[job] = list(addresses)
-        self.generations[job] = (session, first_id)
+        self.generations[job] = (session, first_id, elements)
         self.failures.pop(job, None)
 
     def set_boot(self, boot: int):

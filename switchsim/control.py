@@ -69,6 +69,7 @@ class Pending:
     address: object
     nonce: int
     window: int
+    elements: int  # per packet, as asked (0 already replaced by the switch's maximum), at most the maximum
     at: float  # when last (re)sent
     confirmed: bool = False  # sent again from its address: it reads our answers, a worker waits there
     contested_at: float | None = None  # when another address first asked for this rank
@@ -84,6 +85,7 @@ class JobControl:
     first_id: int = 0  # every slot's first packet id in this generation
     failed: bool = False  # the generation failed (mismatch, abort, dead member): its ranks are free
     window: int = 0
+    elements: int = 0  # the generation's agreed elements per packet
     members: dict = field(default_factory=dict)  # rank -> Member of the current generation
     pending: dict = field(default_factory=dict)  # rank -> Pending for the next one
 
@@ -148,8 +150,8 @@ class ControlPlane:
         if job is None:
             self.dataplane.count_drop("unknown_job")
             return self._error(h, src, f"unknown job {h.job}")
-        nonce, world, window, mac = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
-        if job.key is not None and not auth.mac_ok(job.key, mac, h.job, h.rank, nonce, world, window):
+        nonce, world, window, mac, elements = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
+        if job.key is not None and not auth.mac_ok(job.key, mac, h.job, h.rank, nonce, world, window, elements):
             self.dataplane.count_drop("bad_mac")
             return self._error(h, src, f"join of job {h.job} rank {h.rank} refused: bad MAC (wrong job key?)")
         refusal = (f"job {h.job} has {job.world_size} workers, not {world}" if world != job.world_size else
@@ -175,10 +177,27 @@ class ControlPlane:
                 return out + self._taken(job, h, src, p.address, "is being joined from")
             return out + [self._join_wait(job, h, src)]  # a confirmed claim holds the rank until it expires
         else:
-            job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)), now)
+            job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)),
+                                          min(elements or self.max_elements, self.max_elements), now)
         if len(job.pending) < job.world_size or not all(q.confirmed for q in job.pending.values()):
             return out + [self._join_wait(job, h, src)]
+        sizes = {r: q.elements for r, q in job.pending.items()}
+        if len(set(sizes.values())) > 1:
+            return out + self._refuse_sizes(job, sizes)
         return out + self._start_generation(job, now)
+
+    def _refuse_sizes(self, job, sizes: dict):
+        """The ranks ask for different packet sizes: refuse every pending join at once (their packets would
+        never add up), naming two that differ, instead of a generation that hangs on `mismatch`."""
+        (a, ka), (b, kb) = sorted(sizes.items(), key=lambda kv: (kv[1], kv[0]))[::len(sizes) - 1]
+        text = (f"job {job.job_id}: ranks ask for different packet sizes: rank {b} {kb} elements per packet, "
+                f"rank {a} {ka} (elements_per_packet, or the codecs, differ)")
+        pending, job.pending = job.pending, {}
+        out = []
+        for r, p in sorted(pending.items()):
+            h = wire.Header(wire.MSG_JOIN, job=job.job_id, rank=r)
+            out += self._error(h, p.address, text, wire.ERR_REJECTED, b)
+        return out
 
     def _contested(self, job, h, src, m: Member, now):
         """Another address asks for a live member's rank. If the whole generation goes on being heard for
@@ -216,6 +235,7 @@ class ControlPlane:
         ranks = range(job.world_size)
         job.generation += 1
         job.window = min(job.pending[r].window for r in ranks)
+        job.elements = job.pending[0].elements
         nonces = [job.pending[r].nonce for r in ranks]
         job.session = derive_session(self.secret, job.job_id, job.generation, nonces)
         job.first_id = (self.first_packet_id if self.first_packet_id is not None else
@@ -223,14 +243,14 @@ class ControlPlane:
         job.members = {r: Member(job.pending[r].address, job.pending[r].nonce, now) for r in ranks}
         job.pending, job.failed = {}, False
         self.dataplane.admit(job.job_id, job.generation, job.session, job.first_id,
-                             [job.members[r].address for r in ranks])
+                             [job.members[r].address for r in ranks], job.elements)
         counts = self.dataplane.member_packets(job.job_id)
         for r in ranks:
             job.members[r].seen_count = counts[r]
         return [(self._join_ack(job, r), job.members[r].address) for r in ranks]
 
     def _join_ack(self, job, rank):
-        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, self.max_elements, job.window,
+        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, job.elements, job.window,
                                              job.first_id)
         return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session,
                          boot=self.boot)

@@ -89,6 +89,7 @@ class Job:
     first_id: int = 0  # every slot's first round has this packet id
     heard: list = field(default_factory=list)  # rank -> admitted packets (the control plane's liveness)
     failed: bytes | None = None  # the generation failed: the error (code, rank, text) every data packet gets
+    elements: int = 0  # the generation's agreed elements per packet
 
     def __post_init__(self):
         self.reset_slots()
@@ -165,7 +166,8 @@ class Switch:
         return []
 
     # ------------------------------------------------------------------ what the control plane calls
-    def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list):
+    def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list,
+              elements: int | None = None):
         """A new generation: these ranks' addresses, its session and first packet id, clean slots. The
         control plane decides; the data plane only checks, so every backend gets the same decision.
 
@@ -175,6 +177,8 @@ class Switch:
             session: the value every data packet of the generation must carry.
             first_id: every slot's first packet id.
             addresses: rank -> the address it joined from.
+            elements: the generation's elements per packet (None: the switch's maximum); a data packet
+                with more is dropped as bad_slot.
 
         Raises:
             KeyError: a job the switch does not serve.
@@ -182,6 +186,7 @@ class Switch:
         job = self.jobs[job_id]
         job.generation, job.session, job.first_id, job.addresses = generation, session, first_id, list(addresses)
         job.failed = None
+        job.elements = self.max_elements if elements is None else elements
         job.reset_slots()
 
     def set_boot(self, boot: int):
@@ -269,7 +274,7 @@ class Switch:
             return self._not_member(h, src, job)
         if isinstance(job, str):
             return self._drop(job)
-        if h.slot >= job.slots or h.count > job.max_elements:
+        if h.slot >= job.slots or h.count > job.elements:
             return self._drop("bad_slot")
         s, x = h.slot, h.set
         job.counters["received"][s] += 1

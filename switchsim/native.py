@@ -161,14 +161,15 @@ class CoreSwitch:
         return out
 
     # ------------------------------------------------------------------ the control plane's calls
-    def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list):
+    def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list,
+              elements: int | None = None):
         """model.Switch.admit: the control plane's decision, written into the core.
 
         Raises:
             KeyError: a job the switch does not serve.
         """
         ids = self.ffi.new("uint64_t[]", [self.address_id(a) for a in addresses])
-        if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids) != 0:
+        if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids, elements or 0) != 0:
             raise KeyError(f"job {job_id} is not served")
 
     def set_boot(self, boot: int):

@@ -327,3 +327,59 @@ def test_a_strangers_join_before_the_job_names_the_holder_at_once(serve):
         stop.set()
         t.join(5)
         stranger.close()
+
+
+def test_packet_sizes_are_agreed_at_the_join(serve):
+    """Ranks asking for different packet sizes are refused at the join, both at once and by name (not a
+    generation that hangs on `mismatch`); the same size is granted and enforced: a larger packet is dropped."""
+    sw = serve("--workers", 2)
+    box = [None, None]
+
+    def join(r, k):
+        try:
+            box[r] = hostlib.connect(sw.address, r, 2, codec="int32", elements_per_packet=k, timeout=10)
+        except hostlib.INAError as e:
+            box[r] = e
+
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=join, args=(r, k)) for r, k in ((0, 64), (1, 128))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert time.monotonic() - t0 < 3
+    for e in box:
+        assert isinstance(e, errors.JoinRejected), e
+        assert "different packet sizes" in str(e) and "128" in str(e) and "64" in str(e)
+    ts = [threading.Thread(target=join, args=(r, 100)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    try:
+        assert [c.k for c in box] == [100, 100]
+        big = wire.pack(wire.MSG_UPDATE, 1, 0, box[0]._first_id, 0, 0, 101, wire.CODEC_INT32, 0, wire.EXP_NONE, 0,
+                        bytes(404), *box[0].call_fields())
+        box[0].sock.send(big)
+        x = np.arange(1000, dtype=np.int32)
+        res = ranks_on(box, [x, x])
+        assert all(np.array_equal(r, 2 * x) for r in res)
+    finally:
+        for c in box:
+            c.close()
+    assert json.loads(sw.stop())["dropped"]["bad_slot"] == 1
+
+
+def ranks_on(comms, xs):
+    """One allreduce on each of these communicators, in threads; their outputs."""
+    out = [None] * len(comms)
+
+    def work(r):
+        out[r] = comms[r].allreduce(xs[r])
+
+    ts = [threading.Thread(target=work, args=(r,)) for r in range(len(comms))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return out

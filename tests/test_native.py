@@ -460,9 +460,10 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
         records = [("boot", BOOT)]
         admit, fail = model.admit, model.fail
 
-        def logged_admit(job, generation, session, first, addresses):
+        def logged_admit(job, generation, session, first, addresses, elements=None):
+            assert elements in (None, model.max_elements)  # the replay admits with the switch's maximum
             records.append(("admit", job, generation, session, first, addresses))
-            admit(job, generation, session, first, addresses)
+            admit(job, generation, session, first, addresses, elements)
 
         def logged_fail(job, code, rank, text):  # the core's own fails (call mismatches) again: no change
             records.append(("fail", job, code, rank, text))
