@@ -67,6 +67,7 @@
 #define INA_ERR_CALL_MISMATCH 3
 #define INA_ERR_ABORTED 4
 #define INA_ERR_PEER_DEAD 5
+#define INA_ERR_DROPPED 6
 
 /* call kinds: the worker codec of a call (| INA_CALL_SPARSE), and their names by kind */
 #define INA_CALL_KIND_INT32 1

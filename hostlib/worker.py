@@ -73,6 +73,7 @@ class CommStats:
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
     gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
     heartbeats: int = 0  # liveness messages to the switch (one a second; not in packets_sent)
+    switch_drops: int = 0  # the switch told this worker it dropped one of its packets (ERR_DROPPED)
     elements: int = 0
     allreduces: int = 0
     seconds: float = 0.0
@@ -149,6 +150,7 @@ class Communicator:
         self._refused_since: float | None = None
         self._lock = threading.RLock()  # one call (or join, or heartbeat) on the socket at a time
         self._beat_at = 0.0
+        self.drop_notes: list[str] = []  # what the switch said of this worker's dropped packets (the last few)
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
         if shm is not None:
@@ -329,6 +331,16 @@ class Communicator:
         except OSError:
             pass
 
+    def _dropped_note(self, data) -> bool:
+        """An ERR_DROPPED (the switch dropped a packet of this worker for a mistake, told once per reason):
+        kept for the timeout's message, never an error by itself."""
+        code, reason, text = wire.unpack_error(data)
+        if len(data) == wire.HEADER_SIZE or code != wire.ERR_DROPPED:
+            return False
+        self.stats.switch_drops += 1
+        self.drop_notes = (self.drop_notes + [text or wire.DROP_REASONS[reason]])[-4:]
+        return True
+
     def _join_error(self, data) -> INAError:
         code, subject, text = wire.unpack_error(data)
         cls = errors.RankTaken if code == wire.ERR_RANK_TAKEN else errors.JoinRejected
@@ -432,6 +444,8 @@ class Communicator:
         rest (late duplicates of results) is stale."""
         while (data := self._recv()) is not None:
             h = _parse(data)
+            if h is not None and h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
+                continue
             if (not stale and h is not None and h.msg_type == wire.MSG_ERROR and h.job == self.job
                     and h.session == self.session):
                 if self._pending is None:
@@ -625,6 +639,8 @@ class Communicator:
             if h.job != self.job or h.session != self.session:
                 self.stats.stale_results += 1  # not of this job's generation
                 continue
+            if h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
+                continue
             if h.msg_type == wire.MSG_ERROR:
                 e = self.error_from_datagram(data)
                 answered = h.flags & wire.FLAG_REPLY and any(stream.where(k) == (h.packet_id, h.slot) for k in inflight)
@@ -654,9 +670,10 @@ class Communicator:
         Returns:
             The TimeoutError's message.
         """
+        told = f"; the switch dropped packets of this rank: {' | '.join(self.drop_notes)}" if self.drop_notes else ""
         return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
                 f"retransmissions in {self.timeout:g} s, although the switch at {self.switch} and the peers "
-                f"seem alive (a peer that heartbeats but never makes this call?); the next call re-joins")
+                f"seem alive (a peer that heartbeats but never makes this call?){told}; the next call re-joins")
 
     def _check_result(self, exps, agreed, overflow):
         """The call is complete on the wire: what it raises now, every rank raises (no abort)."""

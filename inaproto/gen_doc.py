@@ -74,6 +74,9 @@ ERRORS = {
     "call_mismatch": ("the ranks' packets of one round have different call identities", "the later packet's rank"),
     "aborted": ("a member's `abort`", "the aborting rank"),
     "peer_dead": ("a member silent for PEER_SILENT s, or one that left while others remain", "that rank"),
+    "dropped": ("a member's packet dropped for its sender's mistake (" + ", ".join(wire.TOLD_DROPS) + "): once per "
+                "generation, rank and reason, never larger than the packet, a REPLY; informational",
+                "the second byte is the drop reason's index in the drop-reason list, not a rank"),
 }
 
 DROPS = {

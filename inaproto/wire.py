@@ -119,8 +119,14 @@ ERR_RANK_TAKEN = 2  # a join for a rank another address holds (keyless job): ran
 ERR_CALL_MISMATCH = 3  # the ranks' calls differ (number, codec, length): rank = a rank that differs
 ERR_ABORTED = 4  # a rank's call failed before it was sent (MSG_ABORT): rank = that rank
 ERR_PEER_DEAD = 5  # a member fell silent (no packet, no heartbeat) or left: rank = that rank
+# a member's packet was dropped for a mistake of its sender (malformed, bad_slot, stale, ahead, mismatch,
+# bad_codes): informational, once per generation, rank and reason, never larger than the packet; the second
+# byte is the reason's index in DROP_REASONS (not a rank), the text the details (backend-specific)
+ERR_DROPPED = 6
 ERROR_NAMES = {ERR_NOT_MEMBER: "not_member", ERR_REJECTED: "rejected", ERR_RANK_TAKEN: "rank_taken",
-               ERR_CALL_MISMATCH: "call_mismatch", ERR_ABORTED: "aborted", ERR_PEER_DEAD: "peer_dead"}
+               ERR_CALL_MISMATCH: "call_mismatch", ERR_ABORTED: "aborted", ERR_PEER_DEAD: "peer_dead",
+               ERR_DROPPED: "dropped"}
+TOLD_DROPS = ("malformed", "bad_slot", "stale", "ahead", "mismatch", "bad_codes")  # answered with ERR_DROPPED
 MAX_ABORT_TEXT = 200  # an abort's reason (utf-8), after the header
 
 # call_kind: the worker codec of the call (the switch sees only the wire codec: int32 and fixed both send

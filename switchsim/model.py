@@ -90,6 +90,7 @@ class Job:
     heard: list = field(default_factory=list)  # rank -> admitted packets (the control plane's liveness)
     failed: bytes | None = None  # the generation failed: the error (code, rank, text) every data packet gets
     elements: int = 0  # the generation's agreed elements per packet
+    told: list = field(default_factory=list)  # rank -> bitmask of TOLD_DROPS reasons answered this generation
 
     def __post_init__(self):
         self.reset_slots()
@@ -148,14 +149,14 @@ class Switch:
         self.packets_in += 1
         try:
             h = wire.unpack(data)
-        except wire.WireError:
-            return self._drop("malformed")
+        except wire.WireError as e:
+            return self._malformed(data, src, str(e))
         if h.msg_type in (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE):
             out = self._update(h, data, src)
         elif h.msg_type in wire.CONTROL_REQUESTS:
             out = self.control.handle(h, data, src)
         else:  # results, acks... are never sent to a switch
-            return self._drop("malformed")
+            return self._malformed(data, src, f"a {wire.MSG_NAMES[h.msg_type]} is never sent to a switch")
         self.packets_out += len(out)
         return out
 
@@ -186,6 +187,7 @@ class Switch:
         job = self.jobs[job_id]
         job.generation, job.session, job.first_id, job.addresses = generation, session, first_id, list(addresses)
         job.failed = None
+        job.told = [0] * job.world_size
         job.elements = self.max_elements if elements is None else elements
         job.reset_slots()
 
@@ -260,6 +262,35 @@ class Switch:
         job.heard[h.rank] += 1
         return job
 
+    def _malformed(self, data, src, why: str):
+        """A datagram that does not parse: if its job and rank bytes (offsets 4 and 6 in every version) name
+        a member that sent it from its address, tell it why (a client's mistake: an old version, a wrong
+        length); anyone else gets nothing."""
+        if len(data) < wire.OFFSETS["rank"] + 1:
+            return self._drop("malformed")
+        job = self.jobs.get(int.from_bytes(data[4:6], "big"))
+        rank = data[6]
+        if job is None or not job.generation or rank >= job.world_size or job.addresses[rank] != src:
+            return self._drop("malformed")
+        out = self._tell(job, rank, None, src, len(data), "malformed", why)
+        self.packets_out += len(out)
+        return out
+
+    def _tell(self, job, rank: int, h, src, size: int, reason: str, detail: str, slot: int | None = None):
+        """A member's packet dropped for its sender's mistake: counted; the first time this generation for
+        this rank and reason, answered with ERR_DROPPED (the reason's index, the detail), a reply to the
+        packet (h: its header, if it parsed) cut so that it is never larger than the packet."""
+        self._drop(reason, job, slot)
+        bit = 1 << wire.TOLD_DROPS.index(reason)
+        if job.told[rank] & bit or size < wire.HEADER_SIZE + wire.ERROR_PAYLOAD.size:
+            return []
+        job.told[rank] |= bit
+        body = wire.ERROR_PAYLOAD.pack(wire.ERR_DROPPED, wire.DROP_REASONS.index(reason))
+        body += f"{reason}: {detail}".encode()[:size - wire.HEADER_SIZE - len(body)]
+        echo = dict(packet_id=h.packet_id, slot=h.slot, set=h.set) if h is not None else {}
+        return [(wire.pack(wire.MSG_ERROR, job=job.job_id, rank=rank, flags=wire.FLAG_REPLY, payload=body,
+                           session=job.session, boot=self.boot, **echo), src)]
+
     def _not_member(self, h, src, reason: str):
         """A data packet of a generation this switch does not have (it restarted, or the job re-formed
         without the sender): a header-only error with our boot id and the packet's session, never larger
@@ -275,7 +306,9 @@ class Switch:
         if isinstance(job, str):
             return self._drop(job)
         if h.slot >= job.slots or h.count > job.elements:
-            return self._drop("bad_slot")
+            return self._tell(job, h.rank, h, src, len(data), "bad_slot",
+                              f"slot {h.slot} with {h.count} elements; the job has {job.slots} slots of "
+                              f"{job.elements} elements")
         s, x = h.slot, h.set
         job.counters["received"][s] += 1
         st, other = job.sets[2 * s + x], job.sets[2 * s + (1 - x)]
@@ -283,7 +316,7 @@ class Switch:
         before = st.bitmap
 
         if before & bit:
-            return self._duplicate(job, h, st, other, src)
+            return self._duplicate(job, h, st, other, src, len(data))
         if job.failed is not None:  # no new contribution after a failure; completed rounds still resend
             return self._failed(job, h, src)
 
@@ -291,10 +324,10 @@ class Switch:
         if before == 0:
             expected = _next_round(st, other, x, job.first_id)
             if h.packet_id != expected:
-                return self._drop(_behind_or_ahead(h.packet_id, expected), job, s)
+                return self._out_of_order(job, h, src, len(data), expected)
             values = self._values(h, data)
             if values is None:
-                return self._drop("bad_codes", job, s)
+                return self._bad_codes(job, h, src, len(data))
             st.round_id, st.complete, st.count = h.packet_id, False, 0
             st.call_id, st.writer = h.call_id, h.rank
             st.codec, st.n_elems, st.exp_cur, st.exp_max = h.codec, h.count, h.exp_cur, h.exp_next
@@ -303,19 +336,19 @@ class Switch:
             st.sparse, st.block, st.next_block = sparse, h.block, h.next_block
         else:
             if h.packet_id != st.round_id or st.complete:
-                return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, s)
+                return self._out_of_order(job, h, src, len(data), st.round_id)
             if h.call_id != st.call_id:
                 self._drop("call_mismatch", job, s)
                 text = wire.call_mismatch_text(job.job_id, h.rank, h.call_id, st.writer, st.call_id)
                 return self.fail(job.job_id, wire.ERR_CALL_MISMATCH, h.rank, text)
-            if sparse:
-                if not self._sparse_fits(st, h):
-                    return self._drop("mismatch", job, s)
-            elif st.sparse or (h.codec, h.count, h.exp_cur) != (st.codec, st.n_elems, st.exp_cur):
-                return self._drop("mismatch", job, s)
+            if sparse and not self._sparse_fits(st, h) or not sparse and (
+                    st.sparse or (h.codec, h.count, h.exp_cur) != (st.codec, st.n_elems, st.exp_cur)):
+                return self._tell(job, h.rank, h, src, len(data), "mismatch",
+                                  f"codec {h.codec}, {h.count} elements, exponent {h.exp_cur}; the round has codec "
+                                  f"{st.codec}, {st.n_elems} elements, exponent {st.exp_cur}", s)
             values = self._values(h, data)
             if values is None:
-                return self._drop("bad_codes", job, s)
+                return self._bad_codes(job, h, src, len(data))
             if sparse:
                 self._sparse_add(st, h, values)
             else:
@@ -326,10 +359,20 @@ class Switch:
         st.count += 1
         return self._complete(job, h, st) if st.count == job.world_size else []
 
-    def _duplicate(self, job, h, st, other, src):
+    def _out_of_order(self, job, h, src, size: int, expected):
+        reason = _behind_or_ahead(h.packet_id, expected)
+        wanted = "no new round yet" if expected is None else f"the slot's round is {expected}"
+        return self._tell(job, h.rank, h, src, size, reason, f"packet id {h.packet_id} on slot {h.slot} set {h.set}; "
+                                                             f"{wanted}", h.slot)
+
+    def _bad_codes(self, job, h, src, size: int):
+        return self._tell(job, h.rank, h, src, size, "bad_codes",
+                          f"NC codes outside the block's range for exponent {h.exp_cur}, or 0x80", h.slot)
+
+    def _duplicate(self, job, h, st, other, src, size: int):
         """A packet from a worker already counted in (slot, set): resend a completed round, else drop."""
-        if h.packet_id != st.round_id:
-            return self._drop(_behind_or_ahead(h.packet_id, st.round_id), job, h.slot)  # a protocol violation
+        if h.packet_id != st.round_id:  # a protocol violation
+            return self._out_of_order(job, h, src, size, st.round_id)
         other.bitmap &= ~(1 << h.rank)
         if st.complete:
             job.counters["resent"][h.slot] += 1

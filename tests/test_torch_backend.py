@@ -33,7 +33,6 @@ RETRY_EVERY = 3
 
 # ---------------------------------------------------------------- ranks (spawned)
 def _init(rank, port, address, env=None):
-    import faulthandler; faulthandler.dump_traceback_later(40)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       INA_SWITCH=address, **RANK_ENV, **(env or {}))
     import hostlib  # noqa: F401 - registers "ina"

@@ -237,11 +237,19 @@ class ProcessGroupINA(dist.ProcessGroup):
         if not self._through_switch([*outputs, *inputs], op) or any(
                 i.numel() != o.numel() * self.size() for o, i in zip(outputs, inputs)):
             works = [self.gloo._reduce_scatter_base(o, i, opts or dist.ReduceScatterOptions())
-                     for o, i in zip(outputs, inputs)]  # gloo's Python binding has no coalesced form
+                     for o, i in zip(outputs, inputs)]  # as all_gather_single_coalesced
             return FutureWork(torch.futures.collect_all([w.get_future() for w in works]))
         return self._submit([*outputs, *inputs], lambda: self._scatter(outputs, inputs, op))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """gloo's _allgather_base per pair (its binding has no coalesced form), one Work for all (DTensor's
+        full_tensor comes here)."""
+        works = [self.gloo._allgather_base(o, i, opts or dist.AllgatherOptions()) for o, i in zip(outputs, inputs)]
+        return FutureWork(torch.futures.collect_all([w.get_future() for w in works]))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def barrier(self, opts=None):
         """gloo's barrier after this rank's calls through the switch are done (gloo's own barrier waits for
@@ -427,6 +435,28 @@ class ProcessGroupINA(dist.ProcessGroup):
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+# The collectives gloo runs, by this group's method name (Python's name and the name c10d's C++ trampoline looks
+# up) -> the gloo backend's method. Called through the backend's own binding, which releases the GIL before
+# gloo queues the work: c10d's trampoline holds it when it falls through to the registered backend, and a gloo
+# thread that frees a Python-owned tensor under gloo's queue lock needs it, so the two deadlock.
+DELEGATED = {"broadcast": "broadcast", "allgather": "allgather", "allgather_coalesced": "allgather_coalesced",
+             "all_gather_single": "_allgather_base", "_allgather_base": "_allgather_base", "gather": "gather",
+             "scatter": "scatter", "reduce": "reduce", "alltoall": "alltoall", "all_to_all_single": "alltoall_base",
+             "alltoall_base": "alltoall_base", "send": "send", "recv": "recv", "recv_anysource": "recv_anysource",
+             "monitored_barrier": "monitored_barrier"}
+
+
+def _delegate(name: str, backend_method: str):
+    def method(self, *args):
+        while args and args[-1] is None:  # an absent opts: the binding's default
+            args = args[:-1]
+        return getattr(self.gloo, backend_method)(*args)
+
+    method.__name__ = name
+    method.__doc__ = f"gloo's {backend_method}."
+    return method
+
+
 class FutureWork(dist.Work):
     """The Work of a call on the worker thread. Not c10d's _create_work_from_future, whose wait() returns the
     future's exception as a value: here wait() and get_future().wait() raise it, as gloo's Work does."""
@@ -466,3 +496,7 @@ def _cuda_event(tensors):
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(cuda.device))
     return event
+
+
+for _name, _method in DELEGATED.items():
+    setattr(ProcessGroupINA, _name, _delegate(_name, _method))
