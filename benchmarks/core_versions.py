@@ -39,8 +39,9 @@ for name, codec, k in (("int32 x 256", wire.CODEC_INT32, 256), ("NC x 1024", wir
         if admit:
             from switchsim.config import SwitchConfig
             core = native.new_core(SwitchConfig({1: workers}))
-            native.lib.ina_switch_admit(core, 1, 1, bench.BENCH_SESSION, 0,
-                                        native.ffi.new("uint64_t[]", list(range(workers))))
+            addrs = native.ffi.new("uint64_t[]", list(range(workers)))
+            extra = (0,) * (len(native.ffi.typeof(native.lib.ina_switch_admit).args) - 6)  # v3: elements (0: max)
+            native.lib.ina_switch_admit(core, 1, 1, bench.BENCH_SESSION, 0, addrs, *extra)
         else:
             core = native.new_core({1: workers}, 512, 1024, "stochastic", 0)
         t = time.perf_counter()

@@ -189,7 +189,7 @@ def bench_switch(packets: int = 100_000, workers: int = 4, backend: str = "core"
             times = []
             for _ in range(3):  # a fresh core each time: a replayed stream's ids are stale the second time
                 replay_core, took = _core_with_lanes(native, config, path)
-                native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, addrs)
+                native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, addrs, 0)
                 times.append(best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1))
             if took != path:
                 continue  # this CPU lacks it
@@ -455,7 +455,9 @@ def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_ite
     times, wrong = [], []
     for count in counts:
         x = make_input(dtype, count, rank)
-        t = torch.from_numpy(x.copy())
+        # in place, each call sums the last one's sums: int32 would overflow within the timed calls, so they
+        # run on zeros (the switch adds int32 lanes whatever they hold); the check below uses the input
+        t = torch.zeros(count, dtype=torch.int32) if codec == "int32" else torch.from_numpy(x.copy())
         warm, iters = _iterations(4 * count, n_iters)
         for _ in range(warm):
             dist.all_reduce(t)
@@ -542,8 +544,9 @@ def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), glo
                     windows=(None,), iters=None, torch_ina=True) -> list[dict]:
     """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload x
     window, and gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
-    With torch_ina, the "ina" torch.distributed backend per backend x codec x workers x payload too ("torch
-    ina", in place as gloo). "x gloo" is the time over gloo's at the same size and worker count."""
+    With gloo and torch_ina, the "ina" torch.distributed backend per backend x codec x workers x payload too
+    ("torch ina", in place as gloo: the two torch rows). "x gloo" is the time over gloo's at the same size and
+    worker count."""
     rows = [{"config": "np.copyto", "backend": "memory", "codec": "float32", "workers": 1, "size": s,
              "count": s // 4, "type": "float", "time": t * 1e6, "algbw": s / t / 1e9}
             for s, t in ((s, copyto_seconds(s)) for s in sizes)]
@@ -556,7 +559,7 @@ def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), glo
             reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes], iters), expect=workers)
             rows += _rows(config, sizes, reports, workers, "float", in_place=True)
             base = {r["size"]: r["time"] for r in rows[-len(sizes):]}
-        for backend, codec, payload in itertools.product(backends, codecs, payloads) if torch_ina else ():
+        for backend, codec, payload in itertools.product(backends, codecs, payloads) if gloo and torch_ina else ():
             if progress:
                 progress(f"torch ina {backend}/{codec} x{workers} {payload} B/packet")
             for r in _torch_ina_config(backend, codec, workers, payload, sizes, iters):

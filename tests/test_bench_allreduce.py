@@ -104,13 +104,17 @@ def test_demo_in_a_pipe_draws_no_progress_bar():
 
 
 def test_bench_allreduce_small_run_in_a_pipe():
-    """One size, int32 on the C switch with gloo: the JSON rows and the table, without terminal codes."""
+    """One size, int32 on the C switch with gloo and the "ina" torch backend: the JSON rows and the table,
+    without terminal codes."""
     cmd = [sys.executable, "-m", "switchsim", "bench", "allreduce", "--sizes", "4K", "--workers", "2",
            "--backends", "c", "--codecs", "int32"]
     run = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     _no_terminal_codes(run)
     rows = {r["config"]: r for r in json.loads(run.stdout)["allreduce"]}
-    assert set(rows) == {"np.copyto", "gloo x2", "c/int32 x2 1024 B"}
+    assert set(rows) == {"np.copyto", "gloo x2", "torch ina c/int32 x2 1024 B", "c/int32 x2 1024 B"}
+    torch_ina = rows["torch ina c/int32 x2 1024 B"]
+    assert torch_ina["#wrong"] == 0 and torch_ina["in place"] and torch_ina["vote us"] > 0
+    assert torch_ina["gloo calls"] == 0  # every call went through the switch
     ina = rows["c/int32 x2 1024 B"]
     assert ina["#wrong"] == 0 and ina["count"] == 1024 and ina["x gloo"] > 0 and rows["gloo x2"]["#wrong"] == 0
     assert ina["busbw"] == pytest.approx(ina["algbw"]) == pytest.approx(4096 / ina["time"] / 1e3)

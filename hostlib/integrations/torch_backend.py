@@ -115,27 +115,28 @@ class ProcessGroupINA(dist.ProcessGroup):
     callers (DDP's reducer, functional collectives) reach these methods through its trampoline; the gloo
     backend registered on it answers whatever is not overridden here."""
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta = timedelta(minutes=30), switch=None,
+    def __init__(self, store, rank: int, size: int, c10d_timeout: timedelta = timedelta(minutes=30), switch=None,
                  codec: str | None = None, job: int | None = None, retry_every: int | None = None,
                  use_switch: bool = True, **connect_kwargs):
         """Join the switch (world group) once every rank is ready, or start on gloo if it is unreachable.
 
         Args:
-            store, rank, size, timeout: from init_process_group (the group's prefixed store).
+            store, rank, size, c10d_timeout: from init_process_group (the group's prefixed store; the gloo
+                backends' timeout).
             switch: "HOST:PORT" (default $INA_SWITCH, or $MASTER_ADDR:$INA_SWITCH_PORT).
             codec: for floating tensors, 'fixed' or 'nc' (default $INA_CODEC or fixed); int32 tensors use int32.
             job: the switch job (default $INA_JOB or 1).
             retry_every: calls between attempts to re-join after a fault (default $INA_RETRY_EVERY or 50).
             use_switch: False for a subgroup: gloo only.
-            **connect_kwargs: hostlib.connect options (window, elements_per_packet, timeout, ...); fast
-                defaults to False where $INA_FAST=0.
+            **connect_kwargs: hostlib.connect options (window, elements_per_packet, timeout, rounding...);
+                fast defaults to False where $INA_FAST=0. init_process_group(pg_options={...}) passes them.
 
         Raises:
             ValueError: an unknown codec, no switch address.
             INAError: the switch refused the join (unknown job, wrong world size, bad key).
         """
         super().__init__(rank, size)
-        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, c10d_timeout)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         for device in ("cpu", "cuda"):
             self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO, self.gloo)
@@ -161,13 +162,12 @@ class ProcessGroupINA(dist.ProcessGroup):
             connect_kwargs.setdefault("fast", False)
         connect_kwargs.setdefault("join_timeout", JOIN_TIMEOUT)
         self.connect_kwargs = connect_kwargs
-        self._codecs = {"float": get_codec(self.codec, **{k: v for k, v in connect_kwargs.items()
-                                                          if k in ("rounding", "levels")}),
-                        "int32": get_codec("int32")}
+        rounding = {"rounding": connect_kwargs["rounding"]} if "rounding" in connect_kwargs else {}
+        self._codecs = {"float": get_codec(self.codec, **rounding), "int32": get_codec("int32")}
         # the vote's store and the fallback's gloo are this group's own: the worker thread alone uses them,
         # in call order, so every rank issues the same sequence whatever the caller's thread does meanwhile
         self.vote = CallVote(dist.PrefixStore("ina/", store), size)
-        self._fallback = dist.ProcessGroupGloo(dist.PrefixStore("ina-fallback/", store), rank, size, timeout)
+        self._fallback = dist.ProcessGroupGloo(dist.PrefixStore("ina-fallback/", store), rank, size, c10d_timeout)
         self._calls = 0  # calls that could go through the switch, the same count on every rank
         self._joins = 0
         self._retry_at = 0  # without a connection: the call that joins again
@@ -432,7 +432,7 @@ class ProcessGroupINA(dist.ProcessGroup):
     def _warn_once(self, key: str, message: str):
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 # The collectives gloo runs, by this group's method name (Python's name and the name c10d's C++ trampoline looks
@@ -484,8 +484,8 @@ def _reduce_op(opts):
     """The ReduceOp of c10d's options (or a bare op, as ProcessGroup.allreduce's overloads take)."""
     if opts is None:
         return Op.SUM
-    op = getattr(opts, "reduceOp", opts)
-    return getattr(op, "op", op) if not isinstance(op, Op.RedOpType) else op
+    op = getattr(opts, "reduceOp", opts)  # options hold a ReduceOp, whose .op is the RedOpType
+    return op if isinstance(op, Op.RedOpType) else op.op
 
 
 def _cuda_event(tensors):
