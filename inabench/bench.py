@@ -5,6 +5,7 @@ buffer, the Python reference switch, gloo's allreduce of the same tensors).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -540,48 +541,86 @@ def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None
     return _rows(config, sizes, reports, workers, "int32" if codec == "int32" else "float", in_place=False)
 
 
+def _gloo_config(workers, sizes, iters=None) -> list[dict]:
+    config = {"config": f"gloo x{workers}", "backend": "gloo", "codec": "float32", "workers": workers}
+    reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes], iters), expect=workers)
+    return _rows(config, sizes, reports, workers, "float", in_place=True)
+
+
+def _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torch_ina):
+    """Every configuration of one worker count as (progress label, a function that measures it once)."""
+    runs = [(f"gloo x{workers}", functools.partial(_gloo_config, workers, sizes, iters))] if gloo else []
+    for backend, codec, payload in itertools.product(backends, codecs, payloads) if gloo and torch_ina else ():
+        runs.append((f"torch ina {backend}/{codec} x{workers} {payload} B/packet",
+                     functools.partial(_torch_ina_config, backend, codec, workers, payload, sizes, iters)))
+    for backend, codec, payload, window in itertools.product(backends, codecs, payloads, windows or (None,)):
+        runs.append((f"{backend}/{codec} x{workers} {payload} B/packet" + (f", window {window}" if window else ""),
+                     functools.partial(_ina_config, backend, codec, workers, payload, sizes, window, iters)))
+    return runs
+
+
+def _median_rows(rounds: list[list[dict]], n: int) -> list[dict]:
+    """One row per configuration and size from R rounds of it: time the median over rounds (algbw and busbw
+    from it), "min us" and "max us" the spread, #wrong the largest; an error in any round is the row."""
+    out = []
+    for i, row in enumerate(rounds[0]):
+        same = [r[i] for r in rounds]
+        if any("error" in r for r in same):
+            out.append(next(r for r in same if "error" in r))
+            continue
+        times = sorted(r["time"] for r in same)
+        med = float(np.median(times))
+        algbw, busbw = bandwidths(row["size"], med / 1e6, n)
+        wrong = [r["#wrong"] for r in same if r.get("#wrong") is not None]
+        out.append({**row, "time": med, "algbw": algbw, "busbw": busbw, "#wrong": max(wrong) if wrong else None,
+                    "min us": times[0], "max us": times[-1], "repeat": len(same)})
+    return out
+
+
 def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None,
-                    windows=(None,), iters=None, torch_ina=True) -> list[dict]:
+                    windows=(None,), iters=None, torch_ina=True, repeat: int = 1) -> list[dict]:
     """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload x
     window, and gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
     With gloo and torch_ina, the "ina" torch.distributed backend per backend x codec x workers x payload too
-    ("torch ina", in place as gloo: the two torch rows). "x gloo" is the time over gloo's at the same size and
+    ("torch ina", in place as gloo: the two torch rows). With repeat R, every configuration of a worker count
+    runs R times, the order reversed every other round (so no configuration always runs first or after the
+    same one), and a row is the median of its R runs with their min and max; each run warms up apart (its
+    warm-up calls never land in a row). "x gloo" is the time over gloo's (median) at the same size and
     worker count."""
     rows = [{"config": "np.copyto", "backend": "memory", "codec": "float32", "workers": 1, "size": s,
              "count": s // 4, "type": "float", "time": t * 1e6, "algbw": s / t / 1e9}
             for s, t in ((s, copyto_seconds(s)) for s in sizes)]
     for workers in workers_list:
-        base = {}
-        if gloo:
-            if progress:
-                progress(f"gloo x{workers}")
-            config = {"config": f"gloo x{workers}", "backend": "gloo", "codec": "float32", "workers": workers}
-            reports = run_ranks(_gloo_sizes_rank, workers, ([s // 4 for s in sizes], iters), expect=workers)
-            rows += _rows(config, sizes, reports, workers, "float", in_place=True)
-            base = {r["size"]: r["time"] for r in rows[-len(sizes):]}
-        for backend, codec, payload in itertools.product(backends, codecs, payloads) if gloo and torch_ina else ():
-            if progress:
-                progress(f"torch ina {backend}/{codec} x{workers} {payload} B/packet")
-            for r in _torch_ina_config(backend, codec, workers, payload, sizes, iters):
-                r["x gloo"] = r["time"] / base[r["size"]] if "time" in r and base else None
-                rows.append(r)
-        for backend, codec, payload, window in itertools.product(backends, codecs, payloads, windows or (None,)):
-            if progress:
-                progress(f"{backend}/{codec} x{workers} {payload} B/packet" + (f", window {window}" if window else ""))
-            for r in _ina_config(backend, codec, workers, payload, sizes, window, iters):
-                r["x gloo"] = r["time"] / base[r["size"]] if "time" in r and base else None
-                rows.append(r)
+        runs = _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torch_ina)
+        measured: dict[str, list] = {label: [] for label, _ in runs}
+        for r in range(max(1, repeat)):
+            for label, run in runs if r % 2 == 0 else runs[::-1]:
+                if progress:
+                    progress(label + (f" (round {r + 1}/{repeat})" if repeat > 1 else ""))
+                measured[label].append(run())
+        merged = [_median_rows(measured[label], workers) if repeat > 1 else measured[label][0] for label, _ in runs]
+        base = {r["size"]: r["time"] for r in merged[0]} if gloo else {}
+        for block in merged[1:] if gloo else merged:
+            for row in block:
+                row["x gloo"] = row["time"] / base[row["size"]] if "time" in row and base else None
+        rows += [row for block in merged for row in block]
     return rows
 
 
-def _fmt_size_row(r: dict) -> str:
-    """One nccl-tests-like line: right-aligned, time in us to 1 decimal, GB/s to 2."""
+def _fmt_size_row(r: dict, spread: bool = False) -> str:
+    """One nccl-tests-like line: right-aligned, time in us to 1 decimal, GB/s to 2; with spread (--repeat),
+    the min and max of the runs and the ratio to gloo's median after nccl-tests' columns."""
     if "error" in r:
         return f"{r['size']:>12}  {r['size'] // 4:>12}  error: {r['error']}"
     busbw = "-" if r.get("busbw") is None else f"{r['busbw']:.2f}"
     wrong = "N/A" if r.get("#wrong") is None else str(r["#wrong"])
-    return (f"{r['size']:>12}  {r['count']:>12}  {r['type']:>6}  {r.get('redop', '-'):>5}  {r['time']:>10.1f}  "
+    line = (f"{r['size']:>12}  {r['count']:>12}  {r['type']:>6}  {r.get('redop', '-'):>5}  {r['time']:>10.1f}  "
             f"{r['algbw']:>7.2f}  {busbw:>7}  {wrong:>6}")
+    if spread:
+        ratio = "-" if r.get("x gloo") is None else f"{r['x gloo']:.2f}"
+        lo, hi = (f"{r[k]:.1f}" if r.get(k) is not None else "-" for k in ("min us", "max us"))
+        line += f"  {lo:>10}  {hi:>10}  {ratio:>6}"
+    return line
 
 
 def nccl_table(rows: list[dict]) -> str:
@@ -589,9 +628,16 @@ def nccl_table(rows: list[dict]) -> str:
     head = (f"#{'size':>11}  {'count':>12}  {'type':>6}  {'redop':>5}  {'time':>10}  {'algbw':>7}  {'busbw':>7}  "
             f"{'#wrong':>6}\n#{'(B)':>11}  {'(elements)':>12}  {'':>6}  {'':>5}  {'(us)':>10}  {'(GB/s)':>7}  "
             f"{'(GB/s)':>7}  {'':>6}")
+    repeat = max((r.get("repeat", 1) for r in rows), default=1)
+    if repeat > 1:
+        head = "\n".join(h + tail for h, tail in zip(head.split("\n"), (f"  {'min':>10}  {'max':>10}  {'x gloo':>6}",
+                                                                          f"  {'(us)':>10}  {'(us)':>10}  {'':>6}")))
     lines = ["# busbw = algbw * 2(n-1)/n (nccl-tests' allreduce); #wrong: elements outside the codec's bound",
              "# INA: out of place into a preallocated buffer (allreduce(x, out=y), nccl-tests' recvbuff); "
              "gloo and torch ina (init_process_group(\"ina\")): in place (all_reduce(t))"]
+    if repeat > 1:
+        lines.append(f"# time: the median of {repeat} runs of each configuration, alternating (every other round in "
+                     f"reverse order); min, max: of those runs; x gloo: time / gloo's median time")
     for config in dict.fromkeys(r["config"] for r in rows):
         block = [r for r in rows if r["config"] == config]
         note = ("memory bound: np.copyto of the same buffer, one core (algbw = size / copy time)"
@@ -601,7 +647,7 @@ def nccl_table(rows: list[dict]) -> str:
             note += f"; store vote {block[0]['vote us']:.0f} us per call"
             if block[0].get("gloo calls"):
                 note += f"; {block[0]['gloo calls']} calls fell back to gloo"
-        lines += ["", f"# {note}", head, *map(_fmt_size_row, block)]
+        lines += ["", f"# {note}", head, *(_fmt_size_row(r, repeat > 1) for r in block)]
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -458,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`; shared memory: shm
     sp.add_argument("--iters", type=int, default=None, metavar="N",
                     help="timed calls per size (nccl-tests' -n; default: about 32 MiB per size, 1 to 20)")
+    sp.add_argument("--repeat", type=int, default=1, metavar="R",
+                    help="run every configuration and gloo R times, alternating, and report each row's median, "
+                         "min and max, and its ratio to gloo's median (default %(default)s)")
     sp.add_argument("--windows", type=csv(int), default=None, metavar="LIST",
                     help="worker windows in packets to sweep (comma list; default: connect's own, "
                          "hostlib.worker.auto_window)")

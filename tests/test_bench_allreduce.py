@@ -135,3 +135,29 @@ def test_bench_allreduce_sweeps_windows_on_shared_memory():
     for w in (4, 32):
         r = rows[f"shm/int32 x2 1024 B W={w}"]
         assert r["window"] == w and r["#wrong"] == 0 and r["time"] > 0
+
+
+def test_repeat_reports_medians_spread_and_ratio_to_gloos_median(monkeypatch):
+    """--repeat R: every configuration runs R times in alternating order; a row is the median of its runs,
+    with their min and max, and x gloo divides by gloo's median. Measured here with stand-in runs whose
+    times are known, so the arithmetic and the order are checked, not the machine."""
+    from inabench import bench
+
+    order, times = [], {"gloo": [30.0, 10.0, 20.0], "ina": [5.0, 7.0, 6.0]}
+
+    def fake(label):
+        def run():
+            order.append(label)
+            t = times[label][sum(x == label for x in order) - 1]
+            return [{"config": label, "backend": label, "size": 4096, "count": 1024, "type": "int32",
+                     "time": t, "algbw": 0.0, "busbw": 0.0, "#wrong": 0}]
+        return run
+
+    monkeypatch.setattr(bench, "_runs", lambda *a, **k: [("gloo", fake("gloo")), ("ina", fake("ina"))])
+    monkeypatch.setattr(bench, "copyto_seconds", lambda size: 1e-6)
+    rows = {r["config"]: r for r in bench.bench_allreduce([4096], [2], ["c"], ["int32"], repeat=3)}
+    assert order == ["gloo", "ina", "ina", "gloo", "gloo", "ina"]  # reversed every other round
+    assert (rows["gloo"]["time"], rows["gloo"]["min us"], rows["gloo"]["max us"]) == (20.0, 10.0, 30.0)
+    assert (rows["ina"]["time"], rows["ina"]["min us"], rows["ina"]["max us"]) == (6.0, 5.0, 7.0)
+    assert rows["ina"]["x gloo"] == pytest.approx(6.0 / 20.0) and rows["ina"]["repeat"] == 3
+    assert "min" in bench.nccl_table(list(rows.values())) and "x gloo" in bench.nccl_table(list(rows.values()))
