@@ -403,6 +403,19 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_
     out.put((rank, times, wrong))
 
 
+def _timed_all_reduce(dist, t, count: int, n_iters) -> float:
+    """Seconds per in-place dist.all_reduce(t) of the current process group: warm-up calls, a barrier, then
+    the timed calls (nccl-tests' -w and -n)."""
+    warm, iters = _iterations(4 * count, n_iters)
+    for _ in range(warm):
+        dist.all_reduce(t)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t)
+    return (time.perf_counter() - t0) / iters
+
+
 def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
     """One gloo rank: per count, warm-up then timed in-place all_reduce (as nccl-tests' in-place run), then
     one on a fresh copy of the input for the check."""
@@ -416,15 +429,7 @@ def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
     times, wrong = [], []
     for count in counts:
         x = make_input("float32", count, rank)
-        t = torch.from_numpy(x.copy())
-        warm, iters = _iterations(4 * count, n_iters)
-        for _ in range(warm):
-            dist.all_reduce(t)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(t)
-        times.append((time.perf_counter() - t0) / iters)
+        times.append(_timed_all_reduce(dist, torch.from_numpy(x.copy()), count, n_iters))
         t = torch.from_numpy(x.copy())
         dist.all_reduce(t)
         wrong.append(count_wrong("float32", [make_input("float32", count, r) for r in range(n)], t.numpy(), count)
@@ -459,14 +464,7 @@ def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_ite
         # in place, each call sums the last one's sums: int32 would overflow within the timed calls, so they
         # run on zeros (the switch adds int32 lanes whatever they hold); the check below uses the input
         t = torch.zeros(count, dtype=torch.int32) if codec == "int32" else torch.from_numpy(x.copy())
-        warm, iters = _iterations(4 * count, n_iters)
-        for _ in range(warm):
-            dist.all_reduce(t)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(t)
-        times.append((time.perf_counter() - t0) / iters)
+        times.append(_timed_all_reduce(dist, t, count, n_iters))
         t = torch.from_numpy(x.copy())
         dist.all_reduce(t)
         wrong.append(count_wrong(codec, [make_input(dtype, count, r) for r in range(n)], t.numpy(), elements)

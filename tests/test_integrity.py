@@ -34,19 +34,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(params=["python", "c"])
-def serve(request):
-    """Factory of `switchsim serve` processes on the param's backend, stopped at the end."""
-    started = []
-
-    def start(*args):
-        sp = SwitchProcess(*args, backend=request.param)
-        started.append(sp)
-        return sp
-
-    yield start
-    for sp in started:
-        sp.stop()
+def serve_on(*backends):
+    """The tests' switch processes (conftest's switch_process) on these serve backends only: they kill and
+    restart switches, which the DPDK namespace does not take."""
+    return pytest.mark.parametrize("switch_process", backends, indirect=True)
 
 
 @pytest.fixture
@@ -121,12 +112,13 @@ def assert_exact(result, expected):
     assert np.array_equal(result[1], expected)
 
 
+@serve_on("python", "c")
 @pytest.mark.parametrize("fast", LOOPS, ids=["c-loop", "py-loop"])
 @pytest.mark.parametrize("codec", ["int32", "fixed", "nc"])
-def test_lengths_that_differ_fail_every_rank_by_name_and_the_next_call_is_exact(serve, codec, fast):
+def test_lengths_that_differ_fail_every_rank_by_name_and_the_next_call_is_exact(switch_process, codec, fast):
     """The issue's case: rank 0 calls with 1M elements twice, rank 1 once with 2M. Both raise CallMismatch
     naming both lengths within 1 s; their next calls (the same length) are exact."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     dtype = np.int32 if codec == "int32" else np.float32
     small, big, ones = (np.ones(n, dtype) for n in (1 << 20, 2 << 20, 4096))
     res = ranks(sw.address, [[small, ones, ones], [big, ones]], codec=codec, fast=fast)
@@ -142,9 +134,10 @@ def test_lengths_that_differ_fail_every_rank_by_name_and_the_next_call_is_exact(
     assert report["dropped"]["call_mismatch"] >= 1
 
 
-def test_codecs_that_differ_are_named(serve):
+@serve_on("python", "c")
+def test_codecs_that_differ_are_named(switch_process):
     """int32 and fixed both send int32 elements: only the call identity tells them apart."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     res = [None, None]
 
     def work(r, codec, x):
@@ -170,12 +163,13 @@ LOCAL_ERRORS = {
 }
 
 
+@serve_on("python", "c")
 @pytest.mark.parametrize("fast", LOOPS, ids=["c-loop", "py-loop"])
 @pytest.mark.parametrize("case", sorted(LOCAL_ERRORS))
-def test_a_local_error_is_agreed_and_the_next_call_is_exact(serve, case, fast):
+def test_a_local_error_is_agreed_and_the_next_call_is_exact(switch_process, case, fast):
     """Rank 0's call fails on its own input before anything is sent: it raises its own error, rank 1 raises
     CallAborted naming rank 0 and the reason within 1 s, and the next call on both is exact."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     bad, exc = LOCAL_ERRORS[case]
     x = np.arange(1000, dtype=np.int32)
     res = ranks(sw.address, [[x, bad, x], [x, x, x]], fast=fast)
@@ -188,8 +182,9 @@ def test_a_local_error_is_agreed_and_the_next_call_is_exact(serve, case, fast):
         assert_exact(res[r][2], 2 * x)
 
 
-def test_an_empty_call_on_one_rank_only_is_a_mismatch(serve):
-    sw = serve("--workers", 2)
+@serve_on("python", "c")
+def test_an_empty_call_on_one_rank_only_is_a_mismatch(switch_process):
+    sw = switch_process("--workers", 2)
     x = np.arange(10, dtype=np.int32)
     res = ranks(sw.address, [[np.zeros(0, np.int32), x], [x, x]])
     for r in range(2):
@@ -199,8 +194,9 @@ def test_an_empty_call_on_one_rank_only_is_a_mismatch(serve):
     assert all(b[0][0] == "ok" and b[0][1].size == 0 for b in both)
 
 
-def test_nan_is_agreed_and_the_next_call_is_exact(serve):
-    sw = serve("--workers", 2)
+@serve_on("python", "c")
+def test_nan_is_agreed_and_the_next_call_is_exact(switch_process):
+    sw = switch_process("--workers", 2)
     x = np.ones(1000, np.float32)
     nan = x.copy()
     nan[7] = np.nan
@@ -209,9 +205,10 @@ def test_nan_is_agreed_and_the_next_call_is_exact(serve):
     assert all(r[1][0] == "ok" for r in res)
 
 
+@serve_on("python", "c")
 @pytest.mark.parametrize("fast", LOOPS, ids=["c-loop", "py-loop"])
-def test_a_killed_switch_is_named_within_a_second(serve, fast):
-    sw = serve("--workers", 1)
+def test_a_killed_switch_is_named_within_a_second(switch_process, fast):
+    sw = switch_process("--workers", 1)
     with hostlib.connect(sw.address, 0, 1, codec="int32", timeout=30, fast=fast) as comm:
         assert comm.allreduce(np.ones(10, np.int32))[0] == 1
         os.kill(sw.proc.pid, signal.SIGKILL)
@@ -223,12 +220,13 @@ def test_a_killed_switch_is_named_within_a_second(serve, fast):
         assert sw.address in str(info.value) and info.value.switch == sw.address
 
 
+@serve_on("python", "c")
 @pytest.mark.parametrize("fast", LOOPS, ids=["c-loop", "py-loop"])
-def test_a_restarted_switch_is_recognised_and_the_job_rejoins(serve, fast):
+def test_a_restarted_switch_is_recognised_and_the_job_rejoins(switch_process, fast):
     """Killed and started again on the same port: the old generation's packets get the new switch's
     not-member answer with another boot id: SwitchRestarted within 2 s; the next call re-joins and is exact."""
     port = free_port()
-    sw = serve("--workers", 2, "--port", port)
+    sw = switch_process("--workers", 2, "--port", port)
     out = [None, None]
     barrier = threading.Barrier(2)
 
@@ -240,7 +238,7 @@ def test_a_restarted_switch_is_recognised_and_the_job_rejoins(serve, fast):
             if r == 0:
                 os.kill(sw.proc.pid, signal.SIGKILL)
                 sw.proc.wait(10)
-                serve("--workers", 2, "--port", port)
+                switch_process("--workers", 2, "--port", port)
             barrier.wait()
             t = time.monotonic()
             try:
@@ -262,10 +260,11 @@ def test_a_restarted_switch_is_recognised_and_the_job_rejoins(serve, fast):
         assert res[2] == 2
 
 
-def test_a_dead_peer_is_named_and_a_busy_one_is_not(serve, procs):
+@serve_on("python", "c")
+def test_a_dead_peer_is_named_and_a_busy_one_is_not(switch_process, procs):
     """Rank 1 in its own process: alive but idle for twice the switch's silence limit, it causes no error
     (heartbeats); SIGKILLed, rank 0's next call raises PeerDead naming rank 1 within 5 s."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     peer = procs(sw.address, 1, 2, 2)
     with hostlib.connect(sw.address, 0, 2, codec="int32", timeout=60) as comm:
         assert comm.allreduce(np.ones(1000, np.int32))[0] == 2
@@ -281,10 +280,11 @@ def test_a_dead_peer_is_named_and_a_busy_one_is_not(serve, procs):
         assert info.value.rank == 1 and "rank 1" in str(info.value)
 
 
-def test_a_job_reforms_while_a_member_of_the_old_one_lingers(serve, procs):
+@serve_on("python", "c")
+def test_a_job_reforms_while_a_member_of_the_old_one_lingers(switch_process, procs):
     """A crashed job: rank 0 killed, rank 1 lingering in a call that cannot complete (retransmitting). The
     job started again from two new processes forms, and its calls are exact; the lingering rank is told."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     old0 = procs(sw.address, 0, 2, 1)
     old1 = procs(sw.address, 1, 2, 1, 1000, 60, env={"LINGER_CALL": "1"})
     assert lines(old0, 2)[-1] == {"call": 0, "ok": 2} and lines(old1, 2)[-1] == {"call": 0, "ok": 2}
@@ -300,10 +300,11 @@ def test_a_job_reforms_while_a_member_of_the_old_one_lingers(serve, procs):
     assert report["jobs"]["1"]["generation"] >= 2
 
 
-def test_a_strangers_join_before_the_job_names_the_holder_at_once(serve):
+@serve_on("python", "c")
+def test_a_strangers_join_before_the_job_names_the_holder_at_once(switch_process):
     """A keyless stranger keeps claiming rank 0 before the job starts: the honest rank 0 gets RankTaken at
     once (not a timeout), naming the stranger's address and advising --key-file."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     host, port = sw.address.rsplit(":", 1)
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     stop = threading.Event()
@@ -329,10 +330,11 @@ def test_a_strangers_join_before_the_job_names_the_holder_at_once(serve):
         stranger.close()
 
 
-def test_packet_sizes_are_agreed_at_the_join(serve):
+@serve_on("python", "c")
+def test_packet_sizes_are_agreed_at_the_join(switch_process):
     """Ranks asking for different packet sizes are refused at the join, both at once and by name (not a
     generation that hangs on `mismatch`); the same size is granted and enforced: a larger packet is dropped."""
-    sw = serve("--workers", 2)
+    sw = switch_process("--workers", 2)
     box = [None, None]
 
     def join(r, k):
