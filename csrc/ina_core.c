@@ -2,6 +2,7 @@
  * same order, so that outputs and counters agree (tests/test_native.py checks it on random traffic). */
 #include "ina_core.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,10 @@ typedef struct {
     /* the generation failed (failed_len > 0): the error payload (code, rank, text) its packets get */
     uint8_t failed[INA_ERROR_PAYLOAD_SIZE + INA_MAX_ERROR_TEXT];
     uint32_t failed_len;
+    uint32_t told[INA_MAX_WORKERS]; /* rank -> bit (1 << drop reason) per reason answered this generation */
 } job_t;
+
+#define TOLD_TEXT 160 /* an ERR_DROPPED's text, at most (and never more than the dropped packet has room for) */
 
 struct ina_switch {
     uint32_t slots, max_elements;
@@ -55,7 +59,18 @@ struct ina_switch {
     uint32_t n_jobs;
     job_t *jobs;
     int32_t job_index[65536];
+    uint8_t told[INA_ERROR_PAYLOAD_SIZE + TOLD_TEXT]; /* the last ERR_DROPPED's payload (transient) */
 };
+
+/* the packet being processed: its header (NULL: it did not parse), elements, size and source, and where the
+ * packets it causes go */
+typedef struct {
+    const header *h;
+    const uint8_t *payload;
+    size_t len;
+    uint64_t src;
+    ina_out *out;
+} packet;
 
 static inline int serial_gt(uint32_t a, uint32_t b)
 {
@@ -194,6 +209,7 @@ int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint3
     j->session = session;
     j->first_id = first_id;
     j->failed_len = 0;
+    memset(j->told, 0, sizeof j->told);
     memcpy(j->addresses, addrs, j->world_size * sizeof *addrs);
     job_reset_slots(sw, j);
     return 0;
@@ -412,6 +428,141 @@ static int not_member(ina_switch *sw, const header *h, uint64_t src, int reason,
     return 1;
 }
 
+/* the drop reasons a member is told of (wire.TOLD_DROPS), by their names in wire.DROP_REASONS */
+static const char *const told_names[INA_DROP_COUNT] = {
+    [INA_DROP_MALFORMED] = "malformed", [INA_DROP_BAD_SLOT] = "bad_slot", [INA_DROP_STALE] = "stale",
+    [INA_DROP_AHEAD] = "ahead", [INA_DROP_MISMATCH] = "mismatch", [INA_DROP_BAD_CODES] = "bad_codes",
+};
+
+/* the ERR_DROPPED of tell(): sw->told's first n bytes to the packet's source, a reply (FLAG_REPLY) that echoes
+ * its packet id and pool when it parsed (else 0), with the generation's session and the switch's boot id */
+static void told_to(const ina_switch *sw, const job_t *j, uint8_t rank, const packet *p, uint32_t n)
+{
+    const header none = {0};
+    const header *a = p->h ? p->h : &none;
+    ina_out *o = p->out;
+    o->dst = p->src;
+    put_header(o->hdr, INA_MSG_ERROR, (uint16_t)j->job_id, rank, a->packet_id, a->slot, a->set, 0, INA_CODEC_NONE,
+               0, INA_EXP_NONE, INA_FLAG_REPLY, j->session);
+    put_boot(o->hdr, sw->boot);
+    o->payload = sw->told;
+    o->len = n;
+    o->stable = 0;
+}
+
+/* model: Switch._tell. A member's packet dropped for its sender's mistake: counted (slot -1: no slot's);
+ * the first time this generation for this rank and reason, answered with ERR_DROPPED (code, the reason's
+ * index, "<reason>: " and the detail fmt words), cut so that it is never larger than the packet (none for a
+ * packet too short for the two code bytes). The packets written: 0 or 1 */
+__attribute__((format(printf, 7, 8)))
+static int tell(ina_switch *sw, job_t *j, uint8_t rank, const packet *p, int reason, int slot, const char *fmt, ...)
+{
+    drop(sw, reason, j, slot);
+    uint32_t bit = 1u << reason;
+    if ((j->told[rank] & bit) || p->len < INA_HEADER_SIZE + INA_ERROR_PAYLOAD_SIZE)
+        return 0;
+    j->told[rank] |= bit;
+    char text[TOLD_TEXT + 1];
+    int n = snprintf(text, sizeof text, "%s: ", told_names[reason]);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(text), room = p->len - INA_HEADER_SIZE - INA_ERROR_PAYLOAD_SIZE;
+    len = len < room ? len : room;
+    sw->told[0] = INA_ERR_DROPPED;
+    sw->told[1] = (uint8_t)reason;
+    memcpy(sw->told + INA_ERROR_PAYLOAD_SIZE, text, len);
+    told_to(sw, j, rank, p, (uint32_t)(INA_ERROR_PAYLOAD_SIZE + len));
+    return 1;
+}
+
+/* wire.unpack's words for a data message's length or block extension that parse() refused */
+static void data_why(const uint8_t *d, size_t len, char *t, size_t size)
+{
+    unsigned count = rd16(d + INA_OFF_COUNT), codec = d[INA_OFF_CODEC];
+    unsigned esize = codec == INA_CODEC_INT32 ? 4 : codec == INA_CODEC_NC8 ? 1 : 0;
+    int sparse = d[INA_OFF_MSG_TYPE] == INA_MSG_SPARSE_UPDATE || d[INA_OFF_MSG_TYPE] == INA_MSG_SPARSE_RESULT;
+    unsigned ext = sparse ? INA_BLOCK_EXT_SIZE : 0;
+    if (!esize) {
+        snprintf(t, size, "unknown codec %u", codec);
+        return;
+    }
+    if (len != INA_HEADER_SIZE + ext + (size_t)count * esize) {
+        snprintf(t, size, "payload is %zu bytes, header says %u + %u x %u", len - INA_HEADER_SIZE, ext, count, esize);
+        return;
+    }
+    if (!sparse) { /* parse() takes every other data message of the right length */
+        snprintf(t, size, "bad header");
+        return;
+    }
+    uint32_t block = rd32(d + INA_HEADER_SIZE), next = rd32(d + INA_HEADER_SIZE + 4);
+    if ((count == 0) != (block == INA_BLOCK_NONE))
+        snprintf(t, size, "block extension: block 0x%x with %u elements", block, count);
+    else
+        snprintf(t, size, "block extension: next block %u is not after block %u", next, block);
+}
+
+/* wire.unpack's words for a datagram parse() refused, or (parsed) what the message no worker sends is */
+static void malformed_why(const uint8_t *d, size_t len, int parsed, char *t, size_t size)
+{
+    static const char *const names[INA_MSG_COUNT] = {"update", "result", "join", "join_ack", "join_wait", "error",
+                                                      "stats_req", "stats", "sparse_update", "sparse_result"};
+    unsigned type = len > INA_OFF_MSG_TYPE ? d[INA_OFF_MSG_TYPE] : 0;
+    if (parsed)
+        snprintf(t, size, "a %s is never sent to a switch", names[type] ? names[type] : "message of this type");
+    else if (len < INA_HEADER_SIZE)
+        snprintf(t, size, "truncated header: %zu < %d bytes", len, INA_HEADER_SIZE);
+    else if (d[INA_OFF_VERSION] != INA_VERSION)
+        snprintf(t, size, "unknown version %u", d[INA_OFF_VERSION]);
+    else if (type >= INA_MSG_COUNT)
+        snprintf(t, size, "unknown message type %u", type);
+    else if (rd16(d + INA_OFF_POOL) & INA_POOL_RESERVED_BIT)
+        snprintf(t, size, "reserved pool-index bit 14 is set");
+    else if (type == INA_MSG_UPDATE || type == INA_MSG_RESULT || type == INA_MSG_SPARSE_UPDATE ||
+             type == INA_MSG_SPARSE_RESULT)
+        data_why(d, len, t, size);
+    else
+        snprintf(t, size, "join is %zu bytes, not %d", len, INA_JOIN_SIZE); /* parse() refuses nothing else */
+}
+
+/* model: Switch._malformed. A datagram that does not parse, or (parsed) a message no worker sends to a switch:
+ * if its job and rank bytes (offsets 4 and 6 in every version) name a member of an admitted generation that
+ * sent it from its address, it is told why; anyone else's is only counted */
+static int malformed(ina_switch *sw, const uint8_t *pkt, size_t len, int parsed, uint64_t src, ina_out *out)
+{
+    if (len < INA_OFF_RANK + 1)
+        return drop(sw, INA_DROP_MALFORMED, NULL, -1);
+    job_t *j = job_of(sw, rd16(pkt + INA_OFF_JOB));
+    uint8_t rank = pkt[INA_OFF_RANK];
+    if (!j || !j->generation || rank >= j->world_size || j->addresses[rank] != src)
+        return drop(sw, INA_DROP_MALFORMED, NULL, -1);
+    char why[TOLD_TEXT];
+    malformed_why(pkt, len, parsed, why, sizeof why);
+    const packet p = {NULL, NULL, len, src, out};
+    return tell(sw, j, rank, &p, INA_DROP_MALFORMED, -1, "%s", why);
+}
+
+/* model: Switch._out_of_order. A packet id the slot does not take now (expected; none: no new round yet) */
+static int out_of_order(ina_switch *sw, job_t *j, const packet *p, uint32_t expected, int none)
+{
+    const header *h = p->h;
+    char wanted[48];
+    if (none)
+        snprintf(wanted, sizeof wanted, "no new round yet");
+    else
+        snprintf(wanted, sizeof wanted, "the slot's round is %u", expected);
+    return tell(sw, j, h->rank, p, behind_or_ahead(h->packet_id, expected, none), h->slot,
+                "packet id %u on slot %u set %u; %s", h->packet_id, h->slot, h->set, wanted);
+}
+
+/* model: Switch._bad_codes */
+static int bad_codes(ina_switch *sw, job_t *j, const packet *p)
+{
+    return tell(sw, j, p->h->rank, p, INA_DROP_BAD_CODES, p->h->slot,
+                "NC codes outside the block's range for exponent %d, or 0x80", p->h->exp_cur);
+}
+
 /* model: Switch._failed. A packet of a failed generation that no completed round answers: the error again,
  * as the answer to it, to the (admitted) sender only */
 static int answer_failed(ina_switch *sw, job_t *j, const header *h, uint64_t src, ina_out *out)
@@ -422,19 +573,19 @@ static int answer_failed(ina_switch *sw, job_t *j, const header *h, uint64_t src
 }
 
 /* model: Switch._duplicate. A packet from a rank already counted in (slot, set): resend a completed round */
-static int duplicate(ina_switch *sw, job_t *j, const header *h, slot_set *st, slot_set *other, uint64_t src,
-                     ina_out *out)
+static int duplicate(ina_switch *sw, job_t *j, const packet *p, slot_set *st, slot_set *other)
 {
+    const header *h = p->h;
     if (h->packet_id != st->round_id) /* same set, other round: a protocol violation */
-        return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, h->slot);
+        return out_of_order(sw, j, p, st->round_id, 0);
     other->bitmap &= ~(1ULL << h->rank);
     if (st->complete) {
         (*slot_counter(sw, j, INA_SLOT_RESENT, h->slot))++;
-        result(sw, j, h, st, h->rank, src, out); /* unicast back where it came from */
+        result(sw, j, h, st, h->rank, p->src, p->out); /* unicast back where it came from */
         return 1;
     }
     if (j->failed_len)
-        return answer_failed(sw, j, h, src, out);
+        return answer_failed(sw, j, h, p->src, p->out);
     return drop(sw, INA_DROP_DUPLICATE, j, h->slot);
 }
 
@@ -484,15 +635,15 @@ static int call_mismatch(ina_switch *sw, job_t *j, const header *h, const slot_s
 
 /* model: Switch._update, before == 0. The round's first packet: the one packet id it may have; its call,
  * shape and elements are the round's */
-static int start_round(ina_switch *sw, job_t *j, const header *h, const uint8_t *payload, slot_set *st,
-                       const slot_set *other)
+static int start_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st, const slot_set *other)
 {
+    const header *h = p->h;
     int none;
     uint32_t expected = next_round(st, other, h->set, j->first_id, &none);
     if (none || h->packet_id != expected)
-        return drop(sw, behind_or_ahead(h->packet_id, expected, none), j, h->slot);
-    if (!values(sw, h, payload, st->acc, 0))
-        return drop(sw, INA_DROP_BAD_CODES, j, h->slot);
+        return out_of_order(sw, j, p, expected, none);
+    if (!values(sw, h, p->payload, st->acc, 0))
+        return bad_codes(sw, j, p);
     st->round_id = h->packet_id;
     st->has_round = 1;
     st->complete = 0;
@@ -512,23 +663,33 @@ static int start_round(ina_switch *sw, job_t *j, const header *h, const uint8_t 
     return SUMMED;
 }
 
+/* model: the mismatch branch of Switch._update. A packet of the round's call whose shape differs from the
+ * round's (sparse: Switch._sparse_fits) */
+static int mismatch(ina_switch *sw, job_t *j, const packet *p, const slot_set *st)
+{
+    const header *h = p->h;
+    return tell(sw, j, h->rank, p, INA_DROP_MISMATCH, h->slot,
+                "codec %u, %u elements, exponent %d; the round has codec %u, %u elements, exponent %d", h->codec,
+                h->count, h->exp_cur, st->codec, st->n_elems, st->exp_cur);
+}
+
 /* model: Switch._update, before != 0. A later packet of the round: same round and call, the same shape
  * (sparse: Switch._sparse_fits), its elements added */
-static int join_round(ina_switch *sw, job_t *j, const header *h, const uint8_t *payload, slot_set *st,
-                      ina_out *out)
+static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st)
 {
+    const header *h = p->h;
     int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE;
     if (h->packet_id != st->round_id || st->complete) /* late retransmission from a worker that moved on */
-        return drop(sw, behind_or_ahead(h->packet_id, st->round_id, 0), j, h->slot);
+        return out_of_order(sw, j, p, st->round_id, 0);
     if (h->call != st->call || h->call_kind != st->call_kind || h->call_len != st->call_len)
-        return call_mismatch(sw, j, h, st, out);
+        return call_mismatch(sw, j, h, st, p->out);
     if (sparse ? !sparse_fits(st, h)
                : (st->sparse || h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur))
-        return drop(sw, INA_DROP_MISMATCH, j, h->slot);
+        return mismatch(sw, j, p, st);
     /* a sparse round's first elements are written, later ones added */
     int add = !sparse || st->block != INA_BLOCK_NONE;
-    if (!values(sw, h, payload, st->acc, add))
-        return drop(sw, INA_DROP_BAD_CODES, j, h->slot);
+    if (!values(sw, h, p->payload, st->acc, add))
+        return bad_codes(sw, j, p);
     if (sparse)
         sparse_add(st, h);
     else if (h->exp_next > st->exp_max)
@@ -548,7 +709,7 @@ static int complete(ina_switch *sw, job_t *j, const header *h, slot_set *st, ina
 }
 
 /* model: Switch._update */
-static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64_t src, ina_out *out)
+static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)
 {
     int reason;
     job_t *j = admitted(sw, h, src, &reason);
@@ -556,17 +717,19 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, uint64
         return not_member(sw, h, src, reason, out);
     if (!j)
         return drop(sw, reason, NULL, -1);
+    const uint8_t *payload = pkt + INA_HEADER_SIZE + (h->msg_type == INA_MSG_SPARSE_UPDATE ? INA_BLOCK_EXT_SIZE : 0);
+    const packet p = {h, payload, len, src, out};
     if (h->slot >= sw->slots || h->count > j->elements)
-        return drop(sw, INA_DROP_BAD_SLOT, NULL, -1);
+        return tell(sw, j, h->rank, &p, INA_DROP_BAD_SLOT, -1, "slot %u with %u elements; the job has %u slots of %u "
+                    "elements", h->slot, h->count, sw->slots, j->elements);
     (*slot_counter(sw, j, INA_SLOT_RECEIVED, h->slot))++;
     slot_set *st = &j->sets[2 * h->slot + h->set], *other = &j->sets[2 * h->slot + (1 - h->set)];
     uint64_t bit = 1ULL << h->rank;
     if (st->bitmap & bit)
-        return duplicate(sw, j, h, st, other, src, out);
+        return duplicate(sw, j, &p, st, other);
     if (j->failed_len) /* no new contribution after a failure; completed rounds still resend */
         return answer_failed(sw, j, h, src, out);
-    const uint8_t *payload = pkt + INA_HEADER_SIZE + (h->msg_type == INA_MSG_SPARSE_UPDATE ? INA_BLOCK_EXT_SIZE : 0);
-    int n = st->bitmap == 0 ? start_round(sw, j, h, payload, st, other) : join_round(sw, j, h, payload, st, out);
+    int n = st->bitmap == 0 ? start_round(sw, j, &p, st, other) : join_round(sw, j, &p, st);
     if (n != SUMMED)
         return n;
     st->bitmap |= bit;
@@ -580,13 +743,13 @@ int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t 
     int n;
     sw->c.packets_in++;
     if (parse(pkt, len, &h) < 0)
-        return drop(sw, INA_DROP_MALFORMED, NULL, -1);
-    if (h.msg_type == INA_MSG_UPDATE || h.msg_type == INA_MSG_SPARSE_UPDATE)
-        n = on_update(sw, &h, pkt, src, out);
+        n = malformed(sw, pkt, len, 0, src, out);
+    else if (h.msg_type == INA_MSG_UPDATE || h.msg_type == INA_MSG_SPARSE_UPDATE)
+        n = on_update(sw, &h, pkt, len, src, out);
     else if (INA_CONTROL_REQUESTS >> h.msg_type & 1)
         return INA_PUNT; /* the control plane answers (join, leave, abort, heartbeat, stats), and counts its replies */
     else
-        return drop(sw, INA_DROP_MALFORMED, NULL, -1); /* results, acks... are never sent to a switch */
+        n = malformed(sw, pkt, len, 1, src, out); /* results, acks... are never sent to a switch */
     sw->c.packets_out += (uint64_t)n;
     return n;
 }

@@ -9,9 +9,9 @@
  * kernel has them (ina_gso.h), which leaves the datagrams on the wire as they were.
  * Protocol v3: every packet carries the call's identity (call_kind, call, call_len) and the join_ack's boot;
  * a result of another call is stale; an error of this generation ends the call with the datagram for the
- * caller (INA_WK_SWITCH_ERROR) as worker.py's _results says (on_error), one of another session is stale; a
- * switch port that keeps refusing (UDP) or a shared-memory switch that is gone ends it as INA_WK_REFUSED
- * instead of waiting for the timeout. */
+ * caller (INA_WK_SWITCH_ERROR) as worker.py's _results says (on_error), but for ERR_DROPPED, which is only
+ * counted (on_dropped); one of another session is stale; a switch port that keeps refusing (UDP) or a
+ * shared-memory switch that is gone ends it as INA_WK_REFUSED instead of waiting for the timeout. */
 #define _GNU_SOURCE
 #include "ina_worker.h"
 
@@ -140,6 +140,7 @@ int ina_wk_start(ina_wk *w)
     w->total = w->nb + w->D;
     w->ndone = 0;
     w->error_len = 0;
+    w->dropped_len = 0;
     w->priv = p;
     if (!w->sparse) {
         p->cand = malloc((3 * (size_t)w->window + 1) * sizeof *p->cand);
@@ -524,6 +525,16 @@ static int on_error(ina_wk *w, priv_t *p, const header *h, const uint8_t *d, siz
     return INA_WK_AGAIN;
 }
 
+/* an ERR_DROPPED of this generation (worker.py _dropped_note): the switch dropped a packet of ours for our
+ * mistake and says why, once per reason; counted and kept, never an error of the call */
+static int on_dropped(ina_wk *w, const uint8_t *d, size_t len)
+{
+    w->switch_drops++;
+    w->dropped_len = (uint32_t)(len < INA_WK_ERROR_MAX ? len : INA_WK_ERROR_MAX);
+    memcpy(w->dropped, d, w->dropped_len);
+    return INA_WK_AGAIN;
+}
+
 /* one received datagram; INA_WK_AGAIN to go on, INA_WK_SWITCH_ERROR, INA_WK_BAD_RESULT (INA_WK_ENCODE_ERROR:
  * sparse) */
 static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
@@ -538,6 +549,9 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->stale_results++; /* not of this job's generation (an error of another session too) */
         return INA_WK_AGAIN;
     }
+    if (h.msg_type == INA_MSG_ERROR && len >= INA_HEADER_SIZE + INA_ERROR_PAYLOAD_SIZE &&
+        d[INA_HEADER_SIZE] == INA_ERR_DROPPED)
+        return on_dropped(w, d, len);
     if (h.msg_type == INA_MSG_ERROR)
         return on_error(w, p, &h, d, len);
     if (h.call != w->call) {

@@ -76,6 +76,12 @@ typedef struct {
     int sys_errno;
     uint8_t error[INA_WK_ERROR_MAX]; /* INA_WK_SWITCH_ERROR: the error datagram as received, header included */
     uint32_t error_len;
+    /* ERR_DROPPED of this generation (the switch dropped a packet of this worker for a mistake of its own, told
+     * once per reason): informational, never a stop nor pending: counted, the last one kept (header included,
+     * cut to INA_WK_ERROR_MAX) for the caller's notes; dropped_len 0: none this call */
+    uint64_t switch_drops;
+    uint8_t dropped[INA_WK_ERROR_MAX];
+    uint32_t dropped_len;
     void *priv;
 } ina_wk;
 

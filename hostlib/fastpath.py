@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from inaproto import wire
+
 from . import kernels
 from . import errors
 from .codecs import natural
@@ -135,6 +137,11 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
         s.stale_results += w.stale_results
         s.gso_sends += w.gso_sends
         s.gro_segments += w.gro_segments
+        s.switch_drops += w.switch_drops
+        if w.dropped_len:  # the last ERR_DROPPED's words, for a timeout's message (as worker.py _dropped_note)
+            _, reason, text = wire.unpack_error(bytes(ffi.buffer(w.dropped, w.dropped_len)))
+            name = wire.DROP_REASONS[reason] if reason < len(wire.DROP_REASONS) else f"drop reason {reason}"
+            comm.drop_notes = (getattr(comm, "drop_notes", []) + [text or name])[-4:]
         if gso:
             comm._gso_ok = bool(w.gso)
         if gro:

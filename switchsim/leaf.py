@@ -126,12 +126,12 @@ class LeafSwitch(Switch):
             self.overflows += 1
         return exp, codes.tobytes()
 
-    def _duplicate(self, job, h, st, other, src):
+    def _duplicate(self, job, h, st, other, src, size: int):
         if h.packet_id == st.round_id and not st.complete and st.count == job.world_size:
             other.bitmap &= ~(1 << h.rank)
             self.up_resent += 1
             return [(st.up, self.uplink.address)]  # the partial or the root's result was lost: ask again
-        return super()._duplicate(job, h, st, other, src)
+        return super()._duplicate(job, h, st, other, src, size)
 
     def _from_root(self, data):
         """The root's result for a round waiting here: store it, multicast it to the leaf's workers."""

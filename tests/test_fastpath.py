@@ -307,6 +307,57 @@ def test_c_loop_stops_when_the_switch_forgot_the_generation(failing_server, monk
     assert h.session == session and (h.boot != boot) == (how == "restart")
 
 
+class MistakenSwitch(Switch):
+    """The model, taking before the `at`-th and the next update a copy of it on a slot the job does not have,
+    from the same address: as if the worker had sent that in the middle of its call (a bug of its own). The
+    first copy is told (ERR_DROPPED, bad_slot) while the call runs, the second only counted (told once)."""
+
+    def __init__(self, *a, at=10, **kw):
+        super().__init__(*a, **kw)
+        self.at, self.updates = at, 0
+
+    def process(self, data, src):
+        data, out = bytes(data), []
+        if len(data) > 1 and data[1] == wire.MSG_UPDATE:
+            self.updates += 1
+            if self.updates in (self.at, self.at + 1):
+                pool = wire.OFFSETS["pool"]
+                bad = data[:pool] + (data[pool] & 0x80 | self.slots >> 8).to_bytes(1, "big")
+                out = super().process(bad + bytes([self.slots & 0xFF]) + data[pool + 2:], src)
+        return out + super().process(data, src)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_both_loops_count_a_told_drop(monkeypatch, fast):
+    """A packet of this worker the switch drops for its mistake is told (ERR_DROPPED): both loops count it
+    (stats.switch_drops) and keep its words (drop_notes), and the call goes on, exact; one told between calls
+    (a protocol v2 packet from the communicator's socket) is counted when the next call starts."""
+    calls = []
+    monkeypatch.setattr(fastpath, "allreduce", lambda *a, _f=fastpath.allreduce, **kw: calls.append(1) or _f(*a, **kw))
+    srv = UDPServer(MistakenSwitch({1: 1}, slots=64, first_packet_id=0), "127.0.0.1", 0)
+    th = srv.start_thread()
+    try:
+        with hostlib.connect("%s:%d" % srv.address, 0, 1, job=1, fast=fast, window=8, elements_per_packet=256,
+                             timeout=10) as comm:
+            x = np.arange(20_000, dtype=np.int32)
+            assert np.array_equal(comm.allreduce(x), x)
+            assert comm.stats.switch_drops == 1 and bool(calls) == fast  # the C loop ran the call (fast)
+            assert len(comm.drop_notes) == 1 and comm.drop_notes[0].startswith("bad_slot: ")
+            mistake = wire.pack(wire.MSG_UPDATE, job=1, rank=0, count=16, codec=wire.CODEC_INT32, payload=bytes(64),
+                                session=comm.session)
+            comm._send(bytes([2]) + mistake[1:])  # a v2 packet, naming this rank: malformed, told
+            time.sleep(0.2)
+            assert np.array_equal(comm.allreduce(x), x)
+            assert comm.stats.switch_drops == 2 and comm.drop_notes[-1].startswith("malformed: ")
+            assert comm.stats.stale_results == 0
+    finally:
+        srv.stop()
+        th.join(5)
+        srv.close()
+    dropped = srv.backend.stats()["dropped"]
+    assert (dropped["bad_slot"], dropped["malformed"]) == (2, 1), dropped
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_no_switch_listening_is_refused_fast(fast):
     """The switch's process is gone (its port answers ICMP port unreachable): the call raises

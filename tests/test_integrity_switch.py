@@ -3,7 +3,8 @@ the call identity of its first packet, a rank in another call fails the job's ge
 with the same named error (the C core words it as wire.call_mismatch_text), a failed generation answers
 every new packet with that error but still resends completed rounds, data packets of a generation the
 switch does not have get a header-only answer, everything the switch sends carries its boot id, a new
-generation starts clean, and every datagram a switch takes in is counted as some outcome."""
+generation starts clean, and every datagram a switch takes in is counted as some outcome. A member's packet
+dropped for its own mistake is told (ERR_DROPPED) once per generation, rank and reason; a stranger's is not."""
 from __future__ import annotations
 
 import numpy as np
@@ -220,3 +221,114 @@ def test_a_full_punt_queue_is_counted():
     assert stats["packets_in"] == 200 == sum(dropped.values()), dropped
     # pass 1: port 0's 64 queued, port 1's 64 overflow; pass 2: 36 + 28 queued, 8 overflow
     assert (dropped["punt_overflow"], dropped["unknown_worker"]) == (72, 128), dropped
+
+
+# ---------------------------------------------------------------- a member's mistakes told (ERR_DROPPED)
+def told(sw, port, pkt):
+    """Send pkt from port: the switch's ERR_DROPPED answers to it (the harness keeps them in sw.told), after
+    checking that nothing else came back."""
+    before = len(sw.told)
+    assert sw.send(port, pkt) == []
+    return sw.told[before:]
+
+
+def check_told(answers, port, rank, reason, session, boot, size, answered=(0, 0, 0)):
+    """One ERR_DROPPED to port: the reason's index (not a rank) and UTF-8 words, a reply (FLAG_REPLY) echoing
+    the dropped packet's (packet_id, slot, set) when it parsed (else 0), the generation's session, the switch's
+    boot, never larger than the dropped packet (size bytes)."""
+    assert len(answers) == 1, answers
+    got_port, d = answers[0]
+    h = wire.unpack(d)
+    assert got_port == port and len(d) <= size, (got_port, len(d), size)
+    assert (h.msg_type, h.job, h.rank, h.session, h.boot, h.count) == (wire.MSG_ERROR, 1, rank, session, boot, 0)
+    assert (h.flags, h.packet_id, h.slot, h.set) == (wire.FLAG_REPLY, *answered)
+    code, index, _ = wire.unpack_error(d)
+    assert (code, index) == (wire.ERR_DROPPED, wire.DROP_REASONS.index(reason))
+    d[wire.HEADER_SIZE + wire.ERROR_PAYLOAD.size:].decode()  # the details: the backend's words, UTF-8
+
+
+def shaped(rank, slot=0, pid=0, count=64, exp_cur=0):
+    """data() with another element count or exponent (the round's call, another shape)."""
+    number, kind, n = CALL
+    return wire.pack(wire.MSG_UPDATE, job=1, rank=rank, packet_id=pid, slot=slot, set=pid & 1, count=count,
+                     codec=wire.CODEC_INT32, exp_cur=exp_cur, exp_next=0, payload=V(1)[:count].astype(">i4").tobytes(),
+                     call_kind=kind, call=number, call_len=n)
+
+
+def version2(pkt):
+    """pkt as a protocol v2 worker would send it: the version byte says 2 (job and rank stay at 4 and 6)."""
+    return bytes([2]) + pkt[1:]
+
+
+def test_a_members_mistakes_are_told_once_per_reason(switch_backend):
+    sw = switch_backend({1: 2}, slots=4, max_elements=64)
+    boot, session = sw.stats()["boot"], sw.session
+    size = len(data(0))
+    # bad_slot: a slot the job does not have; told once for rank 0, once for rank 1, never again
+    check_told(told(sw, 0, data(0, slot=9)), 0, 0, "bad_slot", session, boot, size, (0, 9, 0))
+    assert told(sw, 0, data(0, slot=9)) == []
+    check_told(told(sw, 1, data(1, slot=9, pid=1)), 1, 1, "bad_slot", session, boot, size, (1, 9, 1))
+    # stale: rank 0's late retransmission of round 0 after it moved on to round 1 (rank 1 has not yet)
+    assert sw.send(0, data(0)) == [] and len(sw.send(1, data(1))) == 2
+    assert sw.send(0, data(0, pid=1)) == []
+    check_told(told(sw, 0, data(0)), 0, 0, "stale", session, boot, size, (0, 0, 0))
+    assert told(sw, 0, data(0)) == []
+    # ahead: rank 0 in slot 1's round 0, then a packet two rounds on in the same set
+    assert sw.send(0, data(0, slot=1)) == []
+    check_told(told(sw, 0, data(0, slot=1, pid=2)), 0, 0, "ahead", session, boot, size, (2, 1, 0))
+    assert told(sw, 0, data(0, slot=1, pid=2)) == []
+    # mismatch: rank 1 joins slot 1's round with another exponent, then another element count
+    check_told(told(sw, 1, shaped(1, slot=1, exp_cur=3)), 1, 1, "mismatch", session, boot, size, (0, 1, 0))
+    small = shaped(1, slot=1, count=32)
+    assert told(sw, 1, small) == []
+    # malformed: a protocol v2 packet from a member's address, naming it; not echoed (it did not parse)
+    check_told(told(sw, 1, version2(data(1, slot=2))), 1, 1, "malformed", session, boot, size)
+    assert told(sw, 1, version2(data(1, slot=2))) == []
+    assert told(sw, 0, version2(data(0, slot=2)))  # another rank: told
+    dropped = sw.stats()["dropped"]
+    assert (dropped["bad_slot"], dropped["stale"], dropped["ahead"], dropped["mismatch"], dropped["malformed"]) == (
+        3, 2, 2, 2, 3), dropped  # every one still counted as its drop
+    # the rounds go on: slot 1's round completes with the right packet
+    check_results(sw.send(1, data(1, slot=1)), range(2), boot, session, 2)
+
+
+def test_the_answer_is_never_larger_than_the_packet(switch_backend):
+    sw = switch_backend({1: 2}, slots=4, max_elements=64)
+    boot, session = sw.stats()["boot"], sw.session
+    # no room for the two code bytes: counted, not told (and the next one still is)
+    assert told(sw, 0, shaped(0, slot=9, count=0)) == []
+    assert told(sw, 0, version2(shaped(0, count=0)) + b"\x00") == []
+    # room for the code bytes and 2 bytes of words: the answer is cut to the packet's 36 bytes
+    tiny = shaped(0, slot=9, count=1)
+    answer = told(sw, 0, tiny)
+    check_told(answer, 0, 0, "bad_slot", session, boot, len(tiny), (0, 9, 0))
+    assert len(answer[0][1]) <= len(tiny) == wire.HEADER_SIZE + 4
+    assert sw.stats()["dropped"]["bad_slot"] == 2 and sw.stats()["dropped"]["malformed"] == 1
+
+
+def test_a_strangers_malformed_packet_is_not_told(switch_backend):
+    sw = switch_backend({1: 2}, slots=4, max_elements=64)
+    assert told(sw, 5, version2(data(0))) == []  # rank 0's job and rank bytes, another address
+    assert told(sw, 1, version2(data(0))) == []  # a member, but naming another rank
+    assert told(sw, 0, version2(data(0))[:6]) == []  # too short to name a rank
+    other_job = version2(data(0))[:4] + (7).to_bytes(2, "big") + version2(data(0))[6:]
+    assert told(sw, 0, other_job) == []  # a job the switch does not serve
+    assert sw.stats()["dropped"]["malformed"] == 4
+
+
+def test_nothing_is_told_without_a_generation(switch_backend):
+    sw = switch_backend({1: 2}, join=False, slots=4, max_elements=64)
+    assert told(sw, 0, version2(data(0))) == []
+    assert sw.stats()["dropped"]["malformed"] == 1
+
+
+def test_a_new_generation_tells_again(switch_backend):
+    sw = switch_backend({1: 2}, slots=4, max_elements=64)
+    boot, size = sw.stats()["boot"], len(data(0))
+    check_told(told(sw, 0, data(0, slot=9)), 0, 0, "bad_slot", sw.session, boot, size, (0, 9, 0))
+    check_told(told(sw, 0, version2(data(0))), 0, 0, "malformed", sw.session, boot, size)
+    assert told(sw, 0, data(0, slot=9)) == [] and told(sw, 0, version2(data(0))) == []
+    old = sw.session
+    assert sw.join_all(nonce=50)[1] != old  # re-admitted: told again, in the new generation's session
+    check_told(told(sw, 0, data(0, slot=9)), 0, 0, "bad_slot", sw.session, boot, size, (0, 9, 0))
+    check_told(told(sw, 0, version2(data(0))), 0, 0, "malformed", sw.session, boot, size)

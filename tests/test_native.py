@@ -157,7 +157,8 @@ class Traffic:
                 self.sessions[h.job] = h.session
                 self.first[h.job] = wire.JOIN_ACK_PAYLOAD.unpack_from(pkt, wire.HEADER_SIZE)[4]
                 self.failed.discard(h.job)
-            elif h.msg_type == wire.MSG_ERROR and len(pkt) > wire.HEADER_SIZE and h.session == self.sessions.get(h.job):
+            elif (h.msg_type == wire.MSG_ERROR and len(pkt) > wire.HEADER_SIZE and h.session == self.sessions.get(h.job)
+                  and wire.unpack_error(pkt)[0] != wire.ERR_DROPPED):  # a dropped packet told: informational
                 self.failed.add(h.job)  # the generation failed: its workers re-join
             elif h.msg_type in (wire.MSG_RESULT, wire.MSG_SPARSE_RESULT) and self.round.get((h.job, h.slot)) == h.packet_id:
                 if self.rs.random() < 0.7:
@@ -284,6 +285,23 @@ def traffic(seed: int, model, clock, n: int = 5000):
     return Traffic(seed, model, clock).run(n)
 
 
+def untold_text(out, size: int):
+    """The answers to a packet of size bytes, each ERR_DROPPED cut after its two code bytes: its detail text
+    is the backend's own wording (all the rest, the code and the reason's index included, must be the
+    model's). What is cut is checked: UTF-8 starting with the reason's name, the answer never larger than
+    the packet."""
+    keep = []
+    for pkt, dst in out:
+        if pkt[1] == wire.MSG_ERROR and wire.unpack_error(pkt)[0] == wire.ERR_DROPPED:
+            assert len(pkt) <= size, (len(pkt), size)
+            head = f"{wire.DROP_REASONS[pkt[wire.HEADER_SIZE + 1]]}: "
+            text = pkt[wire.HEADER_SIZE + wire.ERROR_PAYLOAD.size:].decode()
+            assert text.startswith(head) or head.startswith(text), text
+            pkt = pkt[:wire.HEADER_SIZE + wire.ERROR_PAYLOAD.size]
+        keep.append((pkt, dst))
+    return keep
+
+
 @pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
 @pytest.mark.parametrize("seed", range(4))
 def test_core_matches_model_packet_for_packet(seed, rounding):
@@ -293,7 +311,7 @@ def test_core_matches_model_packet_for_packet(seed, rounding):
     for i, (data, src, want, t) in enumerate(log):
         clock.t = t
         got = core.process(data, src)
-        assert got == want, f"packet {i}: {data.hex()}"
+        assert untold_text(got, len(data)) == untold_text(want, len(data)), f"packet {i}: {data.hex()}"
         emitted += len(want)
         for pkt, _ in want:
             if pkt[1] == wire.MSG_SPARSE_RESULT:
@@ -311,6 +329,9 @@ def test_core_matches_model_packet_for_packet(seed, rounding):
                   if p[1] == wire.MSG_ERROR and wire.unpack_error(p)[0] == wire.ERR_CALL_MISMATCH}
     for what in ("out of step", "with codec", "elements"):  # each way a call differs, worded by the core too
         assert any(what in t for t in mismatches), (what, mismatches)
+    told = {wire.DROP_REASONS[p[wire.HEADER_SIZE + 1]] for _, _, out, _ in log for p, _ in out
+            if p[1] == wire.MSG_ERROR and wire.unpack_error(p)[0] == wire.ERR_DROPPED}
+    assert told == set(wire.TOLD_DROPS), told  # every reason a member is told of, told by the core too
     assert stats["jobs"]["1"]["resent"] > 0 and stats["jobs"]["4"]["multicast"] > 0
     assert stats["jobs"]["1"]["generation"] > 1  # restarts happened
     assert sparse_blocks > 20 and sparse_empty > 5  # block-sparse rounds, with and without elements
@@ -340,7 +361,8 @@ def test_each_simd_path_matches_model_on_random_traffic(monkeypatch, path, round
                        keys=KEYS, secret=SECRET, clock=clock, member_idle=0.5, join_expiry=1.0, boot=BOOT)
     for i, (data, src, want, t) in enumerate(traffic(7, model, clock, 3000)):
         clock.t = t
-        assert core.process(data, src) == want, f"packet {i}: {data.hex()}"
+        got = core.process(data, src)
+        assert untold_text(got, len(data)) == untold_text(want, len(data)), f"packet {i}: {data.hex()}"
     assert core.stats(per_slot=True) == model.stats(per_slot=True)
 
 
@@ -389,7 +411,10 @@ def test_each_simd_path_matches_model_on_wide_nc_rounds(monkeypatch, path, round
                     bad[n - 1] = top + 1 + wire.NC_BIAS if top < wire.NC_LEVEL_MAX else 0x80
                     pkt = wire.pack(wire.MSG_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n, codec, exp, exp, 0,
                                     bytes(bad), 0x5E55)
-                    assert model.process(pkt, r) == [] and core.process(pkt, r) == []
+                    told = untold_text(model.process(pkt, r), len(pkt))  # told once (the rank's first bad code)
+                    assert untold_text(core.process(pkt, r), len(pkt)) == told
+                    codes = bytes([wire.ERR_DROPPED, wire.DROP_REASONS.index("bad_codes")])
+                    assert [p[wire.HEADER_SIZE:] for p, _ in told] in ([], [codes])
             pkt = wire.pack(wire.MSG_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n, codec, exp, exp, 0, payload,
                             0x5E55)
             want = model.process(pkt, r)
@@ -410,6 +435,14 @@ def test_core_answers_control_requests_like_the_model():
         assert core.process(data, src) == model.process(data, src)
     assert core.stats()["dropped"] == model.stats()["dropped"]
     assert model.stats()["dropped"]["not_control"] == 2  # neither a test port nor 10.1.2.3 is a control host
+
+
+def punted(data) -> bool:
+    """Whether the core hands this packet to the control plane (a control request that parses)."""
+    try:
+        return wire.unpack(data).msg_type in wire.CONTROL_REQUESTS
+    except wire.WireError:
+        return False
 
 
 def write_replay(path, records, rounding, seed):
@@ -475,15 +508,19 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
         gen.send = lambda data, src: (records.append(("packet", data, src)), send(data, src))
         log = gen.run(2000)
         write_replay(tmp_path / "in", records, rounding, seed)
-        # the data plane's answers (control requests are the Python control plane's, not the core's)
-        want = [(i, dst, pkt) for i, (data, _, out, _) in enumerate(log) if data[1:2] not in CONTROL for pkt, dst in out]
+        # the data plane's answers (control requests the core punts are the Python control plane's), each
+        # ERR_DROPPED's text cut (the core's own words)
+        want = [(i, dst, pkt) for i, (data, _, out, _) in enumerate(log) if not punted(data)
+                for pkt, dst in untold_text(out, len(data))]
         for path in SIMD_PATHS:  # each lane path (one the CPU lacks falls back, and is checked again)
             env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0", "INA_SWITCH_SIMD": path}
             run = subprocess.run([str(exe), str(tmp_path / "in"), str(tmp_path / "out")], capture_output=True,
                                  text=True, env=env, timeout=300)
             assert run.returncode == 0, run.stderr[-4000:]
             assert "ERROR" not in run.stderr and "runtime error" not in run.stderr, run.stderr[-4000:]
-            assert read_replay_output(tmp_path / "out") == want, path
+            got = [(i, dst, pkt) for i, dst, data in read_replay_output(tmp_path / "out")
+                   for pkt, _ in untold_text([(data, dst)], len(log[i][0]))]
+            assert got == want, path
 
 
 # ---------------------------------------------------------------- kernels
