@@ -1,5 +1,6 @@
 # Everything runs from a virtual environment in .venv (Debian 12's system Python is externally managed).
-# `make demo` installs the package alone; `make test` adds the [test,torch,bench] extras.
+# `make demo` installs the package alone; `make test` adds the [test,p4,torch,bench] extras (p4: p4runtime-shell
+# and p4runtime for the BMv2 suites, which run where the P4 toolchain is installed and skip elsewhere).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -18,7 +19,7 @@ $(VENV)/.base: pyproject.toml $(NATIVE_SOURCES)
 
 # Horovod 0.28.1 needs a patched sdist to build against torch 2.13; the wheel is cached in ~/.cache/ina-emulator
 $(VENV)/.test: $(VENV)/.base tools/install-horovod.sh
-	$(PY) -m pip install -q -e '.[test,torch,bench]'
+	$(PY) -m pip install -q -e '.[test,p4,torch,bench]'
 	bash tools/install-horovod.sh $(PY)
 	touch $@
 

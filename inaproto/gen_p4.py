@@ -56,11 +56,32 @@ def constants() -> list[str]:
           ("bit<8>", "PUNT_FAILED", PUNT_FAILED)]
     c += [("bit<8>", f"DROP_{r.upper()}", i) for i, r in enumerate(w.DROP_REASONS)]
     c += [("bit<32>", "DROP_COUNT", len(w.DROP_REASONS)), ("bit<16>", "LANES_16", LANES)]
+    # ERR_DROPPED: the error payload (code, the drop reason's index), the reasons that are told (a bit per
+    # DROP_* index), and how long the told text may be (the longest reason's name)
+    assert len(w.DROP_REASONS) <= 32 and w.ERROR_PAYLOAD.size == 2
+    c += [("bit<8>", "ERR_DROPPED", w.ERR_DROPPED), ("bit<32>", "ERROR_PAYLOAD_SIZE", w.ERROR_PAYLOAD.size),
+          ("bit<32>", "TOLD_MASK", sum(1 << w.DROP_REASONS.index(r) for r in w.TOLD_DROPS)),
+          ("bit<32>", "TOLD_TEXT_SIZE", TOLD_TEXT_SIZE)]
     lines = [f"const {t} {name} = {v};" for t, name, v in c]
     lines += [f"#define LANES {LANES}", f"#define SLOT_CAPACITY {SLOT_CAPACITY}",
               f"#define SET_CAPACITY {2 * SLOT_CAPACITY}", f"#define MEMBER_CAPACITY {MEMBER_CAPACITY}",
               f"#define JOB_CAPACITY {JOB_CAPACITY}"]
     return ["// generated from inaproto/wire.py"] + lines
+
+
+TOLD_TEXT_SIZE = max(len(r) for r in wire.TOLD_DROPS)  # bytes of told_text_t
+
+
+def told_text() -> list[str]:
+    """An action that puts the drop reason's name (the model's ERR_DROPPED text up to its colon) into
+    hdr.told_text, left-aligned, and its length into meta.text_len; one branch per wire.TOLD_DROPS reason."""
+    out = ["    action told_text() {  // generated from wire.TOLD_DROPS: the reason's name, left-aligned",
+           "        meta.text_len = 0;", "        hdr.told_text.text = 0;"]
+    for i, r in enumerate(wire.TOLD_DROPS):
+        text = int.from_bytes(r.encode().ljust(TOLD_TEXT_SIZE, b"\0"), "big")
+        out.append(f"        {'else ' if i else ''}if (meta.reason == DROP_{r.upper()}) "
+                   f"{{ hdr.told_text.text = 0x{text:0{2 * TOLD_TEXT_SIZE}x}; meta.text_len = {len(r)}; }}  // {r}")
+    return out + ["    }"]
 
 
 def p4_type(code: str) -> str:
@@ -190,6 +211,8 @@ def render() -> str:
         "LANE_REGISTERS": [f"    register<bit<64>>(SET_CAPACITY) acc{i};" for i in range(LANES)],
         "DECODE_NC": _action("check_nc", [], NC_CHECK),
         "LANE_ACTIONS": lane_actions(),
+        "TOLD_TEXT": told_text(),
+        "TOLD_TEXT_BITS": [str(8 * TOLD_TEXT_SIZE)],
     }
     for key, lines in parts.items():
         text = text.replace(f"@@{key}@@", "\n".join(lines).rstrip("\n"))

@@ -10,6 +10,8 @@
  *               malformed -> drop; JOIN, LEAVE, STATS_REQ, ABORT, HEARTBEAT -> CPU port (metered);
  *               admission: job table, member table (rank -> the address it joined from), session;
  *               not a member (unknown_worker, wrong_session) -> a header-only ERROR back to the sender;
+ *               a member's mistake (malformed, bad_slot, stale, ahead, mismatch, bad_codes) -> dropped, and
+ *               the first time in the generation for that member and reason an ERR_DROPPED back to it;
  *               slot_step (one action: the (slot, set) state machine of the model, with the round's call
  *               identity: a call mismatch fails the job and goes to the CPU port, which words the error;
  *               a failed job's packets go to the CPU port, which answers the stored error);
@@ -85,6 +87,10 @@ const bit<8> DROP_OVERSIZED = 17;
 const bit<8> DROP_PUNT_OVERFLOW = 18;
 const bit<32> DROP_COUNT = 19;
 const bit<16> LANES_16 = 64;
+const bit<8> ERR_DROPPED = 6;
+const bit<32> ERROR_PAYLOAD_SIZE = 2;
+const bit<32> TOLD_MASK = 1505;
+const bit<32> TOLD_TEXT_SIZE = 9;
 #define LANES 64
 #define SLOT_CAPACITY 4096
 #define SET_CAPACITY 8192
@@ -137,6 +143,8 @@ header ina_t {  // generated from wire.HEADER_FIELDS
 header block_t { bit<32> block; bit<32> next_block; }
 header lane32_t { bit<32> v; }
 header lane8_t { bit<8> v; }
+header error_payload_t { bit<8> code; bit<8> reason; }  // wire.ERROR_PAYLOAD: an ERR_DROPPED's code and reason
+header told_text_t { bit<72> text; }     // its text: the reason's name (cut by truncate())
 
 @controller_header("packet_in")
 header packet_in_t {
@@ -158,6 +166,8 @@ struct headers_t {
     ipv4_t ipv4;
     udp_t udp;
     ina_t ina;
+    error_payload_t err;
+    told_text_t told_text;
     block_t block;
     lane32_t[LANES] l32;
     lane8_t[LANES] l8;
@@ -175,6 +185,10 @@ struct meta_t {
     bit<16> sw_port;
     bit<32> boot;        // the switch's boot id, in everything it sends
     bit<8> reason;       // drop reason (DROP_*) or NO_REASON
+    bit<32> size;        // the UDP payload's size as received (ERR_DROPPED answers are never larger)
+    bit<1> tellable;     // a malformed packet whose job and rank bytes name a member sending from its address
+    bit<1> tell;         // answer this drop with ERR_DROPPED (the first for this member, reason and generation)
+    bit<32> text_len;    // the told text's length (told_text)
     // the job (table jobs) and the member (table members)
     bit<8> world;
     bit<16> slots;
@@ -425,8 +439,8 @@ control InaVerifyChecksum(inout headers_t hdr, inout meta_t meta) {
 // ---------------------------------------------------------------------------------------------- ingress
 control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metadata_t sm) {
     counter(DROP_COUNT, CounterType.packets) drops;          // index: DROP_* reason
-    counter(5, CounterType.packets) io;                      // 0: INA packets in, 1: results out, 2: overflows, 3: not INA,
-                                                             // 4: not-member errors out
+    counter(6, CounterType.packets) io;                      // 0: INA packets in, 1: results out, 2: overflows, 3: not INA,
+                                                             // 4: not-member errors out, 5: ERR_DROPPED answers out
     counter(SLOT_CAPACITY, CounterType.packets) received;    // per slot (slot_base + slot), as wire.SLOT_COUNTERS
     counter(SLOT_CAPACITY, CounterType.packets) multicast;
     counter(SLOT_CAPACITY, CounterType.packets) resent;
@@ -452,6 +466,8 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     register<bit<64>>(SET_CAPACITY) r_call_id;
     // per job (job_index): the session of a generation the data plane failed (a call mismatch)
     register<bit<32>>(JOB_CAPACITY) r_failed;
+    // per member (member_index): what it was told this generation: the session ++ a bit per DROP_* reason
+    register<bit<64>>(MEMBER_CAPACITY) r_told;
     register<bit<64>>(SET_CAPACITY) acc0;
     register<bit<64>>(SET_CAPACITY) acc1;
     register<bit<64>>(SET_CAPACITY) acc2;
@@ -4096,6 +4112,73 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         truncate(FRAME_HEADERS + (bit<32>)HEADER_SIZE);  // lanes the parser left unparsed (count > LANES) go too
     }
 
+    // ------------------------------------------------------------------ a member's mistakes (ERR_DROPPED)
+    action tell_once() {
+        // model.Switch._tell: once per generation, member and reason (r_told, session-tagged like the slots),
+        // only a reason of wire.TOLD_DROPS, only to a packet that has room for the error payload
+        bit<64> told; r_told.read(told, meta.member_index);
+        bit<32> bits = told[31:0];
+        if (told[63:32] != meta.session) { bits = 0; }
+        bit<32> me = (bit<32>)1 << meta.reason;
+        meta.tell = 0;
+        if ((me & TOLD_MASK) != 0 && (bits & me) == 0
+            && meta.size >= (bit<32>)HEADER_SIZE + ERROR_PAYLOAD_SIZE) {
+            meta.tell = 1;
+            r_told.write(meta.member_index, meta.session ++ (bits | me));
+        }
+    }
+
+    action told_text() {  // generated from wire.TOLD_DROPS: the reason's name, left-aligned
+        meta.text_len = 0;
+        hdr.told_text.text = 0;
+        if (meta.reason == DROP_MALFORMED) { hdr.told_text.text = 0x6d616c666f726d6564; meta.text_len = 9; }  // malformed
+        else if (meta.reason == DROP_BAD_SLOT) { hdr.told_text.text = 0x6261645f736c6f7400; meta.text_len = 8; }  // bad_slot
+        else if (meta.reason == DROP_STALE) { hdr.told_text.text = 0x7374616c6500000000; meta.text_len = 5; }  // stale
+        else if (meta.reason == DROP_AHEAD) { hdr.told_text.text = 0x616865616400000000; meta.text_len = 5; }  // ahead
+        else if (meta.reason == DROP_MISMATCH) { hdr.told_text.text = 0x6d69736d6174636800; meta.text_len = 8; }  // mismatch
+        else if (meta.reason == DROP_BAD_CODES) { hdr.told_text.text = 0x6261645f636f646573; meta.text_len = 9; }  // bad_codes
+    }
+
+    action told() {
+        // model.Switch._tell's answer: MSG_ERROR with ERR_DROPPED, the reason's index and its name as the text,
+        // FLAG_REPLY, the job's session and the boot id; the packet id, slot and set echoed (a malformed packet's
+        // are not: zero); the text cut so that the answer is never larger than the packet
+        bit<32> room = meta.size - ((bit<32>)HEADER_SIZE + ERROR_PAYLOAD_SIZE);
+        bit<32> n = meta.text_len;
+        if (n > room) { n = room; }
+        if (meta.reason == DROP_MALFORMED) { hdr.ina.packet_id = 0; hdr.ina.set = 0; hdr.ina.slot = 0; }
+        hdr.ina.version = VERSION;
+        hdr.ina.pool_reserved = 0;
+        hdr.ina.msg_type = MSG_ERROR;
+        hdr.ina.codec = CODEC_NONE;
+        hdr.ina.flags = FLAG_REPLY;
+        hdr.ina.exp_cur = 0;
+        hdr.ina.count = 0;
+        hdr.ina.exp_next = EXP_NONE;
+        hdr.ina.call_kind = 0;
+        hdr.ina.call = 0;
+        hdr.ina.call_len = 0;
+        hdr.ina.session = meta.session;
+        hdr.ina.boot = meta.boot;
+        hdr.err.setValid();
+        hdr.err.code = ERR_DROPPED;
+        hdr.err.reason = meta.reason;
+        hdr.told_text.setValid();
+        hdr.block.setInvalid();
+        hdr.udp.length = UDP_HEADER + HEADER_SIZE + (bit<16>)(ERROR_PAYLOAD_SIZE + n);
+        hdr.udp.checksum = 0;
+        hdr.ipv4.total_len = hdr.udp.length + 20;
+        hdr.ipv4.ttl = 64;
+        hdr.ethernet.dst = hdr.ethernet.src;
+        hdr.ipv4.dst = hdr.ipv4.src;
+        hdr.udp.dst_port = hdr.udp.src_port;
+        sm.egress_spec = sm.ingress_port;
+        hdr.ipv4.src = meta.sw_ip;
+        hdr.udp.src_port = meta.sw_port;
+        hdr.ethernet.src = meta.sw_mac;
+        truncate(FRAME_HEADERS + (bit<32>)HEADER_SIZE + ERROR_PAYLOAD_SIZE + n);
+    }
+
     action to_sender() {
         hdr.ethernet.dst = hdr.ethernet.src;
         hdr.ipv4.dst = hdr.ipv4.src;
@@ -4138,6 +4221,9 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             return;
         }
         io.count(0);
+        meta.size = sm.packet_length - FRAME_HEADERS;
+        meta.tellable = 0;
+        meta.tell = 0;
         if (!hdr.ina.isValid() || sm.parser_error != error.NoError) {
             meta.reason = DROP_MALFORMED;
         } else {
@@ -4153,8 +4239,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         if (meta.reason == NO_REASON && hdr.ina.msg_type != MSG_UPDATE && hdr.ina.msg_type != MSG_SPARSE_UPDATE) {
             meta.reason = DROP_MALFORMED;  // results, acks... are never sent to a switch
         }
+        // a malformed packet whose header parsed: its job and rank bytes (the same offsets in every version) are
+        // looked up too (model.Switch._malformed): a member of the admitted generation sending from its address
+        // is told (once); each table is applied on one path only (BMv2)
+        bit<1> malformed = (bit<1>)(meta.reason == DROP_MALFORMED && hdr.ina.isValid());
+        if (malformed == 1) { meta.reason = NO_REASON; }
         if (meta.reason == NO_REASON) { jobs.apply(); }
         if (meta.reason == NO_REASON) { members.apply(); }
+        if (malformed == 1) {
+            if (meta.reason == NO_REASON && hdr.ipv4.src == meta.member_ip && hdr.udp.src_port == meta.member_port) {
+                meta.tellable = 1;
+            }
+            meta.reason = DROP_MALFORMED;
+        }
         if (meta.reason == NO_REASON) { check_member(); }
         if (meta.reason == DROP_UNKNOWN_WORKER || meta.reason == DROP_WRONG_SESSION) {
             // a data packet of a generation this switch does not have: tell its sender (never larger)
@@ -4167,17 +4264,36 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         }
         if (meta.reason != NO_REASON) {
             drops.count((bit<32>)meta.reason);
-            mark_to_drop(sm);
+            if (meta.reason == DROP_BAD_SLOT) { meta.tellable = 1; }  // a member, from its address, in session
+            if (meta.tellable == 1) { tell_once(); }
+            if (meta.tell == 1) {
+                hdr.l32.pop_front(LANES);
+                hdr.l8.pop_front(LANES);
+                told_text();
+                told();
+                io.count(5);
+            } else {
+                mark_to_drop(sm);
+            }
             return;
         }
         heard.count(meta.member_index);
         received.count(meta.counter_index);
         if (hdr.ina.codec == CODEC_NC8) { nc_range(); check_nc(); }
         slot_step();
-        if (meta.op == OP_DROP) {
+        if (meta.op == OP_DROP) {  // stale, ahead, mismatch, bad_codes are told once; duplicates are not
             drops.count((bit<32>)meta.reason);
             dropped.count(meta.counter_index);
-            mark_to_drop(sm);
+            tell_once();
+            if (meta.tell == 1) {
+                hdr.l32.pop_front(LANES);
+                hdr.l8.pop_front(LANES);
+                told_text();
+                told();
+                io.count(5);
+            } else {
+                mark_to_drop(sm);
+            }
             return;
         }
         if (meta.op == OP_PUNT) {  // counted here; the controller answers (a mismatch: once per generation)
@@ -4267,6 +4383,8 @@ control InaDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);
         pkt.emit(hdr.ina);
+        pkt.emit(hdr.err);
+        pkt.emit(hdr.told_text);
         pkt.emit(hdr.block);
         pkt.emit(hdr.l32);
         pkt.emit(hdr.l8);

@@ -8,6 +8,15 @@ in the current namespace (topologies). JOIN, LEAVE, STATS_REQ, ABORT and HEARTBE
 packet-ins and the answers go down as packet-outs; admission writes the job's session into the `jobs` table,
 each rank's address into `members` and `replicas`, and the job's multicast group (docs/p4.md).
 
+P4Runtime goes through p4runtime-shell (p4runtime_sh), the client P4 users know: the connection, the pipeline
+push, and the shell's TableEntry, MulticastGroupEntry, MeterEntry and CounterEntry objects for the tables,
+multicast groups, meters and counters (switchsim.p4rt.bind_shell lends them the controller's connection).
+switchsim/p4rt.py keeps what p4runtime-shell lacks: arbitration as the primary that raises, batched writes
+(admission), several counter cells in one read, packet-in / packet-out with their metadata by name
+(p4/README.md, "P4Runtime clients"). The controller is the primary with election id CONTROLLER_ELECTION_ID,
+above p4runtime-shell's default (1, 0): `python -m p4runtime_sh --grpc-addr unix:SOCKET --device-id 0` attaches
+as a backup that reads (serve --p4runtime SOCKET says where).
+
 Protocol v3's failures (p4/README.md, "protocol v3 in P4"): the data plane detects a call mismatch, marks the
 generation failed itself and punts the packet with the round's call identity and writer (packet_in); the
 controller words the error (wire.call_mismatch_text) and fails the job through the control plane. A failure
@@ -42,6 +51,10 @@ SWITCH_MAC = "02:49:4e:41:00:01"  # locally administered: "INA"
 # BMv2 takes bursts of about 30 packets on a port before it drops (measured here, 64-lane packets): a job's
 # agreed window keeps its packets in flight below that (the control plane divides it among the workers)
 IN_FLIGHT = 24
+DEVICE_ID = 0
+# the controller's election id: above p4runtime-shell's default (1, 0), so a user's shell is a backup (reads);
+# a client with a higher one would take the primary role (and the packet-ins) from the controller
+CONTROLLER_ELECTION_ID = (2, 0)
 
 
 def why_not() -> str:
@@ -51,9 +64,10 @@ def why_not() -> str:
                 "see p4/README.md)")
     try:
         import grpc  # noqa: F401
+        import p4runtime_sh.shell  # noqa: F401 - p4runtime-shell: the P4Runtime client
         from p4.v1 import p4runtime_pb2  # noqa: F401
     except ImportError as e:
-        return f"the BMv2 backend needs the p4 extra (pip install -e '.[p4]'): {e}"
+        return f"the BMv2 backend needs the p4 extra (pip install -e '.[p4]': p4runtime-shell, p4runtime): {e}"
     if os.geteuid() != 0:
         return "the BMv2 backend needs root to create its network namespace and veth pair"
     if not shutil.which("ip"):
@@ -84,11 +98,16 @@ class BMv2Namespace(VethNamespace):
 
 
 class BMv2Process:
-    """simple_switch_grpc with no program yet, P4Runtime on a unix socket (reachable from any namespace)."""
+    """simple_switch_grpc with no program yet, P4Runtime on a unix socket (reachable from any namespace):
+    `socket`, or p4rt.sock in a temporary directory."""
 
-    def __init__(self, ifaces: list[str], netns: str | None = None, timeout: float = 30.0, pcap_dir: str | None = None):
+    def __init__(self, ifaces: list[str], netns: str | None = None, timeout: float = 30.0, pcap_dir: str | None = None,
+                 socket: str | None = None):
         self.dir = tempfile.mkdtemp(prefix="ina-bmv2-")
-        self.socket = os.path.join(self.dir, "p4rt.sock")
+        self.socket = os.path.abspath(socket) if socket else os.path.join(self.dir, "p4rt.sock")
+        self.own_socket = socket is not None
+        if self.own_socket and os.path.exists(self.socket):
+            raise RuntimeError(f"--p4runtime {socket}: the path exists (another switch's socket?)")
         cmd = [gen_p4.find_tool("simple_switch_grpc"), "--no-p4", *[a for i, name in enumerate(ifaces) for a in ("-i", f"{i}@{name}")],
                *([f"--pcap={pcap_dir}"] if pcap_dir else []),
                "--", "--grpc-server-addr", f"unix:{self.socket}", "--cpu-port", str(CPU_PORT)]
@@ -117,6 +136,8 @@ class BMv2Process:
                 self.proc.wait()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.own_socket and os.path.exists(self.socket):
+            os.unlink(self.socket)
 
 
 class BMv2Server:
@@ -130,11 +151,13 @@ class BMv2Server:
         grpc_addr: a simple_switch_grpc already running (with --cpu-port 255) to control instead of one
             started here; host is then the switch's IP.
         pcap: (file, max MiB) for serve --pcap: BMv2's own per-port captures, merged into the file at close.
+        p4runtime: the unix socket the started simple_switch_grpc serves P4Runtime on (serve --p4runtime;
+            default: one in a temporary directory); `self.p4runtime` is the address ("unix:PATH").
     """
 
     def __init__(self, config: SwitchConfig, host: str = "", port: int = 0, ifaces: list[str] | None = None,
                  json_path: str = gen_p4.JSON, p4info_path: str = gen_p4.P4INFO, grpc_addr: str | None = None,
-                 pcap: tuple[str, float] | None = None):
+                 pcap: tuple[str, float] | None = None, p4runtime: str | None = None):
         from . import p4rt
 
         port = port or wire.DEFAULT_PORT
@@ -145,7 +168,9 @@ class BMv2Server:
         reason = why_not()
         if reason:
             raise RuntimeError(reason)
-        self.ns = self.process = None
+        self.ns = self.process = self.sw = None
+        if grpc_addr and p4runtime:
+            raise ValueError("--p4runtime with --grpc: that simple_switch_grpc listens where it was told")
         if grpc_addr and not host:
             raise ValueError("--grpc needs --host: the switch's IPv4 address")
         if ifaces is None and grpc_addr is None:
@@ -171,11 +196,14 @@ class BMv2Server:
         self.pcap, self.pcap_dir, self.capture = pcap, tempfile.mkdtemp(prefix="ina-pcap-") if pcap else None, None
         try:
             if grpc_addr is None:
-                self.process = BMv2Process(ifaces, self.ns.ns if self.ns else None, pcap_dir=self.pcap_dir)
+                self.process = BMv2Process(ifaces, self.ns.ns if self.ns else None, pcap_dir=self.pcap_dir,
+                                           socket=p4runtime)
                 grpc_addr = f"unix:{self.process.socket}"
+            self.p4runtime = grpc_addr
             self.p4info = p4rt.P4Info(p4info_path)
-            self.sw = p4rt.Switch(grpc_addr)
-            self.sw.set_pipeline(self.p4info, json_path)
+            self.sw = p4rt.Switch(grpc_addr, device_id=DEVICE_ID, election_id=CONTROLLER_ELECTION_ID)
+            self.sw.set_pipeline(self.p4info, json_path)  # p4runtime-shell's set_fwd_pipe_config
+            p4rt.bind_shell(self.sw)  # its TableEntry, MulticastGroupEntry, MeterEntry, CounterEntry: through sw
             self._configure()
             # here too: it writes the boot id into the switch (set_boot), and BMv2 must not outlive a failure
             self.control = ControlPlane(self, config, stats=self.stats, in_flight=IN_FLIGHT)
@@ -185,52 +213,75 @@ class BMv2Server:
         self.jobs = self.control.jobs
 
     # ------------------------------------------------------------------ configuration
+    # Entries, multicast groups, meters and counters are p4runtime-shell's objects (values as the shell takes
+    # them: strings, a MAC as aa:bb:..., an IPv4 address dotted), written through the controller's connection.
     def _configure(self):
-        c = self.config
+        from p4runtime_sh import shell as sh
+
         self._write_switch_config()
-        self.sw.insert(*[self._job_entry(j, 0, 0) for j in sorted(c.jobs)])
+        for j in sorted(self.config.jobs):
+            self._job_entry(j, 0, 0).insert()
         rate, burst = CONTROL_RATE
         for cell in (0, 1):  # 0: control requests; 1: failed jobs' data packets (answered from here)
-            self.sw.set_meter("punt_meter", cell, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst)
+            sh.MeterEntry("punt_meter")(index=cell, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst).modify()
 
     def _write_switch_config(self):
+        from p4runtime_sh import shell as sh
+
         host, port = self.address
-        self.sw.modify(self.p4info.default_action("switch_config", "set_switch", {
-            "mac": _mac(SWITCH_MAC), "ip": int(ipaddress.IPv4Address(host)), "port": port,
-            "nc_det": int(self.config.nc_rounding == "deterministic"), "boot": self.boot}))
+        entry = sh.TableEntry("switch_config")(action="set_switch", is_default=True)
+        entry.action.set(mac=SWITCH_MAC, ip=host, port=str(port),
+                         nc_det=str(int(self.config.nc_rounding == "deterministic")), boot=str(self.boot))
+        entry.modify()
 
     def _job_entry(self, job: int, session: int, first_id: int, elements: int | None = None, failed: bool = False):
-        return self.p4info.table_entry("jobs", {"hdr.ina.job": job}, "set_job", {
+        """The job's `jobs` entry (a p4runtime-shell TableEntry: .insert(), .modify(), .msg())."""
+        from p4runtime_sh import shell as sh
+
+        entry = sh.TableEntry("jobs")(action="set_job")
+        entry.match["hdr.ina.job"] = str(job)
+        entry.action.set(**{k: str(v) for k, v in {
             "world": self.config.jobs[job], "slots": self.config.slots,
-            "max_elements": elements or self.config.max_elements,
-            "slot_base": self.slot_base[job], "session": session, "first_id": first_id, "group": job + 1,
-            "index": sorted(self.config.jobs).index(job), "failed": int(failed)})
+            "max_elements": elements or self.config.max_elements, "slot_base": self.slot_base[job],
+            "session": session, "first_id": first_id, "group": job + 1,
+            "index": sorted(self.config.jobs).index(job), "failed": int(failed)}.items()})
+        return entry
+
+    @staticmethod
+    def _member_key(table: str, job: int, rank: int):
+        from p4runtime_sh import shell as sh
+
+        entry = sh.TableEntry(table)
+        entry.match["hdr.ina.job"] = str(job)
+        entry.match["hdr.ina.rank" if table == "members" else "sm.egress_rid"] = str(rank if table == "members"
+                                                                                     else rank + 1)
+        return entry
 
     # ------------------------------------------------------------------ DataPlane (what the control plane calls)
     def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list,
               elements: int | None = None):
         """A new generation: bind each rank to its address, multicast to their ports, the new session
         (slot state of other sessions reads as clean in the data plane)."""
-        from . import p4rt
+        from p4runtime_sh import shell as sh
 
-        info, old = self.p4info, self.admitted.get(job)
-        if old:
-            self.sw.delete(*[info.table_entry("members", {"hdr.ina.job": job, "hdr.ina.rank": r}) for r in range(len(old))],
-                           *[info.table_entry("replicas", {"hdr.ina.job": job, "sm.egress_rid": r + 1})
-                             for r in range(len(old))])
-        members, replicas, group = [], [], []
+        old = self.admitted.get(job)
+        if old:  # one batched write (p4runtime-shell writes one entity a request)
+            self.sw.delete(*[self._member_key(t, job, r).msg() for t in ("members", "replicas") for r in range(len(old))])
+        members, replicas = [], []
+        mc = sh.MulticastGroupEntry(job + 1)
         for rank, addr in enumerate(addresses):
-            ip, port = int(ipaddress.IPv4Address(addr[0])), addr[1]
+            ip, port = str(ipaddress.IPv4Address(addr[0])), str(addr[1])
             mac, switch_port = self.ports[tuple(addr)]
-            members.append(info.table_entry("members", {"hdr.ina.job": job, "hdr.ina.rank": rank}, "set_member",
-                                            {"ip": ip, "port": port, "index": self.member_base[job] + rank}))
-            replicas.append(info.table_entry("replicas", {"hdr.ina.job": job, "sm.egress_rid": rank + 1},
-                                             "to_worker", {"mac": _mac(mac), "ip": ip, "port": port}))
-            group.append((switch_port, rank + 1))
+            member = self._member_key("members", job, rank)(action="set_member")
+            member.action.set(ip=ip, port=port, index=str(self.member_base[job] + rank))
+            replica = self._member_key("replicas", job, rank)(action="to_worker")
+            replica.action.set(mac=mac, ip=ip, port=port)
+            members.append(member.msg())
+            replicas.append(replica.msg())
+            mc.add(switch_port, rank + 1)
         self.sw.insert(*members, *replicas)
-        mc = p4rt.multicast_group(job + 1, group)
-        (self.sw.modify if old else self.sw.insert)(mc)
-        self.sw.modify(self._job_entry(job, session, first_id, elements))
+        (mc.modify if old else mc.insert)()
+        self._job_entry(job, session, first_id, elements).modify()
         self.admitted[job] = list(addresses)
         self.generations[job] = (session, first_id, elements)
         self.failures.pop(job, None)
@@ -250,7 +301,7 @@ class BMv2Server:
             return []
         if job not in self.failures:
             self.failures[job] = wire.ERROR_PAYLOAD.pack(code, rank) + text.encode()[:wire.MAX_ERROR_TEXT]
-            self.sw.modify(self._job_entry(job, *self.generations[job], failed=True))
+            self._job_entry(job, *self.generations[job], failed=True).modify()
         return [(self._error(job, r), addresses[r]) for r in range(len(addresses))]
 
     def failed(self, job: int) -> bool:
@@ -271,13 +322,14 @@ class BMv2Server:
         heard = self._read_counter("heard", range(base, base + n))
         return [heard.get(base + r, 0) for r in range(n)]
 
-    def _read_counter(self, name: str, indices) -> dict[int, int]:
-        """{index: packets} of some cells of a counter, in one read (a whole counter is thousands of cells)."""
-        from p4.v1 import p4runtime_pb2
+    def _read_counter(self, name: str, indices=None) -> dict[int, int]:
+        """{index: packets} of a counter: every cell with p4runtime-shell's CounterEntry (a wildcard read), or
+        some cells in one read (p4rt: a per-slot counter is 4096 cells, and the shell reads one or all)."""
+        if indices is None:
+            from p4runtime_sh import shell as sh
 
-        cid = self.p4info.counter_id(name)
-        cells = [p4runtime_pb2.CounterEntry(counter_id=cid, index=p4runtime_pb2.Index(index=i)) for i in indices]
-        return {e.counter_entry.index.index: e.counter_entry.data.packet_count for e in self.sw.read(*cells)}
+            return {c.index: c.packet_count for c in sh.CounterEntry(name).read()}
+        return {i: packets for i, (_, packets) in self.sw.read_counter_cells(name, indices).items()}
 
     def count_drop(self, reason: str):
         self.control_drops[reason] += 1
@@ -358,6 +410,11 @@ class BMv2Server:
                 self._last_stats = self.stats(per_slot=True)
             except Exception:  # noqa: BLE001 - a switch that died has no counters to keep
                 pass
+        if getattr(self, "sw", None) is not None:
+            from . import p4rt
+
+            if p4rt._shell_owner is self.sw:
+                p4rt.bind_shell(None)
         for part in ("sw", "process", "ns"):
             obj = getattr(self, part, None)
             if obj is not None:
@@ -383,8 +440,8 @@ class BMv2Server:
             return last
         slots = [i for j in self.config.jobs for i in range(self.slot_base[j], self.slot_base[j] + self.config.slots)]
         read = {name: self._read_counter(name, slots) for name in wire.SLOT_COUNTERS}
-        read["drops"] = self._read_counter("drops", range(len(wire.DROP_REASONS)))
-        read["io"] = self._read_counter("io", range(5))
+        read["drops"] = self._read_counter("drops")
+        read["io"] = self._read_counter("io")
 
         def packets(name, i):
             return read[name].get(i, 0)
@@ -400,15 +457,11 @@ class BMv2Server:
                 job["per_slot"] = counts
             jobs[str(j)] = job
         out = sum(jobs[str(j)]["multicast"] * n + jobs[str(j)]["resent"] for j, n in self.config.jobs.items())
-        out += packets("io", 4) + self.sent  # not-member errors; the controller's packet-outs
+        out += packets("io", 4) + packets("io", 5) + self.sent  # not-member errors, ERR_DROPPED answers; packet-outs
         s = {"packets_in": packets("io", 0), "packets_out": out, "dropped": drops, "overflows": packets("io", 2),
              "jobs": jobs, "bmv2": {"not_ina": packets("io", 3), "mac": SWITCH_MAC,
                                     "uptime_s": round(time.monotonic() - self.started, 3)}}
         return self.control.annotate(s)
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
 
 
 ETH_IP_UDP = struct.Struct("!6s6sH BBHHHBBH4s4s HHHH")  # Ethernet, IPv4 without options, UDP

@@ -101,7 +101,8 @@ def make_server(args):
         if args.loss or args.dup or args.reorder:
             raise ValueError("the BMv2 backend has no impairment stage: impair its links (switchsim topo) instead")
         server = BMv2Server(config, args.host, args.port, ifaces=args.iface.split(",") if args.iface else None,
-                            grpc_addr=args.grpc, pcap=(args.pcap, args.pcap_max_mb) if args.pcap else None)
+                            grpc_addr=args.grpc, pcap=(args.pcap, args.pcap_max_mb) if args.pcap else None,
+                            p4runtime=args.p4runtime)
         return server, server
     if args.shm and args.backend != "c":
         raise ValueError("--shm (the shared-memory transport) runs the C core: --backend c")
@@ -168,6 +169,11 @@ def cmd_serve(args) -> int:
     jobs = ", ".join(f"job {j}: {job.world_size} workers" for j, job in switch.jobs.items())
     print(f"switchsim listening on {where} ({jobs}; {args.slots} slots, "
           f"<= {args.elements_per_packet} elements/packet, backend {args.backend})", flush=True)
+    if getattr(server, "p4runtime", None):  # bmv2: where p4runtime-shell attaches
+        from .bmv2 import CONTROLLER_ELECTION_ID, DEVICE_ID
+
+        print(f"switchsim P4Runtime on {server.p4runtime} (device {DEVICE_ID}; the controller is the primary, "
+              f"election id {','.join(map(str, CONTROLLER_ELECTION_ID))})", flush=True)
     if args.metrics_port is not None:
         print(f"switchsim metrics on http://{args.metrics_host}:{metrics}/metrics", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
@@ -334,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc", metavar="ADDR",
                    help="bmv2: control a simple_switch_grpc that is already running (started with --cpu-port 255; "
                         "HOST:PORT or unix:PATH) instead of starting one; --host is the switch's IP")
+    s.add_argument("--p4runtime", metavar="SOCKET",
+                   help="bmv2: the unix socket the started simple_switch_grpc serves P4Runtime on (default: one in a "
+                        "temporary directory), for p4runtime-shell beside the controller: python -m p4runtime_sh "
+                        "--grpc-addr unix:SOCKET --device-id 0 (its default election id 1,0 is a backup that reads)")
     s.add_argument("--vdev", action="append", help="dpdk: an EAL virtual device, e.g. net_memif0,role=server")
     s.add_argument("--eal", help=f"dpdk: EAL arguments replacing the defaults ({'--no-huge ...'}), e.g. for a NIC")
     s.add_argument("--dpdk-port", type=int, default=0, help="dpdk: port id to serve on")

@@ -1,20 +1,23 @@
-"""A small P4Runtime client for BMv2's simple_switch_grpc, in the style of p4lang/tutorials' p4runtime_lib.
+"""The P4Runtime client of the BMv2 backend: p4runtime-shell (p4runtime_sh) for what it does, and what it lacks.
 
 `P4Info` reads a program's .p4info.txtpb and builds messages by name (table entries, default actions,
 packet-outs) with values encoded as P4Runtime 1.3+ servers require: canonical bytestrings, the minimal
 big-endian width (0 is b"\\x00"), checked against the bitwidth in the P4Info. `Switch` is one P4Runtime
-connection (primary controller for one device): pipeline push, writes whose errors name each failed update,
-counter reads, meter configs, and packet-in / packet-out on the stream channel (read by a background thread).
+connection (primary controller for one device) on p4runtime-shell's P4RuntimeClient: pipeline push, writes
+whose errors name each failed update, counter reads, meter configs, and packet-in / packet-out on the stream
+channel. `bind_shell` lends the connection to p4runtime-shell's shell objects (TableEntry,
+MulticastGroupEntry, CounterEntry, MeterEntry), which switchsim/bmv2.py uses for its entries; p4/README.md
+("P4Runtime clients") says what goes through p4runtime-shell and what stays here, and why.
 
-Needs the `p4` extra: p4runtime, grpcio and protobuf 3.20.x (every p4runtime wheel on PyPI, 1.3.0 to 1.6.0,
-carries protoc < 3.19 generated code, which protobuf >= 4 refuses to import).
+Needs the `p4` extra: p4runtime-shell, p4runtime 1.4.1 (every p4runtime-shell release pins p4runtime <= 1.4.1),
+grpcio and protobuf 3.20.x (every p4runtime wheel on PyPI, 1.3.0 to 1.6.0, carries protoc < 3.19 generated
+code, which protobuf >= 4 refuses to import).
 """
 from __future__ import annotations
 
 import collections
 import os
-import queue
-import threading
+import tempfile
 
 import grpc
 from google.protobuf import text_format
@@ -293,74 +296,145 @@ def _update_errors(rpc_error) -> list[tuple[int, str, str]]:
     return []
 
 
+def _rpc_error(exc: BaseException) -> grpc.RpcError | None:
+    """The grpc.RpcError behind an exception of p4runtime-shell (it raises P4RuntimeException holding it, or
+    P4RuntimeWriteException `from None`, which keeps it as __context__), or the exception itself."""
+    for e in (exc, getattr(exc, "grpc_error", None), exc.__context__):
+        if isinstance(e, grpc.RpcError):
+            return e
+    return None
+
+
 class SwitchUnavailable(ConnectionError, TimeoutError):
     """No P4Runtime server answered (not listening yet, or no arbitration reply) within the timeout."""
 
 
+class _Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """A deadline on every unary call (Write, Read, pipeline push) that has none: p4runtime-shell's client
+    sets none, and a hung server must not hang the controller."""
+
+    def __init__(self, timeout: float, pipeline_timeout: float):
+        self.timeout, self.pipeline_timeout = timeout, pipeline_timeout
+
+    def _details(self, details):
+        if details.timeout is not None:
+            return details
+        t = self.pipeline_timeout if "ForwardingPipelineConfig" in details.method else self.timeout
+        return details._replace(timeout=t) if hasattr(details, "_replace") else _CallDetails(details, t)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, details, timeout):
+        self.method, self.timeout, self.metadata = details.method, timeout, details.metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+def _shell_client_class():
+    """p4runtime-shell's P4RuntimeClient with the arbitration a controller needs (imported on first use:
+    p4runtime_sh imports IPython)."""
+    from p4runtime_sh.p4runtime import P4RuntimeClient
+
+    class ShellClient(P4RuntimeClient):
+        """p4runtime_sh.p4runtime.P4RuntimeClient (channel, stream channel and its reader thread, pipeline
+        push, writes, reads) whose handshake raises instead of exiting the process: SwitchUnavailable when no
+        arbitration answer comes within `timeout` (p4runtime-shell waits 2 s, then calls sys.exit), and
+        PermissionError when `primary` is asked for and the server makes this client a backup (p4runtime-shell
+        prints a line and goes on)."""
+
+        def __init__(self, device_id, grpc_addr, election_id, timeout: float = 10.0, primary: bool = True):
+            self.timeout, self.want_primary, self.arbitration = timeout, primary, None
+            super().__init__(device_id, grpc_addr, election_id)
+
+        def handshake(self):
+            req = p4runtime_pb2.StreamMessageRequest()
+            req.arbitration.device_id = self.device_id
+            req.arbitration.election_id.high, req.arbitration.election_id.low = self.election_id
+            self.stream_out_q.put(req)
+            reply = self.get_stream_packet("arbitration", timeout=self.timeout)
+            if reply is None:
+                self.close()
+                raise SwitchUnavailable(f"device {self.device_id}: no arbitration answer within {self.timeout} s "
+                                        "(the stream channel closed, or the server is busy)")
+            self.arbitration = reply.arbitration
+            if self.want_primary and reply.arbitration.status.code != code_pb2.OK:
+                self.close()
+                raise PermissionError(f"not the primary controller of device {self.device_id} with election id "
+                                      f"{tuple(self.election_id)} ({code_pb2.Code.Name(reply.arbitration.status.code)}"
+                                      f": {reply.arbitration.status.message})")
+
+        def close(self):
+            """p4runtime-shell's tear_down, once (it deletes the channel)."""
+            if getattr(self, "channel", None) is not None:
+                self.tear_down()
+
+        @property
+        def primary(self) -> bool:
+            return self.arbitration is not None and self.arbitration.status.code == code_pb2.OK
+
+    return ShellClient
+
+
 class Switch:
-    """One P4Runtime connection to `grpc_addr` ("host:port" or "unix:/path") as the primary controller of
-    `device_id`. timeout bounds the connection, the arbitration and every unary call (seconds)."""
+    """One P4Runtime connection to `grpc_addr` ("host:port" or "unix:/path") for `device_id`, as the primary
+    controller (or, with primary=False, whatever the server makes it: a backup reads). timeout bounds the
+    connection, the arbitration and every unary call (seconds).
+
+    The connection is p4runtime-shell's (p4runtime_sh.p4runtime.P4RuntimeClient: `client`): its channel,
+    stream channel and reader thread; the pipeline push is its set_fwd_pipe_config, single reads its read_one,
+    packet-ins come from its stream reader's queue and packet-outs go into its stream queue. What is this
+    class's own (p4runtime-shell lacks it, or gets it wrong): arbitration that raises (ShellClient), deadlines
+    on unary calls, batched writes whose errors name each failed update (P4RuntimeError; p4runtime-shell
+    0.0.6's write error parser loops forever when an update before the failed one went through), several
+    entities in one Read (a counter's chosen cells), packet-in metadata by name and packet-out metadata from
+    ints, and telling a closed stream from a quiet one. `bind_shell` lends the connection to p4runtime-shell's shell objects
+    (TableEntry, MulticastGroupEntry, CounterEntry, MeterEntry)."""
 
     def __init__(self, grpc_addr: str, device_id: int = 0, election_id: tuple[int, int] = (0, 1),
-                 timeout: float = 10.0, p4info: P4Info | None = None):
+                 timeout: float = 10.0, p4info: P4Info | None = None, primary: bool = True):
         self.addr, self.device_id, self.timeout, self.p4info = grpc_addr, device_id, timeout, p4info
         self.election_id = p4runtime_pb2.Uint128(high=election_id[0], low=election_id[1])
-        self.stream_errors = collections.deque(maxlen=100)  # StreamError messages, e.g. refused packet-outs
-        self._packets, self._arbitration, self._requests = queue.Queue(), queue.Queue(), queue.Queue()
-        self._stream_error, self._closed = None, False
-        self.channel = grpc.insecure_channel(grpc_addr, options=[("grpc.max_receive_message_length", 1 << 28),
-                                                                 ("grpc.max_send_message_length", 1 << 28)])
+        self._errors = collections.deque(maxlen=100)  # StreamError messages, e.g. refused packet-outs
+        self._closed, self.client = False, None
+        probe = grpc.insecure_channel(grpc_addr)  # p4runtime-shell's client does not wait for the server
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+            grpc.channel_ready_future(probe).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            self.channel.close()
             raise SwitchUnavailable(f"no P4Runtime server at {grpc_addr} within {timeout} s") from None
-        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
-        self._stream = self.stub.StreamChannel(iter(self._requests.get, None))
-        self._reader = threading.Thread(target=self._read_stream, name=f"p4rt-stream {grpc_addr}", daemon=True)
-        self._reader.start()
+        finally:
+            probe.close()
         try:
-            self._arbitrate()
-        except BaseException:
-            self.close()
-            raise
+            self.client = _shell_client_class()(device_id, grpc_addr, tuple(election_id), timeout, primary)
+        except SwitchUnavailable as e:
+            raise SwitchUnavailable(f"{grpc_addr}: {e}") from None
+        except PermissionError as e:
+            raise PermissionError(f"{grpc_addr}: {e}") from None
+        self.client.stub = p4runtime_pb2_grpc.P4RuntimeStub(  # the stream keeps the stub it was opened on
+            grpc.intercept_channel(self.client.channel, _Deadline(timeout, max(60.0, timeout))))
 
     multicast_group = staticmethod(multicast_group)
 
-    def _arbitrate(self):
-        """Master arbitration: the server answers OK to the primary (highest election id)."""
-        req = p4runtime_pb2.StreamMessageRequest()
-        req.arbitration.device_id = self.device_id
-        req.arbitration.election_id.CopyFrom(self.election_id)
-        self._requests.put(req)
-        try:
-            reply = self._arbitration.get(timeout=self.timeout)
-        except queue.Empty:
-            raise SwitchUnavailable(f"{self.addr}: no arbitration answer within {self.timeout} s") from None
-        if isinstance(reply, grpc.RpcError):
-            raise SwitchUnavailable(f"{self.addr}: stream channel closed: {reply.code().name}: {reply.details()}")
-        if reply.status.code != code_pb2.OK:
-            eid = (self.election_id.high, self.election_id.low)
-            raise PermissionError(f"{self.addr}: not the primary controller of device {self.device_id} with "
-                                  f"election id {eid} ({code_pb2.Code.Name(reply.status.code)}: "
-                                  f"{reply.status.message})")
-        return reply
+    @property
+    def primary(self) -> bool:
+        """Whether the server made this connection the primary controller (its last arbitration answer)."""
+        return self.client.primary
 
-    def _read_stream(self):
-        """Background reader: packet-ins to one queue, arbitration replies to another, errors kept."""
-        try:
-            for msg in self._stream:
-                kind = msg.WhichOneof("update")
-                if kind == "packet":
-                    self._packets.put(msg.packet)
-                elif kind == "arbitration":
-                    self._arbitration.put(msg.arbitration)
-                elif kind == "error":
-                    self.stream_errors.append(msg.error)
-        except grpc.RpcError as e:
-            if not self._closed:
-                self._stream_error = e
-                self._arbitration.put(e)
+    @property
+    def stream_errors(self) -> collections.deque:
+        """StreamError messages the server sent (p4runtime-shell queues them as "unknown")."""
+        q = self.client.stream_in_q["unknown"] if self.client else None
+        while q is not None and not q.empty():
+            msg = q.get_nowait()
+            if msg is not None and msg.HasField("error"):
+                self._errors.append(msg.error)
+        return self._errors
 
     def _info(self) -> P4Info:
         if self.p4info is None:
@@ -368,21 +442,29 @@ class Switch:
         return self.p4info
 
     def set_pipeline(self, p4info: P4Info, bmv2_json_path: str, timeout: float | None = None):
-        """Push the program (P4Info + BMv2 JSON) with VERIFY_AND_COMMIT; the switch forgets all entries."""
-        with open(bmv2_json_path, "rb") as f:
-            config = p4runtime_pb2.ForwardingPipelineConfig(p4info=p4info.message, p4_device_config=f.read())
-        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.device_id, election_id=self.election_id, config=config,
-            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        """Push the program (P4Info + BMv2 JSON) with VERIFY_AND_COMMIT (p4runtime-shell's
+        set_fwd_pipe_config, from the P4Info's file); the switch forgets all entries."""
+        from p4runtime_sh.p4runtime import P4RuntimeException
+
+        path, tmp = p4info.path, None
+        if path is None:  # a P4Info built in memory: p4runtime-shell reads a file
+            fd, tmp = tempfile.mkstemp(suffix=".p4info.txtpb")
+            with os.fdopen(fd, "w") as f:
+                f.write(text_format.MessageToString(p4info.message))
+            path = tmp
         try:
-            self.stub.SetForwardingPipelineConfig(req, timeout=timeout or max(60.0, self.timeout))
-        except grpc.RpcError as e:
-            raise P4RuntimeError(f"SetForwardingPipelineConfig({bmv2_json_path})", e) from None
+            self.client.set_fwd_pipe_config(path, bmv2_json_path)
+        except P4RuntimeException as e:
+            raise P4RuntimeError(f"SetForwardingPipelineConfig({bmv2_json_path})", e.grpc_error) from None
+        finally:
+            if tmp:
+                os.unlink(tmp)
         self.p4info = p4info
 
     def write(self, *updates):
-        """One WriteRequest; each update is ("insert" | "modify" | "delete", entity or TableEntry, ...).
-        Raises P4RuntimeError naming each failed update (the others may have been applied)."""
+        """One WriteRequest; each update is ("insert" | "modify" | "delete",
+        entity or TableEntry, ...). Raises P4RuntimeError naming each failed update (the others may have been
+        applied)."""
         if not updates:
             return
         req = p4runtime_pb2.WriteRequest(device_id=self.device_id, election_id=self.election_id)
@@ -390,8 +472,8 @@ class Switch:
             if kind.lower() not in _UPDATES:
                 raise ValueError(f"update type {kind!r}: use insert, modify or delete")
             req.updates.add(type=_UPDATES[kind.lower()], entity=entity(message))
-        try:
-            self.stub.Write(req, timeout=self.timeout)
+        try:  # not p4runtime-shell's write: its error parser loops forever on a batch whose first update
+            self.client.stub.Write(req)  # went through (P4RuntimeErrorIterator skips OK without moving on)
         except grpc.RpcError as e:
             raise P4RuntimeError("Write", e, req) from None
 
@@ -405,12 +487,20 @@ class Switch:
         self.write(*[("delete", e) for e in entities])
 
     def read(self, *entities) -> list[p4runtime_pb2.Entity]:
-        """Every entity matching the given ones (unset fields are wildcards)."""
-        req = p4runtime_pb2.ReadRequest(device_id=self.device_id, entities=[entity(e) for e in entities])
+        """Every entity matching the given ones (unset fields are wildcards). One entity: p4runtime-shell's
+        read_one; several in one ReadRequest: here (p4runtime-shell reads one entity a request)."""
+        wanted = [entity(e) for e in entities]
         try:
-            return [e for resp in self.stub.Read(req, timeout=self.timeout) for e in resp.entities]
-        except grpc.RpcError as e:
-            raise P4RuntimeError("Read", e) from None
+            if len(wanted) == 1:
+                replies = self.client.read_one(wanted[0])
+            else:
+                replies = self.client.stub.Read(p4runtime_pb2.ReadRequest(device_id=self.device_id, entities=wanted))
+            return [e for resp in replies for e in resp.entities]
+        except Exception as e:  # noqa: BLE001 - p4runtime-shell's P4RuntimeException, or a grpc.RpcError
+            rpc = _rpc_error(e)
+            if rpc is None:
+                raise
+            raise P4RuntimeError("Read", rpc) from None
 
     def read_counter(self, name: str, index: int | None = None) -> dict[int, tuple[int, int]]:
         """{index: (byte_count, packet_count)} of an indirect counter; every index when `index` is None."""
@@ -420,6 +510,16 @@ class Switch:
         return {e.counter_entry.index.index: (e.counter_entry.data.byte_count, e.counter_entry.data.packet_count)
                 for e in self.read(entry)}
 
+    def read_counter_cells(self, name: str, indices) -> dict[int, tuple[int, int]]:
+        """{index: (byte_count, packet_count)} of some cells of a counter, in one Read (a wildcard read of a
+        4096-cell counter is much slower; p4runtime-shell's CounterEntry reads one cell or all)."""
+        cid = self._info().counter_id(name)
+        cells = [p4runtime_pb2.CounterEntry(counter_id=cid, index=p4runtime_pb2.Index(index=i)) for i in indices]
+        if not cells:
+            return {}
+        return {e.counter_entry.index.index: (e.counter_entry.data.byte_count, e.counter_entry.data.packet_count)
+                for e in self.read(*cells)}
+
     def set_meter(self, name: str, index: int, cir: int, cburst: int, pir: int, pburst: int):
         """Configure one cell of an indirect meter (two-rate three-colour: rates in units per second, bursts
         in units; units = packets or bytes as the program declares). Meter cells exist, so this is a modify."""
@@ -428,37 +528,61 @@ class Switch:
         entry.config.cir, entry.config.cburst, entry.config.pir, entry.config.pburst = cir, cburst, pir, pburst
         self.modify(entry)
 
+    def _stream_closed(self) -> bool:
+        return self.client is None or not self.client.stream_recv_thread.is_alive()
+
     def packet_out(self, payload: bytes, **metadata):
-        """Send a frame through the CPU port; metadata: packet_out header fields by name (others 0)."""
-        if self._stream_error is not None:
-            raise ConnectionError(f"{self.addr}: stream channel closed: {self._stream_error.details()}")
-        self._requests.put(p4runtime_pb2.StreamMessageRequest(packet=self._info().packet_out(payload, **metadata)))
+        """Send a frame through the CPU port (into p4runtime-shell's stream queue); metadata: packet_out header
+        fields by name, as ints (others 0)."""
+        if self._stream_closed():
+            raise ConnectionError(f"{self.addr}: stream channel closed")
+        self.client.stream_out_q.put(p4runtime_pb2.StreamMessageRequest(packet=self._info().packet_out(payload,
+                                                                                                     **metadata)))
 
     def packet_in(self, timeout: float | None = None) -> tuple[bytes, dict] | None:
-        """The next packet-in as (payload, {packet_in field: value}), or None after `timeout` seconds."""
-        try:
-            packet = self._packets.get(timeout=timeout)
-        except queue.Empty:
-            if self._stream_error is not None:
-                raise ConnectionError(f"{self.addr}: stream channel closed: {self._stream_error.details()}") \
-                    from None
+        """The next packet-in as (payload, {packet_in field: value}), or None after `timeout` seconds;
+        ConnectionError once the stream has closed (p4runtime-shell's reader then only queues None)."""
+        msg = self.client.get_stream_packet("packet", timeout=timeout) if self.client else None
+        if msg is None:
+            if self._stream_closed():
+                raise ConnectionError(f"{self.addr}: stream channel closed")
             return None
-        return self._info().parse_packet_in(packet)
+        return self._info().parse_packet_in(msg.packet)
 
     def close(self):
         """End the stream (the server then drops this controller) and the channel; idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._requests.put(None)
-        stream = getattr(self, "_stream", None)
-        if stream is not None:
-            stream.cancel()
-            self._reader.join(timeout=5)
-        self.channel.close()
+        if self.client is not None:
+            self.client.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+_shell_owner: Switch | None = None
+
+
+def bind_shell(switch: Switch | None):
+    """Lend `switch`'s connection and P4Info to p4runtime-shell's shell objects (p4runtime_sh.shell.client and
+    .context, which its TableEntry, MulticastGroupEntry, CounterEntry, MeterEntry, PacketOut use), quiet
+    (its verbose option prints every message it builds); None gives them back. p4runtime-shell keeps one
+    connection per process: binding a second open Switch while the first is open is refused."""
+    global _shell_owner
+    from p4runtime_sh import shell
+    from p4runtime_sh.global_options import global_options
+
+    if switch is None:
+        shell.client, _shell_owner = None, None
+        return
+    if _shell_owner is not None and _shell_owner is not switch and not _shell_owner._closed:
+        raise RuntimeError(f"p4runtime-shell already holds {_shell_owner.addr} in this process (one connection "
+                           "per process)")
+    shell.client = switch.client
+    shell.context.set_p4info(switch._info().message)
+    global_options["verbose"] = False
+    _shell_owner = switch

@@ -103,3 +103,18 @@ def test_punt_reasons_are_the_controllers():
     for name in ("PUNT_CONTROL", "PUNT_CALL_MISMATCH", "PUNT_FAILED"):
         assert consts[name] == getattr(gen_p4, name)
     assert len({gen_p4.PUNT_CONTROL, gen_p4.PUNT_CALL_MISMATCH, gen_p4.PUNT_FAILED}) == 3
+
+
+def test_told_drops_are_the_wires():
+    """ERR_DROPPED in the data plane: the code, the reasons it tells (a bit per DROP_* index) and the text of
+    each, the reason's name (the model's text up to its colon)."""
+    src = p4_source()
+    consts = {name: int(v) for name, v in re.findall(r"const \S+ (\w+) = (-?\d+);", src)}
+    assert consts["ERR_DROPPED"] == wire.ERR_DROPPED and consts["ERROR_PAYLOAD_SIZE"] == wire.ERROR_PAYLOAD.size
+    assert consts["TOLD_MASK"] == sum(1 << wire.DROP_REASONS.index(r) for r in wire.TOLD_DROPS)
+    texts = re.findall(r"meta.reason == DROP_(\w+)\) \{ hdr.told_text.text = 0x([0-9a-f]+); meta.text_len = (\d+);",
+                       src)
+    assert {name.lower(): bytes.fromhex(text)[:int(n)].decode() for name, text, n in texts} == \
+        {r: r for r in wire.TOLD_DROPS}
+    width = int(re.search(r"header told_text_t \{ bit<(\d+)> text; \}", src).group(1))
+    assert width == 8 * max(map(len, wire.TOLD_DROPS))
