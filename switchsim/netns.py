@@ -17,11 +17,16 @@ import sys
 import time
 
 
+_TAGS = itertools.count()  # namespaces made by this process: each its own name and /24
+
+
 class VethNamespace:
     prefix = "10.213"  # the pair's /24 is PREFIX.(tag % 250).0
 
     def __init__(self, tag: int | None = None):
-        tag = os.getpid() % 100000 if tag is None else tag
+        # default: this process's pid and a count, so two live at once (a session's DPDK namespace and a
+        # test's BMv2 one) never share a name or a subnet
+        tag = (os.getpid() % 1000 * 100 + next(_TAGS) % 100) if tag is None else tag
         self.ns, self.worker_if, self.switch_if = f"ina-{tag}", f"inaw{tag}", f"inas{tag}"
         self.worker_ip, self.switch_ip = f"{self.prefix}.{tag % 250}.1", f"{self.prefix}.{tag % 250}.2"
         self.up = False
