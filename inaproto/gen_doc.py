@@ -75,7 +75,8 @@ ERRORS = {
     "aborted": ("a member's `abort`", "the aborting rank"),
     "peer_dead": ("a member silent for PEER_SILENT s, or one that left while others remain", "that rank"),
     "dropped": ("a member's packet dropped for its sender's mistake (" + ", ".join(wire.TOLD_DROPS) + "): once per "
-                "generation, rank and reason, never larger than the packet, a REPLY; informational",
+                "(generation, rank, reason), never larger than the packet (its text is cut), a REPLY; "
+                "informational: a worker goes on",
                 "the second byte is the drop reason's index in the drop-reason list, not a rank"),
 }
 
@@ -116,6 +117,10 @@ def _constants():
             ("MAX_ABORT_TEXT", w.MAX_ABORT_TEXT, "bytes of an abort's reason"),
             ("MAX_WORKERS", w.MAX_WORKERS, "ranks per job"), ("MAX_ELEMENTS", w.MAX_ELEMENTS, "elements per packet"),
             ("MAX_SLOTS", w.MAX_SLOTS, "slots per job"), ("MAX_CALL_LEN", w.MAX_CALL_LEN, "elements per call"),
+            ("switch elements", 1024, "the switch's maximum elements per packet unless `serve --elements-per-packet` "
+                                      "says otherwise: what a join asking 0 gets"),
+            ("hostlib elements", "256 / 1024", "what hostlib asks by default: 256 for int32, fixed (1 KiB of int32), "
+                                              "1024 for nc, dither (1 KiB of codes); ranks must ask the same"),
             ("EXP_NONE", w.EXP_NONE, "exponent byte: no data"), ("EXP_NONFINITE", w.EXP_NONFINITE,
                                                                    "exponent byte: NaN/Inf seen"),
             ("BLOCK_NONE", f"{w.BLOCK_NONE:#x}", "no block"), ("NO_RANK", f"{w.NO_RANK:#x}", "an error naming no rank"),
@@ -126,11 +131,14 @@ def _constants():
               ("CLAIM_ACTIVE", control.CLAIM_ACTIVE, "switch: a contested pending join repeated this long after is live"),
               ("TAKEN_AFTER", control.TAKEN_AFTER, "switch: a contested live generation heard this long is running"),
               ("join repeat", 0.1, "worker: a join is sent every 100 ms until acked, and at once after a join_wait"),
-              ("HEARTBEAT_EVERY", worker.HEARTBEAT_EVERY, "worker: a heartbeat at least this often"),
+              ("HEARTBEAT_EVERY", worker.HEARTBEAT_EVERY, "worker: a heartbeat this often, in calls too, whatever "
+                                                           "else it sends: heartbeats are what makes the switch check "
+                                                           "for silent members"),
               ("REFUSED_AFTER", worker.REFUSED_AFTER, "worker: connection refused this long, nothing heard: unreachable"),
               ("ABORT_WAIT", worker.ABORT_WAIT, "worker: an abort is repeated every 100 ms this long at most"),
-              ("rto", 0.03, "worker: retransmission timeout floor (follows the RTT: RFC 6298 over the smallest of "
-                            "16 samples), doubling per retry"),
+              ("rto", 0.03, "worker (hostlib's choice; any timer works): retransmission timeout floor; above it "
+                            "RFC 6298's SRTT + 4 RTTVAR, each update from the smallest of 16 round-trip samples; "
+                            "doubling per retry"),
               ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
     out = ["| constant | value | meaning |", "|---|---|---|"]
     out += [f"| `{n}` | {v} | {m} |" for n, v, m in rows]
@@ -178,7 +186,7 @@ def _payloads():
     out += _struct_rows(wire.JOIN_ACK_PAYLOAD.format, ["generation", "slots of the job",
                                                         "the job's elements per packet (what every rank asked, at "
                                                         "most the switch's maximum)",
-                                                        "agreed window (the smallest asked, at most the slots)", "",
+                                                        "agreed window (the smallest asked, at most the slots)", "zeros",
                                                         "first packet id of every slot in this generation (even)"], h)
     out += ["| | | | **join_wait** |"] + _struct_rows(wire.JOIN_WAIT_PAYLOAD.format, ["bitmap of joined ranks"], h)
     out += ["| | | | **error** |"] + _struct_rows(wire.ERROR_PAYLOAD.format, ["code (error codes below)",
