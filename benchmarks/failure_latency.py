@@ -104,7 +104,7 @@ def peer_killed(backend):
                              "2", "1"], stdout=subprocess.DEVNULL)
     try:
         with hostlib.connect(sw.address, 0, 2, codec="int32", timeout=TIMEOUT) as comm:
-            comm.allreduce(np.ones(10, np.int32))
+            comm.allreduce(np.ones(1000, np.int32))  # the peer's one call (ina_rank.py: 1000 elements)
             time.sleep(0.5)
             peer.kill()
             peer.wait()
