@@ -154,12 +154,16 @@ def _header():
     return out
 
 
+def _code_table(head: str, names: dict, docs: dict) -> list[str]:
+    """A table of wire codes (head: its columns, the code's and the name's first) with the documented columns
+    of each name (docs[name], a tuple)."""
+    cols = head.split(",")
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return out + [f"| {code} | {name} | " + " | ".join(docs[name]) + " |" for code, name in sorted(names.items())]
+
+
 def _messages():
-    out = ["| value | name | direction | payload |", "|---|---|---|---|"]
-    for code, name in sorted(wire.MSG_NAMES.items()):
-        direction, payload = MESSAGES[name]
-        out.append(f"| {code} | {name} | {direction} | {payload} |")
-    return out
+    return _code_table("value,name,direction,payload", wire.MSG_NAMES, MESSAGES)
 
 
 def _struct_rows(fmt: str, names: list[str], base: int) -> list[str]:
@@ -200,11 +204,7 @@ def _payloads():
 
 
 def _errors():
-    out = ["| code | name | sent when | rank named |", "|---|---|---|---|"]
-    for code, name in sorted(wire.ERROR_NAMES.items()):
-        when, rank = ERRORS[name]
-        out.append(f"| {code} | {name} | {when} | {rank} |")
-    return out
+    return _code_table("code,name,sent when,rank named", wire.ERROR_NAMES, ERRORS)
 
 
 def _drops():

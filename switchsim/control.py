@@ -189,7 +189,9 @@ class ControlPlane:
     def _refuse_sizes(self, job, sizes: dict):
         """The ranks ask for different packet sizes: refuse every pending join at once (their packets would
         never add up), naming two that differ, instead of a generation that hangs on `mismatch`."""
-        (a, ka), (b, kb) = sorted(sizes.items(), key=lambda kv: (kv[1], kv[0]))[::len(sizes) - 1]
+        a = min(sizes, key=lambda r: (sizes[r], r))  # the smallest size asked and the largest
+        b = max(sizes, key=lambda r: (sizes[r], -r))
+        ka, kb = sizes[a], sizes[b]
         text = (f"job {job.job_id}: ranks ask for different packet sizes: rank {b} {kb} elements per packet, "
                 f"rank {a} {ka} (elements_per_packet, or the codecs, differ)")
         pending, job.pending = job.pending, {}

@@ -21,7 +21,8 @@ import pytest
 
 import hostlib
 from hostlib import errors, wire
-from inabench.harness import SwitchProcess
+
+from .test_e2e import run_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK_SCRIPT = os.path.join(ROOT, "tests", "scripts", "ina_rank.py")
@@ -82,29 +83,23 @@ def lines(p, n, timeout=30.0) -> list[dict]:
 
 
 def ranks(address, plans, codec="int32", **kw):
-    """Rank r runs plans[r] (a list of inputs, one per call) in a thread; returns per rank a list of
-    ("ok", output, seconds) or (exception, seconds) per call."""
-    n = len(plans)
-    res = [None] * n
+    """Rank r runs plans[r] (a list of inputs, one per call) in a thread (test_e2e.run_workers); returns per
+    rank a list of ("ok", output, seconds) or (exception, seconds) per call."""
 
-    def work(r):
-        out = []
-        with hostlib.connect(address, r, n, codec=codec, timeout=20, **kw) as comm:
-            for x in plans[r]:
-                t = time.monotonic()
-                try:
-                    out.append(("ok", comm.allreduce(x), time.monotonic() - t))
-                except Exception as e:  # noqa: BLE001 - what each call raised is the result
-                    out.append((e, time.monotonic() - t))
-        res[r] = out
+    def call(comm, r, i):
+        if i >= len(plans[r]):
+            return None  # a rank with fewer calls: it has left
+        t = time.monotonic()
+        try:
+            return "ok", comm.allreduce(plans[r][i]), time.monotonic() - t
+        except Exception as e:  # noqa: BLE001 - what each call raised is the result
+            return e, time.monotonic() - t
 
-    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    return res
+    calls = list(range(max(map(len, plans))))
+    outs, errs, _ = run_workers(address, [None] * len(plans), codec, sparse=calls, every_call=True, call=call,
+                                timeout=20, **kw)
+    assert errs == [None] * len(plans), errs
+    return [[o for o in out if o is not None] for out in outs]
 
 
 def assert_exact(result, expected):

@@ -23,9 +23,10 @@ import torch.distributed as dist  # noqa: E402
 
 from inabench.harness import ROOT, SwitchProcess, free_port  # noqa: E402
 
+from .scripts.ddp_compare import integer_model  # noqa: E402 - the comm hook's comparison uses the same model
+
 BACKENDS = ["python", "c"]
-# the C worker loop moves to protocol v3 with csrc/; until it lands the ranks run the Python loop
-RANK_ENV = {"INA_FAST": os.environ.get("INA_TEST_FAST", "1")}  # the C worker loop, as users get it
+RANK_ENV = {"INA_FAST": os.environ.get("INA_TEST_FAST", "1")}  # the C worker loop, as users get it (0: Python's)
 STEPS = 6
 KILL_AFTER = 2  # DDP steps through the switch before it is killed
 RETRY_EVERY = 3
@@ -47,17 +48,6 @@ def _float_model():
     return torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
 
 
-def _integer_model():
-    """Integer weights, inputs and targets: every gradient and every sum is an integer, exact in float32 and
-    in fixed point, so the switch's run and gloo's can be compared bit for bit."""
-    g = torch.Generator().manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 4, bias=False))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randint(-2, 3, p.shape, generator=g).float())
-    return m
-
-
 def _loss(model, integer, g):
     if integer:
         x = torch.randint(-3, 4, (5, 8), generator=g).float()
@@ -72,7 +62,7 @@ def _params(model):
 def _ddp_run(group, rank, integer, steps, between=None):
     """DDP over `group`; between(step) runs before each step (the fallback test kills the switch there).
     Returns the final parameters and the seconds each step took."""
-    model = _integer_model() if integer else _float_model()
+    model = integer_model() if integer else _float_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     opt = torch.optim.SGD(ddp.parameters(), lr=2.0 if integer else 0.1)
     g = torch.Generator().manual_seed(100 + rank)
