@@ -90,7 +90,7 @@ def check_config(config: SwitchConfig) -> None:
 class BMv2Namespace(VethNamespace):
     """The BMv2 switch's namespace: its veth end is BMv2's port 0."""
 
-    prefix = "10.214"
+    prefix, kind = "10.214", "b"
 
     @staticmethod
     def _why_not() -> str:

@@ -21,20 +21,19 @@ _TAGS = itertools.count()  # namespaces made by this process: each its own name 
 
 
 class VethNamespace:
-    prefix = "10.213"  # the pair's /24 is PREFIX.(tag % 250).0
+    prefix = "10.213"  # the pair's /24 is PREFIX.tag.0
+    kind = "d"  # in the names: ina-d<tag>, inawd<tag>, inasd<tag>
 
     def __init__(self, tag: int | None = None):
-        # default: this process's pid and a count, so two live at once (a session's DPDK namespace and a
-        # test's BMv2 one) never share a name or a subnet
-        tag = (os.getpid() % 1000 * 100 + next(_TAGS) % 100) if tag is None else tag
-        self.ns, self.worker_if, self.switch_if = f"ina-{tag}", f"inaw{tag}", f"inas{tag}"
-        self.worker_ip, self.switch_ip = f"{self.prefix}.{tag % 250}.1", f"{self.prefix}.{tag % 250}.2"
-        self.up = False
+        self.up, self.ns, self.worker_if, self.switch_if, self.worker_ip, self.switch_ip = False, None, None, None, None, None
         self.error = self._why_not()
         if self.error:
             return
         try:
-            for cmd in (f"ip netns add {self.ns}", f"ip link add {self.worker_if} type veth peer name {self.switch_if}",
+            tag = self._claim(tag)
+            self.worker_ip, self.switch_ip = f"{self.prefix}.{tag}.1", f"{self.prefix}.{tag}.2"
+            subprocess.run(["ip", "link", "del", self.worker_if], capture_output=True)  # a crashed owner's leftover
+            for cmd in (f"ip link add {self.worker_if} type veth peer name {self.switch_if}",
                         f"ip link set {self.switch_if} netns {self.ns}",
                         f"ip addr add {self.worker_ip}/24 dev {self.worker_if}", f"ip link set {self.worker_if} up",
                         f"ip netns exec {self.ns} ip link set {self.switch_if} up"):
@@ -43,6 +42,22 @@ class VethNamespace:
         except subprocess.CalledProcessError as e:
             self.error = f"cannot create a network namespace ({' '.join(e.cmd)}: {e.stderr.strip()})"
             self.close()
+
+    def _claim(self, tag: int | None) -> int:
+        """A tag (1..250) no live namespace of this kind holds: `ip netns add` is the lock, so two processes
+        (a test session's DPDK namespace and a switch's BMv2 one, pids alike or not) or a crashed run's
+        leftover never share a name or a subnet."""
+        start = (os.getpid() + next(_TAGS)) % 250 if tag is None else tag - 1
+        for i in range(1 if tag is not None else 250):
+            t = (start + i) % 250 + 1
+            self.ns, self.worker_if, self.switch_if = f"ina-{self.kind}{t}", f"inaw{self.kind}{t}", f"inas{self.kind}{t}"
+            r = subprocess.run(["ip", "netns", "add", self.ns], capture_output=True, text=True)
+            if r.returncode == 0:
+                return t
+            if "File exists" not in r.stderr:
+                raise subprocess.CalledProcessError(r.returncode, r.args, r.stdout, r.stderr)
+        self.ns = None
+        raise subprocess.CalledProcessError(1, ["ip", "netns", "add", f"ina-{self.kind}*"], "", "every tag is taken")
 
     @staticmethod
     def _why_not() -> str:
@@ -62,8 +77,10 @@ class VethNamespace:
                 "--iface", self.switch_if, "--host", self.switch_ip, "--port", str(port), "--control", self.worker_ip]
 
     def close(self):
-        subprocess.run(["ip", "link", "del", self.worker_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        if self.ns:
+            subprocess.run(["ip", "link", "del", self.worker_if], capture_output=True)
+            subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+            self.ns = None
         self.up = False
 
     def __enter__(self):
