@@ -13,6 +13,7 @@
 const ina_kernel_ops ina_ops_scalar = {
     "scalar", ina_scalar_nc_encode, ina_scalar_nc_decode, ina_scalar_fixed_nearest, ina_scalar_fixed_sr,
     ina_scalar_fixed_value, ina_scalar_dither_natural, ina_scalar_dither_standard, ina_scalar_philox_fill,
+    ina_scalar_nc_decode,
 };
 
 static const ina_kernel_ops *const OPS[] = {&ina_ops_scalar, &ina_ops_avx2, &ina_ops_avx512};
@@ -79,6 +80,11 @@ int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, 
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out)
 {
     return ops()->nc_decode(codes, n, out) ? INA_KERNEL_BAD_CODE : 0;
+}
+
+int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out)
+{
+    return ops()->nc_decode_nt(codes, n, out) ? INA_KERNEL_BAD_CODE : 0;
 }
 
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be)

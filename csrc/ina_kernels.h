@@ -33,6 +33,8 @@ int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint6
 int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                       int floor);
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
+/* the same, written with non-temporal stores where the CPU has them: for outputs larger than the caches */
+int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out);
 /* the fixed-point scale floor(INT32_MAX / world) / 2^exp of a block with agreed exponent exp (codecs/fixed.py) */
 double ina_fixed_scale(int exp, int world);
 /* big-endian int32 of rint(x * scale), clipped to +-limit */

@@ -377,5 +377,5 @@ static void philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, ui
 
 const ina_kernel_ops ina_ops_avx2 = {
     "avx2", nc_encode, nc_decode, fixed_nearest, fixed_sr, fixed_value, dither_natural, dither_standard,
-    philox_fill,
+    philox_fill, nc_decode,
 };

@@ -10,6 +10,7 @@
 #include "ina_kernels_ops.h"
 
 #define BLOCK 64 /* elements per double Philox draw */
+#define PREFETCH 1024 /* elements ahead (4 KiB) */
 #define NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* round keys, and the first two rounds' lane-independent parts for sub-streams 0 and 1 at one q >> 32 */
@@ -44,11 +45,14 @@ static void keys_init(keys_t *k, uint64_t seed)
     keys_at(k, 0);
 }
 
+/* a product's high word into the low half of its lane: a swap of the halves (vpshufd runs on the shuffle
+ * port, beside the multiplies; a shift would queue behind them) - the high half's junk is never read */
+#define HI32(p) _mm512_shuffle_epi32(p, _MM_PERM_CDAB)
 #define ROUND(x0, x1, x2, x3, r)                                                                                  \
     do {                                                                                                          \
         __m512i p0_ = _mm512_mul_epu32(x0, m0), p1_ = _mm512_mul_epu32(x2, m1);                                   \
-        x0 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1_, 32), x1, k->k0[r], 0x96); /* three-way xor */       \
-        x2 = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0_, 32), x3, k->k1[r], 0x96);                           \
+        x0 = _mm512_ternarylogic_epi64(HI32(p1_), x1, k->k0[r], 0x96); /* three-way xor */                         \
+        x2 = _mm512_ternarylogic_epi64(HI32(p0_), x3, k->k1[r], 0x96);                                             \
         x1 = p1_, x3 = p0_;                                                                                       \
     } while (0)
 
@@ -63,39 +67,41 @@ static inline void interleave(__m512i x0, __m512i x1, __m512i x2, __m512i x3, __
     w[1] = _mm512_permutex2var_epi64(a, hi, b);
 }
 
-/* words of the 64 elements 4 q .. 4 q + 63 of sub-stream s, in element order, 16 per vector. Where q >> 32
- * is the same for the 16 counters (and s is 0 or 1), rounds 1 and 2 skip their lane-independent products
- * (the counter's words 1..3 are the same in every lane). */
-static inline void philox64(keys_t *k, uint64_t q, uint32_t s, __m512i w[4])
+/* words of the 32 nch elements 4 q .. of sub-stream s, in element order, 16 per vector, from nch chains of 8
+ * counters (independent chains hide the multiplies' latency). Where q >> 32 is the same for every counter
+ * (and s is 0 or 1), rounds 1 and 2 skip their lane-independent products (the counter's words 1..3 are the
+ * same in every lane). */
+static inline __attribute__((always_inline)) void philox_chains(keys_t *k, uint64_t q, uint32_t s, __m512i *w,
+                                                                const int nch)
 {
     const __m512i m0 = _mm512_set1_epi64(INA_PHILOX_M0), m1 = _mm512_set1_epi64(INA_PHILOX_M1);
-    __m512i qa = _mm512_add_epi64(_mm512_set1_epi64((long long)q), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
-    __m512i qb = _mm512_add_epi64(qa, _mm512_set1_epi64(8));
-    __m512i a0, a1, a2, a3, b0, b1, b2, b3;
+    __m512i x0[4], x1[4], x2[4], x3[4];
     int r = 0;
-    if (s < 2 && q >> 32 == (q + 15) >> 32) {
-        if (k->qhi != q >> 32)
-            keys_at(k, q >> 32);
-        __m512i pa = _mm512_mul_epu32(qa, m0), pb = _mm512_mul_epu32(qb, m0); /* round 1 */
-        a2 = _mm512_xor_si512(_mm512_srli_epi64(pa, 32), k->k1[0]);
-        b2 = _mm512_xor_si512(_mm512_srli_epi64(pb, 32), k->k1[0]);
-        a1 = _mm512_mul_epu32(a2, m1), b1 = _mm512_mul_epu32(b2, m1); /* round 2 */
-        a0 = _mm512_xor_si512(_mm512_srli_epi64(a1, 32), k->c1k[s]);
-        b0 = _mm512_xor_si512(_mm512_srli_epi64(b1, 32), k->c1k[s]);
-        a2 = _mm512_xor_si512(pa, k->hk[s]), b2 = _mm512_xor_si512(pb, k->hk[s]);
-        a3 = b3 = k->lo[s];
-        r = 2;
-    } else {
-        a0 = qa, a1 = _mm512_srli_epi64(qa, 32), a2 = _mm512_set1_epi64(s), a3 = _mm512_setzero_si512();
-        b0 = qb, b1 = _mm512_srli_epi64(qb, 32), b2 = a2, b3 = a3;
+    const int fast = s < 2 && q >> 32 == (q + 8 * (uint64_t)nch - 1) >> 32;
+    if (fast && k->qhi != q >> 32)
+        keys_at(k, q >> 32);
+    for (int c = 0; c < nch; c++) {
+        __m512i qc = _mm512_add_epi64(_mm512_set1_epi64((long long)(q + 8 * (uint64_t)c)),
+                                      _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+        if (fast) {
+            __m512i p = _mm512_mul_epu32(qc, m0); /* round 1 */
+            __m512i t = _mm512_xor_si512(HI32(p), k->k1[0]);
+            x1[c] = _mm512_mul_epu32(t, m1); /* round 2 */
+            x0[c] = _mm512_xor_si512(HI32(x1[c]), k->c1k[s]);
+            x2[c] = _mm512_xor_si512(p, k->hk[s]);
+            x3[c] = k->lo[s];
+        } else {
+            x0[c] = qc, x1[c] = _mm512_srli_epi64(qc, 32), x2[c] = _mm512_set1_epi64(s), x3[c] = _mm512_setzero_si512();
+        }
     }
-    for (; r < INA_PHILOX_ROUNDS; r++) {
-        ROUND(a0, a1, a2, a3, r);
-        ROUND(b0, b1, b2, b3, r);
-    }
-    interleave(a0, a1, a2, a3, w);
-    interleave(b0, b1, b2, b3, w + 2);
+    for (r = fast ? 2 : 0; r < INA_PHILOX_ROUNDS; r++)
+        for (int c = 0; c < nch; c++)
+            ROUND(x0[c], x1[c], x2[c], x3[c], r);
+    for (int c = 0; c < nch; c++)
+        interleave(x0[c], x1[c], x2[c], x3[c], w + 2 * c);
 }
+
+static inline void philox64(keys_t *k, uint64_t q, uint32_t s, __m512i w[4]) { philox_chains(k, q, s, w, 2); }
 
 /* elements before the first position that is a multiple of 4 (at most 3, and at most n) */
 static inline size_t head_len(uint64_t offset, size_t n)
@@ -170,6 +176,38 @@ static inline void nc_pack64(const __m512i e[4], __mmask16 neg[4], uint8_t *out)
     _mm512_storeu_si512(out, _mm512_mask_add_epi8(p, m, p, _mm512_set1_epi8((char)0x80)));
 }
 
+/* 64 codes from x with their words w (zero when det); lanes outside the fast range take nc_group16 */
+static inline __attribute__((always_inline)) void nc_encode64(const float *x, const __m512i w[4], uint8_t *codes,
+                                                              int floor, int det, uint32_t *err, keys_t *k,
+                                                              uint64_t q, __m512i low, __m512i span)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i xv[4], e[4];
+    __mmask16 neg[4], out = 0;
+    for (int j = 0; j < 4; j++) {
+        xv[j] = _mm512_loadu_si512(x + 16 * j);
+        __m512i b = _mm512_and_si512(xv[j], abs);
+        __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_srli_epi32(w[j], 9);
+        e[j] = _mm512_srli_epi32(_mm512_add_epi32(b, u), 23); /* the mantissa add's carry is the round-up */
+        neg[j] = _mm512_movepi32_mask(xv[j]);
+        out |= _mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span);
+    }
+    if (!out) {
+        nc_pack64(e, neg, codes);
+        return;
+    }
+    __m512i w1[4];
+    int have_w1 = 0;
+    for (int j = 0; j < 4; j++)
+        nc_group16(xv[j], w[j], codes + 16 * j, floor, det, err, k, q, w1, &have_w1, j);
+}
+
+static inline void prefetch(const float *x, int lines)
+{
+    for (int l = 0; l < lines; l++)
+        _mm_prefetch((const char *)(x + PREFETCH + 16 * l), _MM_HINT_T0);
+}
+
 static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int det,
                           int floor)
 {
@@ -179,53 +217,73 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     uint32_t err = ina_scalar_nc_encode(x, i, codes, seed, offset, det, floor);
     keys_t k;
     keys_init(&k, seed);
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
     const __m512i low = _mm512_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
     /* one unsigned compare finds every lane outside [low, 2^63): b - low >= 2^63 - low */
     const __m512i span = _mm512_sub_epi32(_mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
+    for (; n - i >= 2 * BLOCK; i += 2 * BLOCK) { /* four Philox chains at a time */
+        __m512i w[8] = {_mm512_setzero_si512()};
+        prefetch(x + i, 8);
+        if (!det)
+            philox_chains(&k, (offset + i) >> 2, INA_SUB_MAIN, w, 4);
+        nc_encode64(x + i, w, codes + i, floor, det, &err, &k, (offset + i) >> 2, low, span);
+        nc_encode64(x + i + BLOCK, w + 4, codes + i + BLOCK, floor, det, &err, &k, (offset + i + BLOCK) >> 2, low,
+                    span);
+    }
     for (; n - i >= BLOCK; i += BLOCK) {
-        __m512i w[4] = {_mm512_setzero_si512()}, xv[4], e[4];
-        __mmask16 neg[4], out = 0;
+        __m512i w[4] = {_mm512_setzero_si512()};
         if (!det)
             philox64(&k, (offset + i) >> 2, INA_SUB_MAIN, w);
-        for (int j = 0; j < 4; j++) {
-            xv[j] = _mm512_loadu_si512(x + i + 16 * j);
-            __m512i b = _mm512_and_si512(xv[j], abs);
-            __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_srli_epi32(w[j], 9);
-            e[j] = _mm512_srli_epi32(_mm512_add_epi32(b, u), 23); /* the mantissa add's carry is the round-up */
-            neg[j] = _mm512_movepi32_mask(xv[j]);
-            out |= _mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span);
-        }
-        if (!out) {
-            nc_pack64(e, neg, codes + i);
-            continue;
-        }
-        __m512i w1[4];
-        int have_w1 = 0;
-        for (int j = 0; j < 4; j++)
-            nc_group16(xv[j], w[j], codes + i + 16 * j, floor, det, &err, &k, (offset + i) >> 2, w1, &have_w1, j);
+        nc_encode64(x + i, w, codes + i, floor, det, &err, &k, (offset + i) >> 2, low, span);
     }
     return err | ina_scalar_nc_encode(x + i, n - i, codes + i, seed, offset + i, det, floor);
+}
+
+/* 64 codes' float32 bits into 4 vectors; the mask of codes that are 0x80 (invalid) */
+static inline __mmask64 nc_decode64(const uint8_t *codes, __m512i v[4])
+{
+    const __m512i m7f = _mm512_set1_epi32(0x7F), c80 = _mm512_set1_epi32(0x80);
+    const __m512i e0 = _mm512_set1_epi32(127 - INA_NC_BIAS);
+    __mmask64 invalid = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(codes), _mm512_set1_epi8((char)0x80));
+    for (int j = 0; j < 4; j++) {
+        __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16 * j)));
+        __m512i m = _mm512_and_si512(c, m7f);
+        __m512i e = _mm512_slli_epi32(_mm512_maskz_add_epi32(_mm512_test_epi32_mask(m, m), m, e0), 23);
+        v[j] = _mm512_or_si512(e, _mm512_slli_epi32(_mm512_and_si512(c, c80), 24));
+    }
+    return invalid;
 }
 
 static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
 {
     size_t i = 0;
     __mmask64 invalid = 0;
-    const __m512i m7f = _mm512_set1_epi32(0x7F), c80 = _mm512_set1_epi32(0x80);
-    const __m512i e0 = _mm512_set1_epi32(127 - INA_NC_BIAS), s80 = _mm512_set1_epi8((char)0x80);
     for (; n - i >= 64; i += 64) {
-        __m512i c8 = _mm512_loadu_si512(codes + i);
-        invalid |= _mm512_cmpeq_epi8_mask(c8, s80);
-        for (int j = 0; j < 4; j++) {
-            __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + i + 16 * j)));
-            __m512i m = _mm512_and_si512(c, m7f);
-            __m512i e = _mm512_slli_epi32(_mm512_maskz_add_epi32(_mm512_test_epi32_mask(m, m), m, e0), 23);
-            __m512i v = _mm512_or_si512(e, _mm512_slli_epi32(_mm512_and_si512(c, c80), 24));
-            _mm512_storeu_si512(out + i + 16 * j, v);
-        }
+        __m512i v[4];
+        invalid |= nc_decode64(codes + i, v);
+        for (int j = 0; j < 4; j++)
+            _mm512_storeu_si512(out + i + 16 * j, v[j]);
     }
     return (invalid != 0) | ina_scalar_nc_decode(codes + i, n - i, out + i);
+}
+
+/* the same with streaming stores from the first 64-byte boundary of out: the lines are written without
+ * being read first, and do not evict what the caller will use next */
+static uint32_t nc_decode_nt(const uint8_t *codes, size_t n, float *out)
+{
+    size_t i = (size_t)((64 - ((uintptr_t)out & 63)) & 63);
+    if (i % 4 || i / 4 >= n)
+        return nc_decode(codes, n, out);
+    i /= 4;
+    uint32_t bad = ina_scalar_nc_decode(codes, i, out);
+    __mmask64 invalid = 0;
+    for (; n - i >= 64; i += 64) {
+        __m512i v[4];
+        invalid |= nc_decode64(codes + i, v);
+        for (int j = 0; j < 4; j++)
+            _mm512_stream_si512((void *)(out + i + 16 * j), v[j]);
+    }
+    _mm_sfence();
+    return bad | (invalid != 0) | ina_scalar_nc_decode(codes + i, n - i, out + i);
 }
 
 /* 16 int32 lanes, byte-swapped to big-endian, stored */
@@ -401,6 +459,12 @@ static void philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, ui
     ina_scalar_philox_fill(seed, offset, i, s, out);
     keys_t k;
     keys_init(&k, seed);
+    for (; n - i >= 2 * BLOCK; i += 2 * BLOCK) {
+        __m512i w[8];
+        philox_chains(&k, (offset + i) >> 2, s, w, 4);
+        for (int j = 0; j < 8; j++)
+            _mm512_storeu_si512(out + i + 16 * j, w[j]);
+    }
     for (; n - i >= BLOCK; i += BLOCK) {
         __m512i w[4];
         philox64(&k, (offset + i) >> 2, s, w);
@@ -412,5 +476,5 @@ static void philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, ui
 
 const ina_kernel_ops ina_ops_avx512 = {
     "avx512", nc_encode, nc_decode, fixed_nearest, fixed_sr, fixed_value, dither_natural, dither_standard,
-    philox_fill,
+    philox_fill, nc_decode_nt,
 };

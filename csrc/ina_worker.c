@@ -416,13 +416,15 @@ static void sums_of(const uint8_t *pl, uint32_t count, int32_t *res)
     }
 }
 
+#define NT_MIN_ELEMENTS (2u << 20) /* 8 MiB of float32: more than a core's share of the caches */
+
 /* a result's elements of block b (from element lo) into the result buffer (native int32 sums, or NC codes),
  * or decoded into out where the caller gave one (int32 sums; float32 for fixed and nc), so no pass over the
  * whole tensor follows the last result; 0, or -1 for an NC code no encoder emits (a corrupt payload) */
 static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const uint8_t *pl, uint32_t count)
 {
-    if (w->out && w->kind == INA_WK_NC)
-        return ina_nc_decode(pl, count, (float *)w->out + lo) ? -1 : 0;
+    if (w->out && w->kind == INA_WK_NC) /* a large output passes the caches by (docs/performance.md) */
+        return (w->n >= NT_MIN_ELEMENTS ? ina_nc_decode_nt : ina_nc_decode)(pl, count, (float *)w->out + lo) ? -1 : 0;
     if (w->out && w->kind == INA_WK_FIXED) {
         sums_of(pl, count, p->sums);
         ina_fixed_dequantize(p->sums, count, count, w->agreed + b, w->world, (float *)w->out + lo);

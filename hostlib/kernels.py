@@ -79,10 +79,11 @@ def nc_encode(x: np.ndarray, seed: int, offset: int, deterministic: bool, floor:
     return codes, rc
 
 
-def nc_decode(codes: np.ndarray, out=None):
-    """(float32 values, status) for contiguous uint8 codes; status is 0 or BAD_CODE."""
+def nc_decode(codes: np.ndarray, out=None, nt: bool = False):
+    """(float32 values, status) for contiguous uint8 codes; status is 0 or BAD_CODE. nt: non-temporal
+    stores (the C worker loop's for large outputs)."""
     values = _out(out, codes.size, np.float32)
-    rc = lib.ina_nc_decode(ffi.from_buffer("uint8_t[]", codes), codes.size,
+    rc = (lib.ina_nc_decode_nt if nt else lib.ina_nc_decode)(ffi.from_buffer("uint8_t[]", codes), codes.size,
                            ffi.from_buffer("float[]", values, require_writable=True))
     return values, rc
 

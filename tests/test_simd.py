@@ -149,6 +149,23 @@ def test_nc_decode_every_path(path):
     assert kernels.nc_decode(codes)[1] == kernels.BAD_CODE
 
 
+@pytest.mark.parametrize("shift", [0, 1, 3, 16])
+def test_nc_decode_streaming_stores_equal_plain(path, shift):
+    """The worker loop's decode for large outputs (non-temporal stores from out's first 64-byte line) writes
+    what the plain decode writes, wherever out starts, and finds a bad code in the head, body or tail."""
+    codes = np.random.default_rng(5).integers(0, 256, 5003).astype(np.uint8)
+    codes[codes == 0x80] = 3
+    buf = np.full(5003 + 32, -1.0, dtype=np.float32)
+    out = buf[shift:shift + 5003]
+    values, status = kernels.nc_decode(codes, out=out, nt=True)
+    assert status == 0 and np.array_equal(out, natural._DECODE[codes].astype(np.float32))
+    assert (buf[:shift] == -1).all() and (buf[shift + 5003:] == -1).all()
+    for bad in (0, 2000, 5002):
+        c = codes.copy()
+        c[bad] = 0x80
+        assert kernels.nc_decode(c, out=out, nt=True)[1] == kernels.BAD_CODE
+
+
 def fixed_inputs() -> np.ndarray:
     rs = np.random.default_rng(3)
     x = rs.standard_normal(4099).astype(np.float32)
