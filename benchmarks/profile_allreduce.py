@@ -63,7 +63,7 @@ def _name(label: str):
         pass
 
 
-def _ina_rank(rank, n, address, codec, elements, count, warm, iters, barrier, out):
+def _ina_rank(rank, n, address, codec, elements, window, count, warm, iters, barrier, out):
     import numpy as np
 
     import hostlib
@@ -72,7 +72,8 @@ def _ina_rank(rank, n, address, codec, elements, count, warm, iters, barrier, ou
     _name(f"ina-rank{rank}")
     x = make_input(codec, count, rank)
     res = np.empty_like(x)
-    with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60) as comm:
+    with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60,
+                         window=window) as comm:
         for _ in range(warm):
             comm.allreduce(x, out=res)
         barrier.wait()  # ready
@@ -203,15 +204,15 @@ def _measure(label, target, world, args, switch_pid, perf, warm, iters) -> dict:
             "top": {k: v.most_common(12) for k, v in top.items()}, "perf": perf.why or "ok"}
 
 
-def profile_ina(backend, codec, workers, size, payload, warm, iters, use_perf) -> dict:
+def profile_ina(backend, codec, workers, size, payload, warm, iters, use_perf, window=None) -> dict:
     from hostlib.codecs import get_codec
     from inaproto import wire
 
     elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
     sw = SwitchProcess("--workers", workers, "--elements-per-packet", max(elements, 1024), backend=backend)
     try:
-        return _measure(f"{backend}/{codec} x{workers} {payload} B", _ina_rank, workers,
-                        (sw.address, codec, elements, size // 4), sw.proc.pid, Perf(use_perf), warm, iters)
+        return _measure(f"{backend}/{codec} x{workers} {payload} B" + (f" W={window}" if window else ""), _ina_rank, workers,
+                        (sw.address, codec, elements, window, size // 4), sw.proc.pid, Perf(use_perf), warm, iters)
     finally:
         sw.stop()
 
@@ -256,6 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="c", help="switch backend: c (UDP on loopback, what connect uses for "
                                                    "HOST:PORT), shm or python")
     ap.add_argument("--payload", type=int, default=8192, help="payload bytes per packet (default 8192)")
+    ap.add_argument("--window", type=int, default=None, help="packets in flight per rank (default: connect's)")
     ap.add_argument("--warm", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--no-perf", action="store_true")
@@ -266,7 +268,8 @@ def main(argv=None) -> int:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     size = parse_size(a.size)
-    results = [profile_ina(a.backend, a.codec, a.workers, size, a.payload, a.warm, a.iters, not a.no_perf)]
+    results = [profile_ina(a.backend, a.codec, a.workers, size, a.payload, a.warm, a.iters, not a.no_perf,
+                           a.window)]
     if not a.no_gloo:
         results.append(profile_gloo(a.workers, size, a.warm, a.iters, not a.no_perf))
     print(json.dumps(results) if a.json else "\n\n".join(report(r, a.top) for r in results))
