@@ -153,14 +153,14 @@ def _rounds(codec: int, workers: int, k: int, rounds: int, slots: int) -> list[t
     return pkts
 
 
-def bench_switch(packets: int = 100_000, workers: int = 4, backend: str = "core", rates=(2000, 5000, 10000),
-                 seconds: float = 1.0) -> list[dict]:
+def bench_switch(packets: int = 100_000, workers: int = 4, backend: str = "core", rates=(), seconds: float = 1.0,
+                 repeats: int = 3, window: int = 24) -> list[dict]:
     """Packets/s of the switch backends. core: the Python model and the C core in this process; bmv2: the P4
-    program at offered rates next to reference programs (inabench/bench_bmv2.py)."""
+    program next to reference programs, measured alternately (inabench/bench_bmv2.py)."""
     if backend == "bmv2":
         from .bench_bmv2 import bench_bmv2
 
-        return bench_bmv2(rates, seconds)
+        return bench_bmv2(rates, seconds, repeats, window)
     from switchsim import native
     from switchsim.config import SwitchConfig
     from switchsim.model import Switch

@@ -1,21 +1,23 @@
-"""`switchsim bench switch --backend bmv2`: the INA program's packet rate and loss on BMv2 at several offered
-rates, next to two references compiled and run in the same run on the same BMv2 — plain forwarding, and a
-bare per-lane register add with as many lanes and no protocol — and next to the C core.
+"""`switchsim bench switch --backend bmv2`: the INA program's packet rate on BMv2 next to two references
+compiled and run in the same invocation on the same BMv2 build — plain forwarding, and a bare per-lane
+register add with as many lanes and no protocol — and next to the C core.
 
-Traffic: a paced sender and a counting receiver (separate processes) on the host end of the switch's veth
-pair. The references reflect each packet back; the INA switch serves one job of two workers sending the
-same rounds, so every round is one packet added, one completing it, and two results back.
+Traffic: the C blaster (csrc/ina_blast.c, `lib.ina_blast` of switchsim._native: sendmmsg / recvmmsg, ppoll,
+no spinning) on the host end of each switch's veth pair. The three switches run side by side, each in its
+namespace, and are measured one after the other, the order reversed every other repeat; each measurement
+keeps `window` packets in flight (sent and not answered) for `seconds`, so it finds the rate BMv2 keeps up
+with without losing packets. The references reflect each packet back; the INA switch serves one job of two
+workers sending the same rounds, so every round is one packet written, one completing it (the lanes added
+and the result written into it), and two results multicast back: one packet out per packet in.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC warns at every fork of the paced sender's receiver
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import socket
 import subprocess
 import tempfile
-import time
 
 import numpy as np
 
@@ -52,6 +54,7 @@ control E(inout headers_t hdr, inout meta_t m, inout standard_metadata_t sm) { a
 control D(packet_out pkt, in headers_t hdr) { apply { pkt.emit(hdr); } }
 V1Switch(P(), N(), I(), E(), N(), D()) main;
 """
+FORWARDING, BARE_ADD, INA = "forwarding", f"bare add x {LANES}", "INA program (2 workers, int32)"
 
 
 def reference_program(lanes: int) -> str:
@@ -72,181 +75,222 @@ def reference_program(lanes: int) -> str:
     return text
 
 
-# ---------------------------------------------------------------- traffic
-def _receive(socks, counts, quiet: float, stop_at):
-    """Count packets per socket until nothing came for `quiet` seconds after the sender is done."""
-    import select
+# ---------------------------------------------------------------- traffic (the C blaster)
+def blast(socks, packets: list[tuple[int, bytes]], rate: float = 0, window: int = 0, seconds: float = 1.0,
+          quiet: float = 0.2, expect: int = 0) -> dict:
+    """Offer (socket index, datagram) packets on connected UDP sockets with csrc/ina_blast.c and count the
+    datagrams that come back on them.
 
-    last = time.monotonic()
-    while True:
-        ready, _, _ = select.select(socks, [], [], 0.05)
-        for i, s in enumerate(socks):
-            if s in ready:
-                while True:
-                    try:
-                        s.recv(2048)
-                    except BlockingIOError:
-                        break
-                    counts[i] += 1
-                last = time.monotonic()
-        if stop_at.value and time.monotonic() - max(last, stop_at.value) > quiet:
-            return
+    Args:
+        socks: connected UDP sockets (any blocking mode: the blaster never blocks on them).
+        packets: what to send, in order.
+        rate: packets per second (0: as fast as `window` allows).
+        window: at most this many packets sent and not answered (0: no limit).
+        seconds: stop sending after this long, packets left or not.
+        quiet: stop receiving after this long without a packet once sending is done (and a full window
+            that hears nothing this long counts its packets lost and goes on).
+        expect: stop receiving once this many came back (0: wait for `quiet`).
 
+    Returns:
+        sent, send_errors, received, bytes_received, stalls, first_send, last_send, last_receive, elapsed
+        (seconds from the call's start), and "pps": datagrams back per second from the first send to the
+        last receive.
 
-def offer(socks, packets: list[tuple[int, bytes]], dst, rate: float, quiet: float = 0.5) -> tuple[int, float]:
-    """Send (socket index, bytes) packets at `rate` per second; (replies counted, seconds sent over)."""
-    ctx = mp.get_context("fork")
-    counts = ctx.Array("q", len(socks), lock=False)
-    stop_at = ctx.Value("d", 0.0, lock=False)
-    child = ctx.Process(target=_receive, args=(socks, counts, quiet, stop_at), daemon=True)
-    child.start()
-    t0 = time.perf_counter()
-    batch = max(1, int(rate // 2000))
-    for i in range(0, len(packets), batch):
-        due = t0 + i / rate
-        while (wait := due - time.perf_counter()) > 0:
-            time.sleep(min(wait, 0.001))
-        for s, data in packets[i:i + batch]:
-            try:
-                socks[s].sendto(data, dst)
-            except BlockingIOError:
-                pass
-    seconds = time.perf_counter() - t0
-    stop_at.value = time.monotonic()
-    child.join(30)
-    return sum(counts), seconds
+    Raises:
+        RuntimeError: the C core is not built. OSError: the blaster failed (errno).
+    """
+    from switchsim import native
+
+    native.require()
+    ffi, lib = native.ffi, native.lib
+    fds = ffi.new("int[]", [s.fileno() for s in socks])
+    blob = b"".join(d for _, d in packets)
+    lens = ffi.new("uint32_t[]", [len(d) for _, d in packets] or [0])
+    which = ffi.new("uint8_t[]", [s for s, _ in packets] or [0])
+    out = ffi.new("ina_blast_result *")
+    if lib.ina_blast(fds, len(socks), blob, lens, which, len(packets), rate, window, seconds, quiet, expect, out):
+        err = ffi.errno
+        raise OSError(err, f"ina_blast: {os.strerror(err)}")
+    r = {k: getattr(out, k) for k in ("sent", "send_errors", "received", "bytes_received", "stalls", "first_send",
+                                      "last_send", "last_receive", "elapsed")}
+    span = r["last_receive"] - r["first_send"]
+    r["pps"] = r["received"] / span if r["received"] and span > 0 else 0.0
+    return r
 
 
-def _sockets(n: int, bind_ip: str = "0.0.0.0"):
+def connected_sockets(n: int, dst, bind_ip: str = "0.0.0.0") -> list[socket.socket]:
     socks = []
     for _ in range(n):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
         s.bind((bind_ip, 0))
-        s.setblocking(False)
+        s.connect(dst)
         socks.append(s)
     return socks
 
 
-# ---------------------------------------------------------------- the switches
-def _reference_rows(kind: str, lanes: int, rates, seconds: float) -> list[dict]:
-    """Compile a reference, run it on BMv2 in a namespace, reflect packets at each rate."""
-    from switchsim import bmv2, p4rt
+# ---------------------------------------------------------------- the switches under test
+class Reference:
+    """A reference program compiled and running on BMv2 in a namespace of its own; each packet is reflected."""
 
-    with tempfile.TemporaryDirectory() as tmp:
+    def __init__(self, lanes: int, tmp: str):
+        from switchsim import bmv2, p4rt
+
+        self.name, self.proc, self.sw, self.socks = (BARE_ADD if lanes else FORWARDING), None, None, []
         src = os.path.join(tmp, f"reference{lanes}.p4")
         with open(src, "w") as f:
             f.write(reference_program(lanes))
         json_path, info_path = gen_p4.compile_p4(src, tmp)
-        ns = bmv2.BMv2Namespace()
-        if ns.error:
-            raise RuntimeError(ns.error)
-        proc = sw = None
+        self.ns = bmv2.BMv2Namespace()
+        if self.ns.error:
+            raise RuntimeError(self.ns.error)
         try:
-            proc = bmv2.BMv2Process([ns.switch_if], ns.ns)
-            sw = p4rt.Switch(f"unix:{proc.socket}")
-            sw.set_pipeline(p4rt.P4Info(info_path), json_path)
-            subprocess.run(["ip", "neigh", "replace", ns.switch_ip, "lladdr", bmv2.SWITCH_MAC, "dev", ns.worker_if],
-                           check=True)
-            socks = _sockets(1)
-            payload = bytes(wire.HEADER_SIZE) + np.arange(LANES, dtype=">i4").tobytes()
-            rows = []
-            for rate in rates:
-                n = max(100, int(rate * seconds))
-                got, t = offer(socks, [(0, payload)] * n, (ns.switch_ip, wire.DEFAULT_PORT), rate)
-                rows.append(_row(kind, rate, n, got, t, lanes))
-            for s in socks:
-                s.close()
-            return rows
-        finally:
-            if sw is not None:
-                sw.close()
-            if proc is not None:
-                proc.stop()
-            ns.close()
+            self.proc = bmv2.BMv2Process([self.ns.switch_if], self.ns.ns)
+            self.sw = p4rt.Switch(f"unix:{self.proc.socket}")
+            self.sw.set_pipeline(p4rt.P4Info(info_path), json_path)
+            subprocess.run(["ip", "neigh", "replace", self.ns.switch_ip, "lladdr", bmv2.SWITCH_MAC, "dev",
+                            self.ns.worker_if], check=True)
+            self.socks = connected_sockets(1, (self.ns.switch_ip, wire.DEFAULT_PORT))
+        except BaseException:
+            self.close()
+            raise
+        self.payload = bytes(wire.HEADER_SIZE) + np.arange(LANES, dtype=">i4").tobytes()
 
+    def measure(self, seconds: float, window: int, rate: float = 0) -> dict:
+        n = int(seconds * (rate or 150_000)) + 64
+        return blast(self.socks, [(0, self.payload)] * n, rate, window, seconds)
 
-def _ina_rows(rates, seconds: float, slots: int = 512) -> list[dict]:
-    """The INA program: job 1 of two workers (two sockets) joined through the control plane."""
-    from .harness import SwitchProcess
-
-    sp = SwitchProcess("--workers", 2, "--slots", slots, "--first-packet-id", 0, backend="bmv2")
-    try:
-        host, port = sp.address.split(":")
-        dst = (host, int(port))
-        socks = _sockets(2)
-        session = _join(socks, dst)
-        rows = []
-        first_round = 0
-        for rate in rates:
-            n = max(100, int(rate * seconds)) // 2 * 2
-            packets = _rounds(first_round, n // 2, slots, session)
-            first_round += n // 2
-            got, t = offer(socks, packets, dst, rate)
-            rows.append(_row("INA program (2 workers, int32)", rate, n, got, t, LANES))
-            time.sleep(0.5)
-        for s in socks:
+    def close(self):
+        for s in self.socks:
             s.close()
-        return rows
-    finally:
-        sp.stop()
+        if self.sw is not None:
+            self.sw.close()
+        if self.proc is not None:
+            self.proc.stop()
+        self.ns.close()
 
 
-def _join(socks, dst) -> int:
+class InaSwitch:
+    """`switchsim serve --backend bmv2` (the INA program and its controller): job 1 of two workers (two
+    sockets) joined through the control plane; round q on slot q mod slots with packet id q div slots, one
+    stream over every measurement (a measurement that stops between a round's two packets leaves the
+    second to the next)."""
+
+    name = INA
+
+    def __init__(self, slots: int = 512):
+        from .harness import SwitchProcess
+
+        self.slots, self.next = slots, 0  # the stream's next packet: round next // 2, rank next % 2
+        self.sp = SwitchProcess("--workers", 2, "--slots", slots, "--first-packet-id", 0, backend="bmv2")
+        try:
+            host, port = self.sp.address.split(":")
+            self.socks = connected_sockets(2, (host, int(port)))
+            self.session = _join(self.socks)
+        except BaseException:
+            self.sp.stop()
+            raise
+        self.payload = np.arange(LANES, dtype=">i4").tobytes()
+
+    def packets(self, first: int, n: int) -> list[tuple[int, bytes]]:
+        out = []
+        for k in range(first, first + n):
+            q, r = divmod(k, 2)
+            use = q // self.slots
+            out.append((r, wire.pack(wire.MSG_UPDATE, 1, r, use, q % self.slots, use & 1, LANES, wire.CODEC_INT32,
+                                     0, 0, 0, self.payload, self.session)))
+        return out
+
+    def measure(self, seconds: float, window: int, rate: float = 0) -> dict:
+        n = int(seconds * (rate or 150_000)) // 2 * 2 + 64
+        r = blast(self.socks, self.packets(self.next, n), rate, window, seconds)
+        self.next += r["sent"] + r["send_errors"]
+        return r
+
+    def close(self) -> dict:
+        """Stop the switch; its counters (serve's --json-stats)."""
+        for s in self.socks:
+            s.close()
+        return self.sp.stop_stats()
+
+
+def _join(socks) -> int:
     import select
 
     for _ in range(50):
         for r, s in enumerate(socks):
-            s.sendto(wire.pack_join(1, r, 1000 + r, len(socks), 64), dst)
+            s.send(wire.pack_join(1, r, 1000 + r, len(socks), 64))
         ready, _, _ = select.select(socks, [], [], 0.2)
         for s in ready:
             data = s.recv(2048)
             if data[1] == wire.MSG_JOIN_ACK:
-                for other in socks:  # drain the other ack
-                    select.select([other], [], [], 0.2)
-                    try:
-                        other.recv(2048)
-                    except BlockingIOError:
-                        pass
+                while select.select(socks, [], [], 0.3)[0]:  # the other ack, and those of repeated joins
+                    for other in socks:
+                        try:
+                            other.recv(2048, socket.MSG_DONTWAIT)
+                        except BlockingIOError:
+                            pass
                 return wire.unpack(data).session
-    raise TimeoutError(f"no join ack from the BMv2 switch at {dst}")
+    raise TimeoutError("no join ack from the BMv2 switch")
 
 
-def _rounds(first: int, rounds: int, slots: int, session: int) -> list[tuple[int, bytes]]:
-    """Rounds first.. of job 1, both workers, on slot q mod slots with packet id q div slots."""
-    payload = np.arange(LANES, dtype=">i4").tobytes()
-    out = []
-    for q in range(first, first + rounds):
-        use = q // slots
-        for r in (0, 1):
-            out.append((r, wire.pack(wire.MSG_UPDATE, 1, r, use, q % slots, use & 1, LANES, wire.CODEC_INT32,
-                                     0, 0, 0, payload, session)))
-    return out
+# ---------------------------------------------------------------- the benchmark
+def _summary(name: str, runs: list[dict], base: dict[str, float], lanes: int, window: int) -> dict:
+    pps = [r["pps"] for r in runs]
+    sent = sum(r["sent"] for r in runs)
+    med = float(np.median(pps))
+    row = {"what": name, "mode": f"{window} in flight", "packets/s": round(med), "min": round(min(pps)), "max": round(max(pps)),
+           "spread %": round(100 * (max(pps) - min(pps)) / med, 1) if med else None,
+           "loss": round(max(0.0, 1 - sum(r["received"] for r in runs) / sent), 4) if sent else None,
+           "elements/s": round(med * lanes) if lanes else None}
+    for ref in (BARE_ADD, FORWARDING):
+        row[f"x {ref.split(' x ')[0]}"] = round(med / base[ref], 2) if base.get(ref) else None
+    return row
 
 
-def _row(kind, rate, sent, got, seconds, lanes) -> dict:
-    achieved = sent / seconds
-    loss = max(0.0, 1 - got / sent)
-    return {"program": kind, "offered pps": rate, "sent pps": round(achieved), "loss": round(loss, 4),
-            "elements/s": round(achieved * (1 - loss) * lanes)}
-
-
-def bench_bmv2(rates=(2000, 5000, 10000, 20000, 40000), seconds: float = 1.0) -> list[dict]:
-    """Rows for the forwarding and lane-add references and the INA program, each at every rate, then
-    the loss-free rate of each (the highest offered rate with < 1 % loss) as a ratio to the bare add's."""
+def bench_bmv2(rates=(), seconds: float = 1.0, repeats: int = 3, window: int = 24, core: bool = True) -> list[dict]:
+    """INA, bare add and forwarding from one invocation: each switch `repeats` times for `seconds` with
+    `window` packets in flight, alternately (the order reversed every other repeat); a row per program with
+    the median packets/s, its min, max and spread, the loss, and the ratio to the bare add's and to
+    forwarding's medians. `rates`: then each program at each offered rate (paced, no window), a row each
+    with its loss. `core`: a last row with the C core's packet rate on one core (inabench.bench)."""
     from . import bench
 
-    rows = _reference_rows("forwarding", 0, rates, seconds)
-    rows += _reference_rows(f"bare add x {LANES}", LANES, rates, seconds)
-    rows += _ina_rows(rates, seconds)
-    best = {}
-    for r in rows:
-        if r["loss"] < 0.01:
-            best[r["program"]] = max(best.get(r["program"], 0), r["sent pps"])
-    add = best.get(f"bare add x {LANES}") or float("nan")
-    summary = [{"program": k, "loss-free pps": v, "x bare add": round(v / add, 2)} for k, v in best.items()]
-    core = [r for r in bench.bench_switch(20_000, 2) if r["what"].startswith("C core, one core, int32")]
-    for r in core:
-        summary.append({"program": r["what"], "loss-free pps": round(r["packets/s"]),
-                        "x bare add": round(r["packets/s"] / add, 1)})
-    return rows + summary
+    with tempfile.TemporaryDirectory() as tmp:
+        switches = []
+        stats = {}
+        try:
+            switches.append(Reference(0, tmp))
+            switches.append(Reference(LANES, tmp))
+            switches.append(InaSwitch())
+            for s in switches:  # warm up: ARP, caches, the first packets' allocations
+                s.measure(0.2, window)
+            measured = {s.name: [] for s in switches}
+            for rep in range(max(1, repeats)):
+                for s in switches if rep % 2 == 0 else switches[::-1]:
+                    measured[s.name].append(s.measure(seconds, window))
+            paced = []
+            for rate in rates:
+                for s in switches:
+                    r = s.measure(seconds, 0, rate)
+                    paced.append({"what": s.name, "mode": f"{rate} pps offered",
+                                  "packets/s": round(r["sent"] / max(r["last_send"] - r["first_send"], 1e-9)),
+                                  "loss": round(max(0.0, 1 - r["received"] / r["sent"]), 4) if r["sent"] else None})
+        finally:
+            for s in switches:
+                got = s.close()
+                if got:
+                    stats = got
+    base = {name: float(np.median([r["pps"] for r in runs])) for name, runs in measured.items()}
+    rows = [_summary(name, measured[name], base, 0 if name == FORWARDING else LANES, window)
+            for name in (INA, BARE_ADD, FORWARDING)]
+    drops = {k: v for k, v in stats.get("dropped", {}).items() if v}
+    rows[0]["INA drops"] = ", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none"
+    rows += paced
+    if core:
+        for r in bench.bench_switch(20_000, 2):
+            if r["what"].startswith("C core, one core") and "int32" in r["what"]:
+                rows.append({"what": r["what"], "mode": "in memory", "packets/s": round(r["packets/s"]),
+                             "x bare add": round(r["packets/s"] / base[BARE_ADD], 1)})
+    return rows

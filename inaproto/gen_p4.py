@@ -63,6 +63,8 @@ def constants() -> list[str]:
           ("bit<32>", "TOLD_MASK", sum(1 << w.DROP_REASONS.index(r) for r in w.TOLD_DROPS)),
           ("bit<32>", "TOLD_TEXT_SIZE", TOLD_TEXT_SIZE)]
     lines = [f"const {t} {name} = {v};" for t, name, v in c]
+    # int32 lanes two to a 64-bit slot of acc_even / acc_odd (int32_layout's docstring)
+    lines += [f"const bit<{I32_BITS}> {name} = 0x{v:0{I32_BITS // 4}x};" for name, v in I32_CONSTANTS.items()]
     lines += [f"#define LANES {LANES}", f"#define SLOT_CAPACITY {SLOT_CAPACITY}",
               f"#define SET_CAPACITY {2 * SLOT_CAPACITY}", f"#define MEMBER_CAPACITY {MEMBER_CAPACITY}",
               f"#define JOB_CAPACITY {JOB_CAPACITY}"]
@@ -70,6 +72,28 @@ def constants() -> list[str]:
 
 
 TOLD_TEXT_SIZE = max(len(r) for r in wire.TOLD_DROPS)  # bytes of told_text_t
+
+# int32 lanes: a packet's `count` lanes are parsed as a few wide headers (all 64 as one of 2048 bits, fewer
+# as runs of 8, 4, 2 and 1 lanes: p4c shifts BMv2's wide values by at most 256 bits) and added as two numbers
+# of LANES / 2 slots of 64 bits (acc_even: the lanes at even positions counted from the last, acc_odd: the
+# others), so a packet costs BMv2 a handful of primitives on wide values instead of a read, an add and a write
+# per lane. A slot holds its lane's exact sum + 2^62 (the sum of up to 255 int32 values is within +-2^39: a
+# slot never borrows from or carries into the next): a lane v comes in as v + 2^31 (v ^ 0x80000000, unsigned),
+# so a write stores it + (2^62 - 2^31) and an add adds it - 2^31. The result is a slot's low 32 bits (2^62 is
+# 0 mod 2^32); the sum left int32 unless (slot + 2^31) >> 32 == 2^30.
+I32_BITS = 32 * LANES
+_REP = sum(1 << (64 * j) for j in range(LANES // 2))  # 1 in every 64-bit slot
+I32_CONSTANTS = {
+    "I32_BIAS": sum(0x80000000 << (32 * i) for i in range(LANES)),  # XOR: every lane + 2^31 (as unsigned)
+    "I32_LOW": _REP * 0xFFFFFFFF,  # the low 32 bits of every slot
+    "I32_WRITE": _REP * ((1 << 62) - (1 << 31)),
+    "I32_HALF": _REP * (1 << 31),
+    "I32_HIGH": _REP * 0xFFFFFFFF00000000,
+    "I32_OK": _REP * (1 << 62),  # slot + 2^31, high 32 bits, of a sum within int32
+}
+I32_RUN = 8  # lanes in each header of the i32_8 stack (256 bits)
+I32_RUNS = LANES // I32_RUN - 1  # its depth: up to 63 lanes
+I32_TAIL = [4, 2, 1]  # then a header each for the count's low bits, in packet order
 
 
 def told_text() -> list[str]:
@@ -116,7 +140,6 @@ def _action(name: str, head: list[str], lane: str, tail: list[str] = ()) -> list
 # Per-lane code works in the scratch fields meta.s (struct scratch_t) rather than in expressions or locals:
 # p4c gives every lane's sub-expression a temporary of its own, and BMv2 pays for each field of the packet's
 # state on every packet (64 lanes of temporaries cost half its packet rate).
-SEXT = "meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v;"
 NC_CHECK = """if (hdr.l8[{i}].isValid()) {
     meta.s.m = (bit<16>)hdr.l8[{i}].v[6:0];
     if (hdr.l8[{i}].v != 0) { if (meta.s.m < meta.nc_lo) { meta.bad_codes = 1; } if (meta.s.m > meta.nc_hi) { meta.bad_codes = 1; } }
@@ -125,7 +148,8 @@ NC_VALUE = """if (hdr.l8[{i}].v != 0) {
     meta.s.mag = (bit<64>)1 << (bit<8>)((bit<16>)hdr.l8[{i}].v[6:0] - meta.nc_lo);
     if (hdr.l8[{i}].v[7:7] == 1) { meta.s.t = meta.s.t - meta.s.mag; } else { meta.s.t = meta.s.t + meta.s.mag; }
 }"""
-NC_ENCODE = """if (meta.n_elems > {i}) {
+NC_ENCODE = """meta.s.t = 0;
+if (meta.n_elems > {i}) {
     acc{i}.read(meta.s.t, meta.idx);
     meta.s.mag = meta.s.t;
     if (meta.s.t[63:63] == 1) { meta.s.mag = 0 - meta.s.t; }
@@ -142,38 +166,88 @@ NC_ENCODE = """if (meta.n_elems > {i}) {
     if (meta.nc_det == 1) {
         if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
     } else {
-        meta.s.x = meta.s.top - 1;
-        random(meta.s.r, 64w0, meta.s.x);
-        if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+        random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+        if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
     }
     meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
     if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
     meta.s.code = 0;
     if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-    meta.s.x = (bit<64>)meta.s.code;
-    acc{i}.write(meta.idx, meta.s.x);
+    meta.s.t = (bit<64>)meta.s.code;
     hdr.l8[{i}].setValid(); hdr.l8[{i}].v = meta.s.code;
-}"""
+}
+acc{i}.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                   // conditional extern call's arguments into a temporary field each)"""
+
+
+def _i32(n: int) -> str:
+    return f"hdr.i32_{n}"
+
+
+def _runs(order) -> list[str]:
+    return [f"hdr.i32_{I32_RUN}[{k}]" for k in order]
+
+
+def int32_in() -> list[str]:
+    """The packet's int32 lanes, right-aligned in meta.s.w (the first lane highest; a round's packets all
+    carry n_elems lanes), biased and spread: meta.s.e / meta.s.o, the lanes at even / odd positions counted
+    from the last, each in the low half of a slot."""
+    out = [f"if ({_i32(LANES)}.isValid()) {{ meta.s.w = {_i32(LANES)}.v; }} else {{", "    meta.s.w = 0;"]
+    parts = [(h, 32 * I32_RUN) for h in _runs(range(I32_RUNS))] + [(_i32(n), 32 * n) for n in I32_TAIL]
+    out += [f"    if ({h}.isValid()) {{ meta.s.w = (meta.s.w << {bits}) | (bit<{I32_BITS}>){h}.v; }}"
+            for h, bits in parts]
+    return out + ["}", "meta.s.w = meta.s.w ^ I32_BIAS;", "meta.s.e = meta.s.w & I32_LOW;",
+                  "meta.s.o = (meta.s.w >> 32) & I32_LOW;"]
+
+
+I32_RESULT = ["if (((meta.s.a + I32_HALF) & I32_HIGH) != I32_OK || ((meta.s.b + I32_HALF) & I32_HIGH) != I32_OK) {",
+              "    meta.overflow = 1;  // a lane's sum left int32", "}"]
+I32_OUT = ["meta.s.w = (meta.s.a & I32_LOW) | ((meta.s.b & I32_LOW) << 32);  // the sums' low 32 bits, in lane order"]
+
+
+def int32_out(by_count: bool) -> list[str]:
+    """meta.s.w's lanes into the int32 headers, the last lanes first: those the packet has (by_count False:
+    a dense round's completing packet carries n_elems lanes), or n_elems lanes (headers made valid or not)."""
+    parts = [(_i32(n), 32 * n, f"meta.n_elems[{n.bit_length() - 1}:{n.bit_length() - 1}] == 1")
+             for n in reversed(I32_TAIL)]
+    parts += [(h, 32 * I32_RUN, f"meta.s.sh > {k}") for h, k in zip(_runs(reversed(range(I32_RUNS))),
+                                                                   reversed(range(I32_RUNS)))]
+    if by_count:
+        out = [f"if (meta.n_elems == LANES_16) {{ {_i32(LANES)}.setValid(); {_i32(LANES)}.v = meta.s.w; }} "
+               f"else {{ {_i32(LANES)}.setInvalid(); }}",
+               f"meta.s.sh = (bit<16>)meta.n_elems[5:3];  // headers of the i32_{I32_RUN} stack"]
+        for h, bits, cond in parts:
+            out.append(f"if ({cond}) {{ {h}.setValid(); {h}.v = meta.s.w[{bits - 1}:0]; meta.s.w = meta.s.w >> {bits}; }} "
+                       f"else {{ {h}.setInvalid(); }}")
+        return out
+    out = [f"if ({_i32(LANES)}.isValid()) {{ {_i32(LANES)}.v = meta.s.w; }} else {{"]
+    out += [f"    if ({h}.isValid()) {{ {h}.v = meta.s.w[{bits - 1}:0]; meta.s.w = meta.s.w >> {bits}; }}"
+            for h, bits, _ in parts]
+    return out + ["}"]
+
+
+def _body(name: str, lines: list[str], comment: str = "") -> list[str]:
+    return [f"    action {name}() {{{'  // ' + comment if comment else ''}", *("        " + x for x in lines), "    }", ""]
 
 
 def lane_actions() -> list[str]:
-    """Every per-lane action, each a single action so that a lane's read-modify-write is atomic."""
-    out = _action("write32", [], "meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[{i}].v; acc{i}.write(meta.idx, meta.s.t);")
-    out += _action("add32", [], "acc{i}.read(meta.s.t, meta.idx); " + SEXT + " acc{i}.write(meta.idx, meta.s.t);")
+    """Every lane action, each a single action so that a read-modify-write of the lanes is atomic."""
+    read = ["acc_even.read(meta.s.a, meta.idx);", "acc_odd.read(meta.s.b, meta.idx);"]
+    add = ["meta.s.a = meta.s.a + meta.s.e - I32_HALF;", "meta.s.b = meta.s.b + meta.s.o - I32_HALF;",
+           "acc_even.write(meta.idx, meta.s.a);", "acc_odd.write(meta.idx, meta.s.b);"]
+    out = _body("write32", int32_in() + ["acc_even.write(meta.idx, meta.s.e + I32_WRITE);",
+                                         "acc_odd.write(meta.idx, meta.s.o + I32_WRITE);"], "lanes = values")
+    out += _body("add32", int32_in() + read + add, "lanes += values")
     # the packet completing a dense int32 round carries all n_elems lanes: add and write the result in place
-    out += _action("add_finish32", ["meta.s.ovf = 0;"],
-                   "acc{i}.read(meta.s.t, meta.idx); " + SEXT + " acc{i}.write(meta.idx, meta.s.t); "
-                   "hdr.l32[{i}].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);",
-                   ["if (meta.s.ovf != 0) { meta.overflow = 1; }"])
+    out += _body("add_finish32", int32_in() + read + add + I32_RESULT + I32_OUT + int32_out(False),
+                 "lanes += values, the result into the packet")
     out += _action("write_nc", [], "meta.s.t = 0;\n" + NC_VALUE + "\nacc{i}.write(meta.idx, meta.s.t);")
     out += _action("add_nc", [], "acc{i}.read(meta.s.t, meta.idx);\n" + NC_VALUE + "\nacc{i}.write(meta.idx, meta.s.t);")
-    out += _action("finish32", ["meta.s.ovf = 0;"],
-                   "if (meta.n_elems > {i}) { acc{i}.read(meta.s.t, meta.idx); hdr.l32[{i}].setValid(); "
-                   "hdr.l32[{i}].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }",
-                   ["if (meta.s.ovf != 0) { meta.overflow = 1; }"])
-    out += _action("resend32", [],
-                   "if (meta.n_elems > {i}) { acc{i}.read(meta.s.t, meta.idx); hdr.l32[{i}].setValid(); "
-                   "hdr.l32[{i}].v = meta.s.t[31:0]; }")
+    # a round without elements (n_elems 0: dense calls of no data, sparse rounds no block came in) never wrote
+    # the lanes: nothing to check
+    out += _body("finish32", read + ["if (meta.n_elems != 0) {", *("    " + x for x in I32_RESULT), "}"] + I32_OUT
+                 + int32_out(True), "the result: n_elems lanes")
+    out += _body("resend32", read + I32_OUT + int32_out(True), "the stored result: n_elems lanes")
     out += _action("resend_nc", [],
                    "if (meta.n_elems > {i}) { acc{i}.read(meta.s.t, meta.idx); hdr.l8[{i}].setValid(); "
                    "hdr.l8[{i}].v = meta.s.t[7:0]; }")
@@ -182,20 +256,27 @@ def lane_actions() -> list[str]:
 
 
 def lane_parser() -> list[str]:
-    """Parser states that extract `count` lanes without a loop (a state per bit of count, so 6 states per
-    codec instead of 64 transitions: BMv2 pays per transition)."""
+    """Parser states that extract `count` lanes without a loop (a state per bit of count, so 7 states per
+    codec instead of 64 transitions: BMv2 pays per transition; 64 lanes take one): NC codes into the l8
+    stack, int32 lanes into i32_64 (all 64) or the i32_8 stack and i32_4, i32_2, i32_1 (int32_in)."""
     out = []
     top = 1 << (LANES.bit_length() - 1)  # count <= LANES: its bits from this one down
-    for stack in ("l32", "l8"):
+    assert top == LANES == 64 and I32_RUN == 8  # int32_out's n_elems[5:3]: the count's bits of the i32_8 stack
+    for stack in ("i32", "l8"):
         chunk = top
         while chunk:
             nxt, b = f"parse_{stack}_{chunk >> 1}" if chunk > 1 else "accept", chunk.bit_length() - 1
-            extracts = [f"pkt.extract(hdr.{stack}.next);"] * chunk
+            if stack == "l8":
+                extracts = [f"pkt.extract(hdr.l8.next);"] * chunk
+            elif chunk == LANES or chunk < I32_RUN:
+                extracts = [f"pkt.extract(hdr.i32_{chunk});"]
+            else:
+                extracts = [f"pkt.extract(hdr.i32_{I32_RUN}.next);"] * (chunk // I32_RUN)
             out += [f"    state parse_{stack}_{chunk} {{",
                     f"        transition select(hdr.ina.count[{b}:{b}]) {{ 1: parse_{stack}_{chunk}_take; default: {nxt}; }}",
                     "    }", f"    state parse_{stack}_{chunk}_take {{",
-                    *("        " + " ".join(extracts[i:i + 4]) for i in range(0, chunk, 4)),
-                    f"        transition {nxt};", "    }"]
+                    *("        " + " ".join(extracts[i:i + 4]) for i in range(0, len(extracts), 4)),
+                    f"        transition {'accept;  // count <= LANES' if chunk == LANES else nxt + ';'}", "    }"]
             chunk >>= 1
     return out
 
@@ -208,7 +289,17 @@ def render() -> str:
         "INA_HEADER": ina_header(),
         "LANE_PARSER": lane_parser(),
         "TOP": [str(1 << (LANES.bit_length() - 1))],
-        "LANE_REGISTERS": [f"    register<bit<64>>(SET_CAPACITY) acc{i};" for i in range(LANES)],
+        "LANE_REGISTERS": ["    // int32 lanes, two to a 64-bit slot (gen_p4.I32_CONSTANTS); NC lanes, one a register",
+                           f"    register<bit<{I32_BITS}>>(SET_CAPACITY) acc_even;",
+                           f"    register<bit<{I32_BITS}>>(SET_CAPACITY) acc_odd;",
+                           *(f"    register<bit<64>>(SET_CAPACITY) acc{i};" for i in range(LANES))],
+        "I32_BITS": [str(I32_BITS)],
+        "I32_HEADER_TYPES": [f"header i32_{n}_t {{ bit<{32 * n}> v; }}" for n in [LANES, I32_RUN, *I32_TAIL]],
+        "I32_HEADERS": [f"    i32_{LANES}_t i32_{LANES};", f"    i32_{I32_RUN}_t[{I32_RUNS}] i32_{I32_RUN};",
+                        *(f"    i32_{n}_t i32_{n};" for n in I32_TAIL)],
+        "I32_EMIT": [f"        pkt.emit(hdr.i32_{n});" for n in [LANES, I32_RUN, *I32_TAIL]],
+        "NO_LANES": [f"        {h}.setInvalid();" for h in [_i32(LANES), *_runs(range(I32_RUNS)), *map(_i32, I32_TAIL)]]
+                    + ["        hdr.l8.pop_front(LANES);"],
         "DECODE_NC": _action("check_nc", [], NC_CHECK),
         "LANE_ACTIONS": lane_actions(),
         "TOLD_TEXT": told_text(),

@@ -91,6 +91,12 @@ const bit<8> ERR_DROPPED = 6;
 const bit<32> ERROR_PAYLOAD_SIZE = 2;
 const bit<32> TOLD_MASK = 1505;
 const bit<32> TOLD_TEXT_SIZE = 9;
+const bit<2048> I32_BIAS = 0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000;
+const bit<2048> I32_LOW = 0x00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff;
+const bit<2048> I32_WRITE = 0x3fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff800000003fffffff80000000;
+const bit<2048> I32_HALF = 0x00000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000000000008000000000000000800000000000000080000000;
+const bit<2048> I32_HIGH = 0xffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000ffffffff00000000;
+const bit<2048> I32_OK = 0x40000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000400000000000000040000000000000004000000000000000;
 #define LANES 64
 #define SLOT_CAPACITY 4096
 #define SET_CAPACITY 8192
@@ -141,7 +147,11 @@ header ina_t {  // generated from wire.HEADER_FIELDS
     bit<32> boot;
 }
 header block_t { bit<32> block; bit<32> next_block; }
-header lane32_t { bit<32> v; }
+header i32_64_t { bit<2048> v; }
+header i32_8_t { bit<256> v; }
+header i32_4_t { bit<128> v; }
+header i32_2_t { bit<64> v; }
+header i32_1_t { bit<32> v; }
 header lane8_t { bit<8> v; }
 header error_payload_t { bit<8> code; bit<8> reason; }  // wire.ERROR_PAYLOAD: an ERR_DROPPED's code and reason
 header told_text_t { bit<72> text; }     // its text: the reason's name (cut by truncate())
@@ -169,12 +179,18 @@ struct headers_t {
     error_payload_t err;
     told_text_t told_text;
     block_t block;
-    lane32_t[LANES] l32;
+    i32_64_t i32_64;
+    i32_8_t[7] i32_8;
+    i32_4_t i32_4;
+    i32_2_t i32_2;
+    i32_1_t i32_1;
     lane8_t[LANES] l8;
 }
 
 struct scratch_t {  // what the per-lane code computes in, one lane after the other
-    bit<64> t; bit<64> mag; bit<64> x; bit<64> top; bit<64> rem; bit<64> r; bit<64> ovf;
+    bit<64> t; bit<64> mag; bit<64> x; bit<64> top; bit<64> rem; bit<64> r;
+    bit<2048> w; bit<2048> e; bit<2048> o; bit<2048> a; bit<2048> b;  // int32 lanes
+    bit<16> sh;
     bit<16> m; bit<8> hb; bit<16> up; bit<16> lvl; bit<8> code;
 }
 
@@ -273,84 +289,58 @@ parser InaParser(packet_in pkt, out headers_t hdr, inout meta_t meta, inout stan
     state parse_block { pkt.extract(hdr.block); transition parse_lanes; }
     state parse_lanes {
         transition select(hdr.ina.codec, hdr.ina.count) {
-            (CODEC_INT32, 1 .. LANES): parse_l32_64;
+            (CODEC_INT32, 1 .. LANES): parse_i32_64;
             (CODEC_NC8, 1 .. LANES): parse_l8_64;
             default: accept;  // no elements, or more than the switch takes (ingress: bad_slot)
         }
     }
-    state parse_l32_64 {
-        transition select(hdr.ina.count[6:6]) { 1: parse_l32_64_take; default: parse_l32_32; }
+    state parse_i32_64 {
+        transition select(hdr.ina.count[6:6]) { 1: parse_i32_64_take; default: parse_i32_32; }
     }
-    state parse_l32_64_take {
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        transition parse_l32_32;
+    state parse_i32_64_take {
+        pkt.extract(hdr.i32_64);
+        transition accept;  // count <= LANES
     }
-    state parse_l32_32 {
-        transition select(hdr.ina.count[5:5]) { 1: parse_l32_32_take; default: parse_l32_16; }
+    state parse_i32_32 {
+        transition select(hdr.ina.count[5:5]) { 1: parse_i32_32_take; default: parse_i32_16; }
     }
-    state parse_l32_32_take {
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        transition parse_l32_16;
+    state parse_i32_32_take {
+        pkt.extract(hdr.i32_8.next); pkt.extract(hdr.i32_8.next); pkt.extract(hdr.i32_8.next); pkt.extract(hdr.i32_8.next);
+        transition parse_i32_16;
     }
-    state parse_l32_16 {
-        transition select(hdr.ina.count[4:4]) { 1: parse_l32_16_take; default: parse_l32_8; }
+    state parse_i32_16 {
+        transition select(hdr.ina.count[4:4]) { 1: parse_i32_16_take; default: parse_i32_8; }
     }
-    state parse_l32_16_take {
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        transition parse_l32_8;
+    state parse_i32_16_take {
+        pkt.extract(hdr.i32_8.next); pkt.extract(hdr.i32_8.next);
+        transition parse_i32_8;
     }
-    state parse_l32_8 {
-        transition select(hdr.ina.count[3:3]) { 1: parse_l32_8_take; default: parse_l32_4; }
+    state parse_i32_8 {
+        transition select(hdr.ina.count[3:3]) { 1: parse_i32_8_take; default: parse_i32_4; }
     }
-    state parse_l32_8_take {
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        transition parse_l32_4;
+    state parse_i32_8_take {
+        pkt.extract(hdr.i32_8.next);
+        transition parse_i32_4;
     }
-    state parse_l32_4 {
-        transition select(hdr.ina.count[2:2]) { 1: parse_l32_4_take; default: parse_l32_2; }
+    state parse_i32_4 {
+        transition select(hdr.ina.count[2:2]) { 1: parse_i32_4_take; default: parse_i32_2; }
     }
-    state parse_l32_4_take {
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        transition parse_l32_2;
+    state parse_i32_4_take {
+        pkt.extract(hdr.i32_4);
+        transition parse_i32_2;
     }
-    state parse_l32_2 {
-        transition select(hdr.ina.count[1:1]) { 1: parse_l32_2_take; default: parse_l32_1; }
+    state parse_i32_2 {
+        transition select(hdr.ina.count[1:1]) { 1: parse_i32_2_take; default: parse_i32_1; }
     }
-    state parse_l32_2_take {
-        pkt.extract(hdr.l32.next); pkt.extract(hdr.l32.next);
-        transition parse_l32_1;
+    state parse_i32_2_take {
+        pkt.extract(hdr.i32_2);
+        transition parse_i32_1;
     }
-    state parse_l32_1 {
-        transition select(hdr.ina.count[0:0]) { 1: parse_l32_1_take; default: accept; }
+    state parse_i32_1 {
+        transition select(hdr.ina.count[0:0]) { 1: parse_i32_1_take; default: accept; }
     }
-    state parse_l32_1_take {
-        pkt.extract(hdr.l32.next);
+    state parse_i32_1_take {
+        pkt.extract(hdr.i32_1);
         transition accept;
     }
     state parse_l8_64 {
@@ -373,7 +363,7 @@ parser InaParser(packet_in pkt, out headers_t hdr, inout meta_t meta, inout stan
         pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
         pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
         pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next); pkt.extract(hdr.l8.next);
-        transition parse_l8_32;
+        transition accept;  // count <= LANES
     }
     state parse_l8_32 {
         transition select(hdr.ina.count[5:5]) { 1: parse_l8_32_take; default: parse_l8_16; }
@@ -468,6 +458,9 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     register<bit<32>>(JOB_CAPACITY) r_failed;
     // per member (member_index): what it was told this generation: the session ++ a bit per DROP_* reason
     register<bit<64>>(MEMBER_CAPACITY) r_told;
+    // int32 lanes, two to a 64-bit slot (gen_p4.I32_CONSTANTS); NC lanes, one a register
+    register<bit<2048>>(SET_CAPACITY) acc_even;
+    register<bit<2048>>(SET_CAPACITY) acc_odd;
     register<bit<64>>(SET_CAPACITY) acc0;
     register<bit<64>>(SET_CAPACITY) acc1;
     register<bit<64>>(SET_CAPACITY) acc2;
@@ -1017,207 +1010,91 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         if (osess == meta.session) { r_bitmap.write(meta.oidx, obitmap); }
     }
 
-    action write32() {
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[0].v; acc0.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[1].v; acc1.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[2].v; acc2.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[3].v; acc3.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[4].v; acc4.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[5].v; acc5.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[6].v; acc6.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[7].v; acc7.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[8].v; acc8.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[9].v; acc9.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[10].v; acc10.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[11].v; acc11.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[12].v; acc12.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[13].v; acc13.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[14].v; acc14.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[15].v; acc15.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[16].v; acc16.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[17].v; acc17.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[18].v; acc18.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[19].v; acc19.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[20].v; acc20.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[21].v; acc21.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[22].v; acc22.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[23].v; acc23.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[24].v; acc24.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[25].v; acc25.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[26].v; acc26.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[27].v; acc27.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[28].v; acc28.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[29].v; acc29.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[30].v; acc30.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[31].v; acc31.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[32].v; acc32.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[33].v; acc33.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[34].v; acc34.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[35].v; acc35.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[36].v; acc36.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[37].v; acc37.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[38].v; acc38.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[39].v; acc39.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[40].v; acc40.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[41].v; acc41.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[42].v; acc42.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[43].v; acc43.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[44].v; acc44.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[45].v; acc45.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[46].v; acc46.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[47].v; acc47.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[48].v; acc48.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[49].v; acc49.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[50].v; acc50.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[51].v; acc51.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[52].v; acc52.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[53].v; acc53.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[54].v; acc54.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[55].v; acc55.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[56].v; acc56.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[57].v; acc57.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[58].v; acc58.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[59].v; acc59.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[60].v; acc60.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[61].v; acc61.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[62].v; acc62.write(meta.idx, meta.s.t);
-        meta.s.t = (bit<64>)(int<64>)(int<32>)hdr.l32[63].v; acc63.write(meta.idx, meta.s.t);
+    action write32() {  // lanes = values
+        if (hdr.i32_64.isValid()) { meta.s.w = hdr.i32_64.v; } else {
+            meta.s.w = 0;
+            if (hdr.i32_8[0].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[0].v; }
+            if (hdr.i32_8[1].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[1].v; }
+            if (hdr.i32_8[2].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[2].v; }
+            if (hdr.i32_8[3].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[3].v; }
+            if (hdr.i32_8[4].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[4].v; }
+            if (hdr.i32_8[5].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[5].v; }
+            if (hdr.i32_8[6].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[6].v; }
+            if (hdr.i32_4.isValid()) { meta.s.w = (meta.s.w << 128) | (bit<2048>)hdr.i32_4.v; }
+            if (hdr.i32_2.isValid()) { meta.s.w = (meta.s.w << 64) | (bit<2048>)hdr.i32_2.v; }
+            if (hdr.i32_1.isValid()) { meta.s.w = (meta.s.w << 32) | (bit<2048>)hdr.i32_1.v; }
+        }
+        meta.s.w = meta.s.w ^ I32_BIAS;
+        meta.s.e = meta.s.w & I32_LOW;
+        meta.s.o = (meta.s.w >> 32) & I32_LOW;
+        acc_even.write(meta.idx, meta.s.e + I32_WRITE);
+        acc_odd.write(meta.idx, meta.s.o + I32_WRITE);
     }
 
-    action add32() {
-        acc0.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[0].v; acc0.write(meta.idx, meta.s.t);
-        acc1.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[1].v; acc1.write(meta.idx, meta.s.t);
-        acc2.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[2].v; acc2.write(meta.idx, meta.s.t);
-        acc3.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[3].v; acc3.write(meta.idx, meta.s.t);
-        acc4.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[4].v; acc4.write(meta.idx, meta.s.t);
-        acc5.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[5].v; acc5.write(meta.idx, meta.s.t);
-        acc6.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[6].v; acc6.write(meta.idx, meta.s.t);
-        acc7.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[7].v; acc7.write(meta.idx, meta.s.t);
-        acc8.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[8].v; acc8.write(meta.idx, meta.s.t);
-        acc9.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[9].v; acc9.write(meta.idx, meta.s.t);
-        acc10.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[10].v; acc10.write(meta.idx, meta.s.t);
-        acc11.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[11].v; acc11.write(meta.idx, meta.s.t);
-        acc12.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[12].v; acc12.write(meta.idx, meta.s.t);
-        acc13.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[13].v; acc13.write(meta.idx, meta.s.t);
-        acc14.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[14].v; acc14.write(meta.idx, meta.s.t);
-        acc15.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[15].v; acc15.write(meta.idx, meta.s.t);
-        acc16.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[16].v; acc16.write(meta.idx, meta.s.t);
-        acc17.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[17].v; acc17.write(meta.idx, meta.s.t);
-        acc18.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[18].v; acc18.write(meta.idx, meta.s.t);
-        acc19.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[19].v; acc19.write(meta.idx, meta.s.t);
-        acc20.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[20].v; acc20.write(meta.idx, meta.s.t);
-        acc21.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[21].v; acc21.write(meta.idx, meta.s.t);
-        acc22.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[22].v; acc22.write(meta.idx, meta.s.t);
-        acc23.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[23].v; acc23.write(meta.idx, meta.s.t);
-        acc24.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[24].v; acc24.write(meta.idx, meta.s.t);
-        acc25.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[25].v; acc25.write(meta.idx, meta.s.t);
-        acc26.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[26].v; acc26.write(meta.idx, meta.s.t);
-        acc27.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[27].v; acc27.write(meta.idx, meta.s.t);
-        acc28.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[28].v; acc28.write(meta.idx, meta.s.t);
-        acc29.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[29].v; acc29.write(meta.idx, meta.s.t);
-        acc30.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[30].v; acc30.write(meta.idx, meta.s.t);
-        acc31.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[31].v; acc31.write(meta.idx, meta.s.t);
-        acc32.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[32].v; acc32.write(meta.idx, meta.s.t);
-        acc33.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[33].v; acc33.write(meta.idx, meta.s.t);
-        acc34.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[34].v; acc34.write(meta.idx, meta.s.t);
-        acc35.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[35].v; acc35.write(meta.idx, meta.s.t);
-        acc36.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[36].v; acc36.write(meta.idx, meta.s.t);
-        acc37.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[37].v; acc37.write(meta.idx, meta.s.t);
-        acc38.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[38].v; acc38.write(meta.idx, meta.s.t);
-        acc39.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[39].v; acc39.write(meta.idx, meta.s.t);
-        acc40.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[40].v; acc40.write(meta.idx, meta.s.t);
-        acc41.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[41].v; acc41.write(meta.idx, meta.s.t);
-        acc42.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[42].v; acc42.write(meta.idx, meta.s.t);
-        acc43.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[43].v; acc43.write(meta.idx, meta.s.t);
-        acc44.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[44].v; acc44.write(meta.idx, meta.s.t);
-        acc45.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[45].v; acc45.write(meta.idx, meta.s.t);
-        acc46.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[46].v; acc46.write(meta.idx, meta.s.t);
-        acc47.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[47].v; acc47.write(meta.idx, meta.s.t);
-        acc48.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[48].v; acc48.write(meta.idx, meta.s.t);
-        acc49.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[49].v; acc49.write(meta.idx, meta.s.t);
-        acc50.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[50].v; acc50.write(meta.idx, meta.s.t);
-        acc51.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[51].v; acc51.write(meta.idx, meta.s.t);
-        acc52.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[52].v; acc52.write(meta.idx, meta.s.t);
-        acc53.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[53].v; acc53.write(meta.idx, meta.s.t);
-        acc54.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[54].v; acc54.write(meta.idx, meta.s.t);
-        acc55.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[55].v; acc55.write(meta.idx, meta.s.t);
-        acc56.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[56].v; acc56.write(meta.idx, meta.s.t);
-        acc57.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[57].v; acc57.write(meta.idx, meta.s.t);
-        acc58.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[58].v; acc58.write(meta.idx, meta.s.t);
-        acc59.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[59].v; acc59.write(meta.idx, meta.s.t);
-        acc60.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[60].v; acc60.write(meta.idx, meta.s.t);
-        acc61.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[61].v; acc61.write(meta.idx, meta.s.t);
-        acc62.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[62].v; acc62.write(meta.idx, meta.s.t);
-        acc63.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[63].v; acc63.write(meta.idx, meta.s.t);
+    action add32() {  // lanes += values
+        if (hdr.i32_64.isValid()) { meta.s.w = hdr.i32_64.v; } else {
+            meta.s.w = 0;
+            if (hdr.i32_8[0].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[0].v; }
+            if (hdr.i32_8[1].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[1].v; }
+            if (hdr.i32_8[2].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[2].v; }
+            if (hdr.i32_8[3].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[3].v; }
+            if (hdr.i32_8[4].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[4].v; }
+            if (hdr.i32_8[5].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[5].v; }
+            if (hdr.i32_8[6].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[6].v; }
+            if (hdr.i32_4.isValid()) { meta.s.w = (meta.s.w << 128) | (bit<2048>)hdr.i32_4.v; }
+            if (hdr.i32_2.isValid()) { meta.s.w = (meta.s.w << 64) | (bit<2048>)hdr.i32_2.v; }
+            if (hdr.i32_1.isValid()) { meta.s.w = (meta.s.w << 32) | (bit<2048>)hdr.i32_1.v; }
+        }
+        meta.s.w = meta.s.w ^ I32_BIAS;
+        meta.s.e = meta.s.w & I32_LOW;
+        meta.s.o = (meta.s.w >> 32) & I32_LOW;
+        acc_even.read(meta.s.a, meta.idx);
+        acc_odd.read(meta.s.b, meta.idx);
+        meta.s.a = meta.s.a + meta.s.e - I32_HALF;
+        meta.s.b = meta.s.b + meta.s.o - I32_HALF;
+        acc_even.write(meta.idx, meta.s.a);
+        acc_odd.write(meta.idx, meta.s.b);
     }
 
-    action add_finish32() {
-        meta.s.ovf = 0;
-        acc0.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[0].v; acc0.write(meta.idx, meta.s.t); hdr.l32[0].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc1.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[1].v; acc1.write(meta.idx, meta.s.t); hdr.l32[1].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc2.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[2].v; acc2.write(meta.idx, meta.s.t); hdr.l32[2].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc3.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[3].v; acc3.write(meta.idx, meta.s.t); hdr.l32[3].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc4.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[4].v; acc4.write(meta.idx, meta.s.t); hdr.l32[4].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc5.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[5].v; acc5.write(meta.idx, meta.s.t); hdr.l32[5].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc6.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[6].v; acc6.write(meta.idx, meta.s.t); hdr.l32[6].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc7.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[7].v; acc7.write(meta.idx, meta.s.t); hdr.l32[7].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc8.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[8].v; acc8.write(meta.idx, meta.s.t); hdr.l32[8].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc9.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[9].v; acc9.write(meta.idx, meta.s.t); hdr.l32[9].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc10.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[10].v; acc10.write(meta.idx, meta.s.t); hdr.l32[10].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc11.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[11].v; acc11.write(meta.idx, meta.s.t); hdr.l32[11].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc12.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[12].v; acc12.write(meta.idx, meta.s.t); hdr.l32[12].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc13.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[13].v; acc13.write(meta.idx, meta.s.t); hdr.l32[13].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc14.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[14].v; acc14.write(meta.idx, meta.s.t); hdr.l32[14].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc15.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[15].v; acc15.write(meta.idx, meta.s.t); hdr.l32[15].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc16.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[16].v; acc16.write(meta.idx, meta.s.t); hdr.l32[16].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc17.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[17].v; acc17.write(meta.idx, meta.s.t); hdr.l32[17].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc18.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[18].v; acc18.write(meta.idx, meta.s.t); hdr.l32[18].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc19.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[19].v; acc19.write(meta.idx, meta.s.t); hdr.l32[19].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc20.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[20].v; acc20.write(meta.idx, meta.s.t); hdr.l32[20].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc21.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[21].v; acc21.write(meta.idx, meta.s.t); hdr.l32[21].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc22.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[22].v; acc22.write(meta.idx, meta.s.t); hdr.l32[22].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc23.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[23].v; acc23.write(meta.idx, meta.s.t); hdr.l32[23].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc24.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[24].v; acc24.write(meta.idx, meta.s.t); hdr.l32[24].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc25.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[25].v; acc25.write(meta.idx, meta.s.t); hdr.l32[25].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc26.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[26].v; acc26.write(meta.idx, meta.s.t); hdr.l32[26].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc27.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[27].v; acc27.write(meta.idx, meta.s.t); hdr.l32[27].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc28.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[28].v; acc28.write(meta.idx, meta.s.t); hdr.l32[28].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc29.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[29].v; acc29.write(meta.idx, meta.s.t); hdr.l32[29].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc30.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[30].v; acc30.write(meta.idx, meta.s.t); hdr.l32[30].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc31.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[31].v; acc31.write(meta.idx, meta.s.t); hdr.l32[31].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc32.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[32].v; acc32.write(meta.idx, meta.s.t); hdr.l32[32].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc33.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[33].v; acc33.write(meta.idx, meta.s.t); hdr.l32[33].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc34.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[34].v; acc34.write(meta.idx, meta.s.t); hdr.l32[34].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc35.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[35].v; acc35.write(meta.idx, meta.s.t); hdr.l32[35].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc36.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[36].v; acc36.write(meta.idx, meta.s.t); hdr.l32[36].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc37.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[37].v; acc37.write(meta.idx, meta.s.t); hdr.l32[37].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc38.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[38].v; acc38.write(meta.idx, meta.s.t); hdr.l32[38].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc39.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[39].v; acc39.write(meta.idx, meta.s.t); hdr.l32[39].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc40.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[40].v; acc40.write(meta.idx, meta.s.t); hdr.l32[40].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc41.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[41].v; acc41.write(meta.idx, meta.s.t); hdr.l32[41].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc42.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[42].v; acc42.write(meta.idx, meta.s.t); hdr.l32[42].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc43.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[43].v; acc43.write(meta.idx, meta.s.t); hdr.l32[43].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc44.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[44].v; acc44.write(meta.idx, meta.s.t); hdr.l32[44].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc45.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[45].v; acc45.write(meta.idx, meta.s.t); hdr.l32[45].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc46.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[46].v; acc46.write(meta.idx, meta.s.t); hdr.l32[46].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc47.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[47].v; acc47.write(meta.idx, meta.s.t); hdr.l32[47].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc48.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[48].v; acc48.write(meta.idx, meta.s.t); hdr.l32[48].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc49.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[49].v; acc49.write(meta.idx, meta.s.t); hdr.l32[49].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc50.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[50].v; acc50.write(meta.idx, meta.s.t); hdr.l32[50].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc51.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[51].v; acc51.write(meta.idx, meta.s.t); hdr.l32[51].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc52.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[52].v; acc52.write(meta.idx, meta.s.t); hdr.l32[52].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc53.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[53].v; acc53.write(meta.idx, meta.s.t); hdr.l32[53].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc54.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[54].v; acc54.write(meta.idx, meta.s.t); hdr.l32[54].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc55.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[55].v; acc55.write(meta.idx, meta.s.t); hdr.l32[55].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc56.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[56].v; acc56.write(meta.idx, meta.s.t); hdr.l32[56].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc57.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[57].v; acc57.write(meta.idx, meta.s.t); hdr.l32[57].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc58.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[58].v; acc58.write(meta.idx, meta.s.t); hdr.l32[58].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc59.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[59].v; acc59.write(meta.idx, meta.s.t); hdr.l32[59].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc60.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[60].v; acc60.write(meta.idx, meta.s.t); hdr.l32[60].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc61.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[61].v; acc61.write(meta.idx, meta.s.t); hdr.l32[61].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc62.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[62].v; acc62.write(meta.idx, meta.s.t); hdr.l32[62].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        acc63.read(meta.s.t, meta.idx); meta.s.t = meta.s.t + (bit<64>)(int<64>)(int<32>)hdr.l32[63].v; acc63.write(meta.idx, meta.s.t); hdr.l32[63].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32);
-        if (meta.s.ovf != 0) { meta.overflow = 1; }
+    action add_finish32() {  // lanes += values, the result into the packet
+        if (hdr.i32_64.isValid()) { meta.s.w = hdr.i32_64.v; } else {
+            meta.s.w = 0;
+            if (hdr.i32_8[0].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[0].v; }
+            if (hdr.i32_8[1].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[1].v; }
+            if (hdr.i32_8[2].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[2].v; }
+            if (hdr.i32_8[3].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[3].v; }
+            if (hdr.i32_8[4].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[4].v; }
+            if (hdr.i32_8[5].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[5].v; }
+            if (hdr.i32_8[6].isValid()) { meta.s.w = (meta.s.w << 256) | (bit<2048>)hdr.i32_8[6].v; }
+            if (hdr.i32_4.isValid()) { meta.s.w = (meta.s.w << 128) | (bit<2048>)hdr.i32_4.v; }
+            if (hdr.i32_2.isValid()) { meta.s.w = (meta.s.w << 64) | (bit<2048>)hdr.i32_2.v; }
+            if (hdr.i32_1.isValid()) { meta.s.w = (meta.s.w << 32) | (bit<2048>)hdr.i32_1.v; }
+        }
+        meta.s.w = meta.s.w ^ I32_BIAS;
+        meta.s.e = meta.s.w & I32_LOW;
+        meta.s.o = (meta.s.w >> 32) & I32_LOW;
+        acc_even.read(meta.s.a, meta.idx);
+        acc_odd.read(meta.s.b, meta.idx);
+        meta.s.a = meta.s.a + meta.s.e - I32_HALF;
+        meta.s.b = meta.s.b + meta.s.o - I32_HALF;
+        acc_even.write(meta.idx, meta.s.a);
+        acc_odd.write(meta.idx, meta.s.b);
+        if (((meta.s.a + I32_HALF) & I32_HIGH) != I32_OK || ((meta.s.b + I32_HALF) & I32_HIGH) != I32_OK) {
+            meta.overflow = 1;  // a lane's sum left int32
+        }
+        meta.s.w = (meta.s.a & I32_LOW) | ((meta.s.b & I32_LOW) << 32);  // the sums' low 32 bits, in lane order
+        if (hdr.i32_64.isValid()) { hdr.i32_64.v = meta.s.w; } else {
+            if (hdr.i32_1.isValid()) { hdr.i32_1.v = meta.s.w[31:0]; meta.s.w = meta.s.w >> 32; }
+            if (hdr.i32_2.isValid()) { hdr.i32_2.v = meta.s.w[63:0]; meta.s.w = meta.s.w >> 64; }
+            if (hdr.i32_4.isValid()) { hdr.i32_4.v = meta.s.w[127:0]; meta.s.w = meta.s.w >> 128; }
+            if (hdr.i32_8[6].isValid()) { hdr.i32_8[6].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+            if (hdr.i32_8[5].isValid()) { hdr.i32_8[5].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+            if (hdr.i32_8[4].isValid()) { hdr.i32_8[4].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+            if (hdr.i32_8[3].isValid()) { hdr.i32_8[3].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+            if (hdr.i32_8[2].isValid()) { hdr.i32_8[2].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+            if (hdr.i32_8[1].isValid()) { hdr.i32_8[1].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+            if (hdr.i32_8[0].isValid()) { hdr.i32_8[0].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; }
+        }
     }
 
     action write_nc() {
@@ -1994,140 +1871,45 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         acc63.write(meta.idx, meta.s.t);
     }
 
-    action finish32() {
-        meta.s.ovf = 0;
-        if (meta.n_elems > 0) { acc0.read(meta.s.t, meta.idx); hdr.l32[0].setValid(); hdr.l32[0].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 1) { acc1.read(meta.s.t, meta.idx); hdr.l32[1].setValid(); hdr.l32[1].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 2) { acc2.read(meta.s.t, meta.idx); hdr.l32[2].setValid(); hdr.l32[2].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 3) { acc3.read(meta.s.t, meta.idx); hdr.l32[3].setValid(); hdr.l32[3].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 4) { acc4.read(meta.s.t, meta.idx); hdr.l32[4].setValid(); hdr.l32[4].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 5) { acc5.read(meta.s.t, meta.idx); hdr.l32[5].setValid(); hdr.l32[5].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 6) { acc6.read(meta.s.t, meta.idx); hdr.l32[6].setValid(); hdr.l32[6].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 7) { acc7.read(meta.s.t, meta.idx); hdr.l32[7].setValid(); hdr.l32[7].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 8) { acc8.read(meta.s.t, meta.idx); hdr.l32[8].setValid(); hdr.l32[8].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 9) { acc9.read(meta.s.t, meta.idx); hdr.l32[9].setValid(); hdr.l32[9].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 10) { acc10.read(meta.s.t, meta.idx); hdr.l32[10].setValid(); hdr.l32[10].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 11) { acc11.read(meta.s.t, meta.idx); hdr.l32[11].setValid(); hdr.l32[11].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 12) { acc12.read(meta.s.t, meta.idx); hdr.l32[12].setValid(); hdr.l32[12].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 13) { acc13.read(meta.s.t, meta.idx); hdr.l32[13].setValid(); hdr.l32[13].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 14) { acc14.read(meta.s.t, meta.idx); hdr.l32[14].setValid(); hdr.l32[14].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 15) { acc15.read(meta.s.t, meta.idx); hdr.l32[15].setValid(); hdr.l32[15].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 16) { acc16.read(meta.s.t, meta.idx); hdr.l32[16].setValid(); hdr.l32[16].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 17) { acc17.read(meta.s.t, meta.idx); hdr.l32[17].setValid(); hdr.l32[17].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 18) { acc18.read(meta.s.t, meta.idx); hdr.l32[18].setValid(); hdr.l32[18].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 19) { acc19.read(meta.s.t, meta.idx); hdr.l32[19].setValid(); hdr.l32[19].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 20) { acc20.read(meta.s.t, meta.idx); hdr.l32[20].setValid(); hdr.l32[20].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 21) { acc21.read(meta.s.t, meta.idx); hdr.l32[21].setValid(); hdr.l32[21].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 22) { acc22.read(meta.s.t, meta.idx); hdr.l32[22].setValid(); hdr.l32[22].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 23) { acc23.read(meta.s.t, meta.idx); hdr.l32[23].setValid(); hdr.l32[23].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 24) { acc24.read(meta.s.t, meta.idx); hdr.l32[24].setValid(); hdr.l32[24].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 25) { acc25.read(meta.s.t, meta.idx); hdr.l32[25].setValid(); hdr.l32[25].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 26) { acc26.read(meta.s.t, meta.idx); hdr.l32[26].setValid(); hdr.l32[26].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 27) { acc27.read(meta.s.t, meta.idx); hdr.l32[27].setValid(); hdr.l32[27].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 28) { acc28.read(meta.s.t, meta.idx); hdr.l32[28].setValid(); hdr.l32[28].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 29) { acc29.read(meta.s.t, meta.idx); hdr.l32[29].setValid(); hdr.l32[29].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 30) { acc30.read(meta.s.t, meta.idx); hdr.l32[30].setValid(); hdr.l32[30].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 31) { acc31.read(meta.s.t, meta.idx); hdr.l32[31].setValid(); hdr.l32[31].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 32) { acc32.read(meta.s.t, meta.idx); hdr.l32[32].setValid(); hdr.l32[32].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 33) { acc33.read(meta.s.t, meta.idx); hdr.l32[33].setValid(); hdr.l32[33].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 34) { acc34.read(meta.s.t, meta.idx); hdr.l32[34].setValid(); hdr.l32[34].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 35) { acc35.read(meta.s.t, meta.idx); hdr.l32[35].setValid(); hdr.l32[35].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 36) { acc36.read(meta.s.t, meta.idx); hdr.l32[36].setValid(); hdr.l32[36].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 37) { acc37.read(meta.s.t, meta.idx); hdr.l32[37].setValid(); hdr.l32[37].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 38) { acc38.read(meta.s.t, meta.idx); hdr.l32[38].setValid(); hdr.l32[38].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 39) { acc39.read(meta.s.t, meta.idx); hdr.l32[39].setValid(); hdr.l32[39].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 40) { acc40.read(meta.s.t, meta.idx); hdr.l32[40].setValid(); hdr.l32[40].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 41) { acc41.read(meta.s.t, meta.idx); hdr.l32[41].setValid(); hdr.l32[41].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 42) { acc42.read(meta.s.t, meta.idx); hdr.l32[42].setValid(); hdr.l32[42].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 43) { acc43.read(meta.s.t, meta.idx); hdr.l32[43].setValid(); hdr.l32[43].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 44) { acc44.read(meta.s.t, meta.idx); hdr.l32[44].setValid(); hdr.l32[44].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 45) { acc45.read(meta.s.t, meta.idx); hdr.l32[45].setValid(); hdr.l32[45].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 46) { acc46.read(meta.s.t, meta.idx); hdr.l32[46].setValid(); hdr.l32[46].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 47) { acc47.read(meta.s.t, meta.idx); hdr.l32[47].setValid(); hdr.l32[47].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 48) { acc48.read(meta.s.t, meta.idx); hdr.l32[48].setValid(); hdr.l32[48].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 49) { acc49.read(meta.s.t, meta.idx); hdr.l32[49].setValid(); hdr.l32[49].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 50) { acc50.read(meta.s.t, meta.idx); hdr.l32[50].setValid(); hdr.l32[50].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 51) { acc51.read(meta.s.t, meta.idx); hdr.l32[51].setValid(); hdr.l32[51].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 52) { acc52.read(meta.s.t, meta.idx); hdr.l32[52].setValid(); hdr.l32[52].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 53) { acc53.read(meta.s.t, meta.idx); hdr.l32[53].setValid(); hdr.l32[53].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 54) { acc54.read(meta.s.t, meta.idx); hdr.l32[54].setValid(); hdr.l32[54].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 55) { acc55.read(meta.s.t, meta.idx); hdr.l32[55].setValid(); hdr.l32[55].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 56) { acc56.read(meta.s.t, meta.idx); hdr.l32[56].setValid(); hdr.l32[56].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 57) { acc57.read(meta.s.t, meta.idx); hdr.l32[57].setValid(); hdr.l32[57].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 58) { acc58.read(meta.s.t, meta.idx); hdr.l32[58].setValid(); hdr.l32[58].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 59) { acc59.read(meta.s.t, meta.idx); hdr.l32[59].setValid(); hdr.l32[59].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 60) { acc60.read(meta.s.t, meta.idx); hdr.l32[60].setValid(); hdr.l32[60].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 61) { acc61.read(meta.s.t, meta.idx); hdr.l32[61].setValid(); hdr.l32[61].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 62) { acc62.read(meta.s.t, meta.idx); hdr.l32[62].setValid(); hdr.l32[62].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.n_elems > 63) { acc63.read(meta.s.t, meta.idx); hdr.l32[63].setValid(); hdr.l32[63].v = meta.s.t[31:0]; meta.s.ovf = meta.s.ovf | ((meta.s.t + 0x80000000) >> 32); }
-        if (meta.s.ovf != 0) { meta.overflow = 1; }
+    action finish32() {  // the result: n_elems lanes
+        acc_even.read(meta.s.a, meta.idx);
+        acc_odd.read(meta.s.b, meta.idx);
+        if (meta.n_elems != 0) {
+            if (((meta.s.a + I32_HALF) & I32_HIGH) != I32_OK || ((meta.s.b + I32_HALF) & I32_HIGH) != I32_OK) {
+                meta.overflow = 1;  // a lane's sum left int32
+            }
+        }
+        meta.s.w = (meta.s.a & I32_LOW) | ((meta.s.b & I32_LOW) << 32);  // the sums' low 32 bits, in lane order
+        if (meta.n_elems == LANES_16) { hdr.i32_64.setValid(); hdr.i32_64.v = meta.s.w; } else { hdr.i32_64.setInvalid(); }
+        meta.s.sh = (bit<16>)meta.n_elems[5:3];  // headers of the i32_8 stack
+        if (meta.n_elems[0:0] == 1) { hdr.i32_1.setValid(); hdr.i32_1.v = meta.s.w[31:0]; meta.s.w = meta.s.w >> 32; } else { hdr.i32_1.setInvalid(); }
+        if (meta.n_elems[1:1] == 1) { hdr.i32_2.setValid(); hdr.i32_2.v = meta.s.w[63:0]; meta.s.w = meta.s.w >> 64; } else { hdr.i32_2.setInvalid(); }
+        if (meta.n_elems[2:2] == 1) { hdr.i32_4.setValid(); hdr.i32_4.v = meta.s.w[127:0]; meta.s.w = meta.s.w >> 128; } else { hdr.i32_4.setInvalid(); }
+        if (meta.s.sh > 6) { hdr.i32_8[6].setValid(); hdr.i32_8[6].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[6].setInvalid(); }
+        if (meta.s.sh > 5) { hdr.i32_8[5].setValid(); hdr.i32_8[5].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[5].setInvalid(); }
+        if (meta.s.sh > 4) { hdr.i32_8[4].setValid(); hdr.i32_8[4].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[4].setInvalid(); }
+        if (meta.s.sh > 3) { hdr.i32_8[3].setValid(); hdr.i32_8[3].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[3].setInvalid(); }
+        if (meta.s.sh > 2) { hdr.i32_8[2].setValid(); hdr.i32_8[2].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[2].setInvalid(); }
+        if (meta.s.sh > 1) { hdr.i32_8[1].setValid(); hdr.i32_8[1].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[1].setInvalid(); }
+        if (meta.s.sh > 0) { hdr.i32_8[0].setValid(); hdr.i32_8[0].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[0].setInvalid(); }
     }
 
-    action resend32() {
-        if (meta.n_elems > 0) { acc0.read(meta.s.t, meta.idx); hdr.l32[0].setValid(); hdr.l32[0].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 1) { acc1.read(meta.s.t, meta.idx); hdr.l32[1].setValid(); hdr.l32[1].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 2) { acc2.read(meta.s.t, meta.idx); hdr.l32[2].setValid(); hdr.l32[2].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 3) { acc3.read(meta.s.t, meta.idx); hdr.l32[3].setValid(); hdr.l32[3].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 4) { acc4.read(meta.s.t, meta.idx); hdr.l32[4].setValid(); hdr.l32[4].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 5) { acc5.read(meta.s.t, meta.idx); hdr.l32[5].setValid(); hdr.l32[5].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 6) { acc6.read(meta.s.t, meta.idx); hdr.l32[6].setValid(); hdr.l32[6].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 7) { acc7.read(meta.s.t, meta.idx); hdr.l32[7].setValid(); hdr.l32[7].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 8) { acc8.read(meta.s.t, meta.idx); hdr.l32[8].setValid(); hdr.l32[8].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 9) { acc9.read(meta.s.t, meta.idx); hdr.l32[9].setValid(); hdr.l32[9].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 10) { acc10.read(meta.s.t, meta.idx); hdr.l32[10].setValid(); hdr.l32[10].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 11) { acc11.read(meta.s.t, meta.idx); hdr.l32[11].setValid(); hdr.l32[11].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 12) { acc12.read(meta.s.t, meta.idx); hdr.l32[12].setValid(); hdr.l32[12].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 13) { acc13.read(meta.s.t, meta.idx); hdr.l32[13].setValid(); hdr.l32[13].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 14) { acc14.read(meta.s.t, meta.idx); hdr.l32[14].setValid(); hdr.l32[14].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 15) { acc15.read(meta.s.t, meta.idx); hdr.l32[15].setValid(); hdr.l32[15].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 16) { acc16.read(meta.s.t, meta.idx); hdr.l32[16].setValid(); hdr.l32[16].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 17) { acc17.read(meta.s.t, meta.idx); hdr.l32[17].setValid(); hdr.l32[17].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 18) { acc18.read(meta.s.t, meta.idx); hdr.l32[18].setValid(); hdr.l32[18].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 19) { acc19.read(meta.s.t, meta.idx); hdr.l32[19].setValid(); hdr.l32[19].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 20) { acc20.read(meta.s.t, meta.idx); hdr.l32[20].setValid(); hdr.l32[20].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 21) { acc21.read(meta.s.t, meta.idx); hdr.l32[21].setValid(); hdr.l32[21].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 22) { acc22.read(meta.s.t, meta.idx); hdr.l32[22].setValid(); hdr.l32[22].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 23) { acc23.read(meta.s.t, meta.idx); hdr.l32[23].setValid(); hdr.l32[23].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 24) { acc24.read(meta.s.t, meta.idx); hdr.l32[24].setValid(); hdr.l32[24].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 25) { acc25.read(meta.s.t, meta.idx); hdr.l32[25].setValid(); hdr.l32[25].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 26) { acc26.read(meta.s.t, meta.idx); hdr.l32[26].setValid(); hdr.l32[26].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 27) { acc27.read(meta.s.t, meta.idx); hdr.l32[27].setValid(); hdr.l32[27].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 28) { acc28.read(meta.s.t, meta.idx); hdr.l32[28].setValid(); hdr.l32[28].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 29) { acc29.read(meta.s.t, meta.idx); hdr.l32[29].setValid(); hdr.l32[29].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 30) { acc30.read(meta.s.t, meta.idx); hdr.l32[30].setValid(); hdr.l32[30].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 31) { acc31.read(meta.s.t, meta.idx); hdr.l32[31].setValid(); hdr.l32[31].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 32) { acc32.read(meta.s.t, meta.idx); hdr.l32[32].setValid(); hdr.l32[32].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 33) { acc33.read(meta.s.t, meta.idx); hdr.l32[33].setValid(); hdr.l32[33].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 34) { acc34.read(meta.s.t, meta.idx); hdr.l32[34].setValid(); hdr.l32[34].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 35) { acc35.read(meta.s.t, meta.idx); hdr.l32[35].setValid(); hdr.l32[35].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 36) { acc36.read(meta.s.t, meta.idx); hdr.l32[36].setValid(); hdr.l32[36].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 37) { acc37.read(meta.s.t, meta.idx); hdr.l32[37].setValid(); hdr.l32[37].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 38) { acc38.read(meta.s.t, meta.idx); hdr.l32[38].setValid(); hdr.l32[38].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 39) { acc39.read(meta.s.t, meta.idx); hdr.l32[39].setValid(); hdr.l32[39].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 40) { acc40.read(meta.s.t, meta.idx); hdr.l32[40].setValid(); hdr.l32[40].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 41) { acc41.read(meta.s.t, meta.idx); hdr.l32[41].setValid(); hdr.l32[41].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 42) { acc42.read(meta.s.t, meta.idx); hdr.l32[42].setValid(); hdr.l32[42].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 43) { acc43.read(meta.s.t, meta.idx); hdr.l32[43].setValid(); hdr.l32[43].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 44) { acc44.read(meta.s.t, meta.idx); hdr.l32[44].setValid(); hdr.l32[44].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 45) { acc45.read(meta.s.t, meta.idx); hdr.l32[45].setValid(); hdr.l32[45].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 46) { acc46.read(meta.s.t, meta.idx); hdr.l32[46].setValid(); hdr.l32[46].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 47) { acc47.read(meta.s.t, meta.idx); hdr.l32[47].setValid(); hdr.l32[47].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 48) { acc48.read(meta.s.t, meta.idx); hdr.l32[48].setValid(); hdr.l32[48].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 49) { acc49.read(meta.s.t, meta.idx); hdr.l32[49].setValid(); hdr.l32[49].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 50) { acc50.read(meta.s.t, meta.idx); hdr.l32[50].setValid(); hdr.l32[50].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 51) { acc51.read(meta.s.t, meta.idx); hdr.l32[51].setValid(); hdr.l32[51].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 52) { acc52.read(meta.s.t, meta.idx); hdr.l32[52].setValid(); hdr.l32[52].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 53) { acc53.read(meta.s.t, meta.idx); hdr.l32[53].setValid(); hdr.l32[53].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 54) { acc54.read(meta.s.t, meta.idx); hdr.l32[54].setValid(); hdr.l32[54].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 55) { acc55.read(meta.s.t, meta.idx); hdr.l32[55].setValid(); hdr.l32[55].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 56) { acc56.read(meta.s.t, meta.idx); hdr.l32[56].setValid(); hdr.l32[56].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 57) { acc57.read(meta.s.t, meta.idx); hdr.l32[57].setValid(); hdr.l32[57].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 58) { acc58.read(meta.s.t, meta.idx); hdr.l32[58].setValid(); hdr.l32[58].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 59) { acc59.read(meta.s.t, meta.idx); hdr.l32[59].setValid(); hdr.l32[59].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 60) { acc60.read(meta.s.t, meta.idx); hdr.l32[60].setValid(); hdr.l32[60].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 61) { acc61.read(meta.s.t, meta.idx); hdr.l32[61].setValid(); hdr.l32[61].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 62) { acc62.read(meta.s.t, meta.idx); hdr.l32[62].setValid(); hdr.l32[62].v = meta.s.t[31:0]; }
-        if (meta.n_elems > 63) { acc63.read(meta.s.t, meta.idx); hdr.l32[63].setValid(); hdr.l32[63].v = meta.s.t[31:0]; }
+    action resend32() {  // the stored result: n_elems lanes
+        acc_even.read(meta.s.a, meta.idx);
+        acc_odd.read(meta.s.b, meta.idx);
+        meta.s.w = (meta.s.a & I32_LOW) | ((meta.s.b & I32_LOW) << 32);  // the sums' low 32 bits, in lane order
+        if (meta.n_elems == LANES_16) { hdr.i32_64.setValid(); hdr.i32_64.v = meta.s.w; } else { hdr.i32_64.setInvalid(); }
+        meta.s.sh = (bit<16>)meta.n_elems[5:3];  // headers of the i32_8 stack
+        if (meta.n_elems[0:0] == 1) { hdr.i32_1.setValid(); hdr.i32_1.v = meta.s.w[31:0]; meta.s.w = meta.s.w >> 32; } else { hdr.i32_1.setInvalid(); }
+        if (meta.n_elems[1:1] == 1) { hdr.i32_2.setValid(); hdr.i32_2.v = meta.s.w[63:0]; meta.s.w = meta.s.w >> 64; } else { hdr.i32_2.setInvalid(); }
+        if (meta.n_elems[2:2] == 1) { hdr.i32_4.setValid(); hdr.i32_4.v = meta.s.w[127:0]; meta.s.w = meta.s.w >> 128; } else { hdr.i32_4.setInvalid(); }
+        if (meta.s.sh > 6) { hdr.i32_8[6].setValid(); hdr.i32_8[6].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[6].setInvalid(); }
+        if (meta.s.sh > 5) { hdr.i32_8[5].setValid(); hdr.i32_8[5].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[5].setInvalid(); }
+        if (meta.s.sh > 4) { hdr.i32_8[4].setValid(); hdr.i32_8[4].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[4].setInvalid(); }
+        if (meta.s.sh > 3) { hdr.i32_8[3].setValid(); hdr.i32_8[3].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[3].setInvalid(); }
+        if (meta.s.sh > 2) { hdr.i32_8[2].setValid(); hdr.i32_8[2].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[2].setInvalid(); }
+        if (meta.s.sh > 1) { hdr.i32_8[1].setValid(); hdr.i32_8[1].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[1].setInvalid(); }
+        if (meta.s.sh > 0) { hdr.i32_8[0].setValid(); hdr.i32_8[0].v = meta.s.w[255:0]; meta.s.w = meta.s.w >> 256; } else { hdr.i32_8[0].setInvalid(); }
     }
 
     action resend_nc() {
@@ -2198,6 +1980,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     }
 
     action finish_nc() {
+        meta.s.t = 0;
         if (meta.n_elems > 0) {
             acc0.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2215,18 +1998,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc0.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[0].setValid(); hdr.l8[0].v = meta.s.code;
         }
+        acc0.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 1) {
             acc1.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2244,18 +2028,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc1.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[1].setValid(); hdr.l8[1].v = meta.s.code;
         }
+        acc1.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 2) {
             acc2.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2273,18 +2058,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc2.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[2].setValid(); hdr.l8[2].v = meta.s.code;
         }
+        acc2.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 3) {
             acc3.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2302,18 +2088,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc3.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[3].setValid(); hdr.l8[3].v = meta.s.code;
         }
+        acc3.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 4) {
             acc4.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2331,18 +2118,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc4.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[4].setValid(); hdr.l8[4].v = meta.s.code;
         }
+        acc4.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 5) {
             acc5.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2360,18 +2148,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc5.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[5].setValid(); hdr.l8[5].v = meta.s.code;
         }
+        acc5.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 6) {
             acc6.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2389,18 +2178,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc6.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[6].setValid(); hdr.l8[6].v = meta.s.code;
         }
+        acc6.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 7) {
             acc7.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2418,18 +2208,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc7.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[7].setValid(); hdr.l8[7].v = meta.s.code;
         }
+        acc7.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 8) {
             acc8.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2447,18 +2238,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc8.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[8].setValid(); hdr.l8[8].v = meta.s.code;
         }
+        acc8.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 9) {
             acc9.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2476,18 +2268,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc9.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[9].setValid(); hdr.l8[9].v = meta.s.code;
         }
+        acc9.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 10) {
             acc10.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2505,18 +2298,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc10.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[10].setValid(); hdr.l8[10].v = meta.s.code;
         }
+        acc10.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 11) {
             acc11.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2534,18 +2328,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc11.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[11].setValid(); hdr.l8[11].v = meta.s.code;
         }
+        acc11.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 12) {
             acc12.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2563,18 +2358,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc12.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[12].setValid(); hdr.l8[12].v = meta.s.code;
         }
+        acc12.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 13) {
             acc13.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2592,18 +2388,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc13.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[13].setValid(); hdr.l8[13].v = meta.s.code;
         }
+        acc13.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 14) {
             acc14.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2621,18 +2418,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc14.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[14].setValid(); hdr.l8[14].v = meta.s.code;
         }
+        acc14.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 15) {
             acc15.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2650,18 +2448,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc15.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[15].setValid(); hdr.l8[15].v = meta.s.code;
         }
+        acc15.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 16) {
             acc16.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2679,18 +2478,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc16.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[16].setValid(); hdr.l8[16].v = meta.s.code;
         }
+        acc16.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 17) {
             acc17.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2708,18 +2508,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc17.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[17].setValid(); hdr.l8[17].v = meta.s.code;
         }
+        acc17.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 18) {
             acc18.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2737,18 +2538,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc18.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[18].setValid(); hdr.l8[18].v = meta.s.code;
         }
+        acc18.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 19) {
             acc19.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2766,18 +2568,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc19.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[19].setValid(); hdr.l8[19].v = meta.s.code;
         }
+        acc19.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 20) {
             acc20.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2795,18 +2598,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc20.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[20].setValid(); hdr.l8[20].v = meta.s.code;
         }
+        acc20.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 21) {
             acc21.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2824,18 +2628,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc21.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[21].setValid(); hdr.l8[21].v = meta.s.code;
         }
+        acc21.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 22) {
             acc22.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2853,18 +2658,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc22.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[22].setValid(); hdr.l8[22].v = meta.s.code;
         }
+        acc22.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 23) {
             acc23.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2882,18 +2688,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc23.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[23].setValid(); hdr.l8[23].v = meta.s.code;
         }
+        acc23.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 24) {
             acc24.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2911,18 +2718,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc24.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[24].setValid(); hdr.l8[24].v = meta.s.code;
         }
+        acc24.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 25) {
             acc25.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2940,18 +2748,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc25.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[25].setValid(); hdr.l8[25].v = meta.s.code;
         }
+        acc25.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 26) {
             acc26.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2969,18 +2778,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc26.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[26].setValid(); hdr.l8[26].v = meta.s.code;
         }
+        acc26.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 27) {
             acc27.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -2998,18 +2808,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc27.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[27].setValid(); hdr.l8[27].v = meta.s.code;
         }
+        acc27.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 28) {
             acc28.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3027,18 +2838,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc28.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[28].setValid(); hdr.l8[28].v = meta.s.code;
         }
+        acc28.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 29) {
             acc29.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3056,18 +2868,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc29.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[29].setValid(); hdr.l8[29].v = meta.s.code;
         }
+        acc29.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 30) {
             acc30.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3085,18 +2898,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc30.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[30].setValid(); hdr.l8[30].v = meta.s.code;
         }
+        acc30.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 31) {
             acc31.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3114,18 +2928,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc31.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[31].setValid(); hdr.l8[31].v = meta.s.code;
         }
+        acc31.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 32) {
             acc32.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3143,18 +2958,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc32.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[32].setValid(); hdr.l8[32].v = meta.s.code;
         }
+        acc32.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 33) {
             acc33.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3172,18 +2988,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc33.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[33].setValid(); hdr.l8[33].v = meta.s.code;
         }
+        acc33.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 34) {
             acc34.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3201,18 +3018,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc34.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[34].setValid(); hdr.l8[34].v = meta.s.code;
         }
+        acc34.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 35) {
             acc35.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3230,18 +3048,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc35.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[35].setValid(); hdr.l8[35].v = meta.s.code;
         }
+        acc35.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 36) {
             acc36.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3259,18 +3078,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc36.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[36].setValid(); hdr.l8[36].v = meta.s.code;
         }
+        acc36.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 37) {
             acc37.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3288,18 +3108,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc37.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[37].setValid(); hdr.l8[37].v = meta.s.code;
         }
+        acc37.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 38) {
             acc38.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3317,18 +3138,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc38.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[38].setValid(); hdr.l8[38].v = meta.s.code;
         }
+        acc38.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 39) {
             acc39.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3346,18 +3168,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc39.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[39].setValid(); hdr.l8[39].v = meta.s.code;
         }
+        acc39.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 40) {
             acc40.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3375,18 +3198,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc40.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[40].setValid(); hdr.l8[40].v = meta.s.code;
         }
+        acc40.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 41) {
             acc41.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3404,18 +3228,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc41.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[41].setValid(); hdr.l8[41].v = meta.s.code;
         }
+        acc41.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 42) {
             acc42.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3433,18 +3258,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc42.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[42].setValid(); hdr.l8[42].v = meta.s.code;
         }
+        acc42.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 43) {
             acc43.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3462,18 +3288,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc43.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[43].setValid(); hdr.l8[43].v = meta.s.code;
         }
+        acc43.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 44) {
             acc44.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3491,18 +3318,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc44.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[44].setValid(); hdr.l8[44].v = meta.s.code;
         }
+        acc44.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 45) {
             acc45.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3520,18 +3348,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc45.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[45].setValid(); hdr.l8[45].v = meta.s.code;
         }
+        acc45.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 46) {
             acc46.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3549,18 +3378,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc46.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[46].setValid(); hdr.l8[46].v = meta.s.code;
         }
+        acc46.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 47) {
             acc47.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3578,18 +3408,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc47.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[47].setValid(); hdr.l8[47].v = meta.s.code;
         }
+        acc47.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 48) {
             acc48.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3607,18 +3438,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc48.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[48].setValid(); hdr.l8[48].v = meta.s.code;
         }
+        acc48.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 49) {
             acc49.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3636,18 +3468,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc49.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[49].setValid(); hdr.l8[49].v = meta.s.code;
         }
+        acc49.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 50) {
             acc50.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3665,18 +3498,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc50.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[50].setValid(); hdr.l8[50].v = meta.s.code;
         }
+        acc50.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 51) {
             acc51.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3694,18 +3528,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc51.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[51].setValid(); hdr.l8[51].v = meta.s.code;
         }
+        acc51.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 52) {
             acc52.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3723,18 +3558,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc52.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[52].setValid(); hdr.l8[52].v = meta.s.code;
         }
+        acc52.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 53) {
             acc53.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3752,18 +3588,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc53.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[53].setValid(); hdr.l8[53].v = meta.s.code;
         }
+        acc53.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 54) {
             acc54.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3781,18 +3618,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc54.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[54].setValid(); hdr.l8[54].v = meta.s.code;
         }
+        acc54.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 55) {
             acc55.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3810,18 +3648,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc55.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[55].setValid(); hdr.l8[55].v = meta.s.code;
         }
+        acc55.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 56) {
             acc56.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3839,18 +3678,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc56.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[56].setValid(); hdr.l8[56].v = meta.s.code;
         }
+        acc56.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 57) {
             acc57.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3868,18 +3708,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc57.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[57].setValid(); hdr.l8[57].v = meta.s.code;
         }
+        acc57.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 58) {
             acc58.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3897,18 +3738,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc58.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[58].setValid(); hdr.l8[58].v = meta.s.code;
         }
+        acc58.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 59) {
             acc59.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3926,18 +3768,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc59.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[59].setValid(); hdr.l8[59].v = meta.s.code;
         }
+        acc59.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 60) {
             acc60.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3955,18 +3798,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc60.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[60].setValid(); hdr.l8[60].v = meta.s.code;
         }
+        acc60.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 61) {
             acc61.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -3984,18 +3828,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc61.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[61].setValid(); hdr.l8[61].v = meta.s.code;
         }
+        acc61.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 62) {
             acc62.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -4013,18 +3858,19 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc62.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[62].setValid(); hdr.l8[62].v = meta.s.code;
         }
+        acc62.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
+        meta.s.t = 0;
         if (meta.n_elems > 63) {
             acc63.read(meta.s.t, meta.idx);
             meta.s.mag = meta.s.t;
@@ -4042,18 +3888,18 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.nc_det == 1) {
                 if (meta.s.hb != 0) { if (meta.s.rem >= meta.s.top >> 1) { meta.s.up = 1; } }
             } else {
-                meta.s.x = meta.s.top - 1;
-                random(meta.s.r, 64w0, meta.s.x);
-                if (meta.s.r < meta.s.rem) { meta.s.up = 1; }
+                random(meta.s.r, 64w0, 64w0xFFFFFFFFFFFFFFFF);  // constant bounds: no temporary per lane
+                if ((meta.s.r & (meta.s.top - 1)) < meta.s.rem) { meta.s.up = 1; }  // uniform on [0, top)
             }
             meta.s.lvl = meta.nc_lo + (bit<16>)meta.s.hb + meta.s.up;
             if (meta.s.lvl > 127) { meta.s.lvl = 127; if (meta.s.mag != 0) { meta.overflow = 1; } }
             meta.s.code = 0;
             if (meta.s.mag != 0) { meta.s.code = meta.s.t[63:63] ++ meta.s.lvl[6:0]; }
-            meta.s.x = (bit<64>)meta.s.code;
-            acc63.write(meta.idx, meta.s.x);
+            meta.s.t = (bit<64>)meta.s.code;
             hdr.l8[63].setValid(); hdr.l8[63].v = meta.s.code;
         }
+        acc63.write(meta.idx, meta.s.t);  // the code, so resends are identical (outside the if: p4c copies a
+                                           // conditional extern call's arguments into a temporary field each)
     }
 
     // ------------------------------------------------------------------ results
@@ -4179,6 +4025,21 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         truncate(FRAME_HEADERS + (bit<32>)HEADER_SIZE + ERROR_PAYLOAD_SIZE + n);
     }
 
+    action no_lanes() {  // a packet without elements (results refill from the stored round)
+        hdr.i32_64.setInvalid();
+        hdr.i32_8[0].setInvalid();
+        hdr.i32_8[1].setInvalid();
+        hdr.i32_8[2].setInvalid();
+        hdr.i32_8[3].setInvalid();
+        hdr.i32_8[4].setInvalid();
+        hdr.i32_8[5].setInvalid();
+        hdr.i32_8[6].setInvalid();
+        hdr.i32_4.setInvalid();
+        hdr.i32_2.setInvalid();
+        hdr.i32_1.setInvalid();
+        hdr.l8.pop_front(LANES);
+    }
+
     action to_sender() {
         hdr.ethernet.dst = hdr.ethernet.src;
         hdr.ipv4.dst = hdr.ipv4.src;
@@ -4256,8 +4117,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         if (meta.reason == DROP_UNKNOWN_WORKER || meta.reason == DROP_WRONG_SESSION) {
             // a data packet of a generation this switch does not have: tell its sender (never larger)
             drops.count((bit<32>)meta.reason);
-            hdr.l32.pop_front(LANES);
-            hdr.l8.pop_front(LANES);
+            no_lanes();
             not_member();
             io.count(4);
             return;
@@ -4267,8 +4127,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (meta.reason == DROP_BAD_SLOT) { meta.tellable = 1; }  // a member, from its address, in session
             if (meta.tellable == 1) { tell_once(); }
             if (meta.tell == 1) {
-                hdr.l32.pop_front(LANES);
-                hdr.l8.pop_front(LANES);
+                no_lanes();
                 told_text();
                 told();
                 io.count(5);
@@ -4286,8 +4145,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             dropped.count(meta.counter_index);
             tell_once();
             if (meta.tell == 1) {
-                hdr.l32.pop_front(LANES);
-                hdr.l8.pop_front(LANES);
+                no_lanes();
                 told_text();
                 told();
                 io.count(5);
@@ -4309,12 +4167,13 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             if (hdr.ina.codec == CODEC_INT32) { write32(); } else { write_nc(); }
         } else if (meta.op == OP_ADD) {
             if (hdr.ina.codec != CODEC_INT32) { add_nc(); }
-            else if (meta.finish == 1 && meta.sparse == 0 && hdr.ina.count == LANES_16) { add_finish32(); meta.fused = 1; }
+            else if (meta.finish == 1 && meta.sparse == 0 && hdr.ina.count != 0) {  // count == n_elems: fused
+                add_finish32(); meta.fused = 1;
+            }
             else { add32(); }
         }
         if (meta.op == OP_RESEND) {
-            hdr.l32.pop_front(LANES);
-            hdr.l8.pop_front(LANES);
+            no_lanes();
             if (meta.codec == CODEC_INT32) { resend32(); } else { resend_nc(); }
             resent.count(meta.counter_index);
             to_sender();  // before result_header() overwrites the source with the switch's address
@@ -4322,8 +4181,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             io.count(1);
         } else if (meta.finish == 1) {
             if (meta.fused == 0) {
-                hdr.l32.pop_front(LANES);
-                hdr.l8.pop_front(LANES);
+                no_lanes();
                 if (meta.codec == CODEC_INT32) { finish32(); } else { nc_range(); finish_nc(); }
             }
             if (meta.overflow == 1) {
@@ -4386,7 +4244,11 @@ control InaDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.err);
         pkt.emit(hdr.told_text);
         pkt.emit(hdr.block);
-        pkt.emit(hdr.l32);
+        pkt.emit(hdr.i32_64);
+        pkt.emit(hdr.i32_8);
+        pkt.emit(hdr.i32_4);
+        pkt.emit(hdr.i32_2);
+        pkt.emit(hdr.i32_1);
         pkt.emit(hdr.l8);
     }
 }

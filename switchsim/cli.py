@@ -454,9 +454,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--backend", choices=("core", "bmv2"), default="core",
                     help="core: the C core and the Python model in this process; bmv2: p4/ina.p4 on "
                          "simple_switch_grpc (root, p4c-bm2-ss and simple_switch_grpc on PATH)")
-    sp.add_argument("--rates", type=csv(int), default="2000,5000,10000,20000,40000", metavar="LIST",
-                    help="bmv2: offered packets/s (comma list; default %(default)s)")
-    sp.add_argument("--seconds", type=float, default=1.0, help="bmv2: seconds of traffic per rate (default %(default)s)")
+    sp.add_argument("--rates", type=csv(int), default="", metavar="LIST",
+                    help="bmv2: then each program at these offered packets/s, paced, with its loss (comma list; "
+                         "default none)")
+    sp.add_argument("--seconds", type=float, default=1.0,
+                    help="bmv2: seconds of traffic per measurement (default %(default)s)")
+    sp.add_argument("--repeats", type=int, default=3,
+                    help="bmv2: measurements of each program, alternating (default %(default)s)")
+    sp.add_argument("--window", type=int, default=24,
+                    help="bmv2: packets in flight, sent and not answered (default %(default)s)")
     sp = bench_parser("allreduce", "allreduce as nccl-tests reports it (size, count, type, redop, time, algbw, busbw, "
                                    "#wrong) per backend, codec, workers and payload, with torch gloo and np.copyto "
                                    "in the same run",

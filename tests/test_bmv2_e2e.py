@@ -146,3 +146,43 @@ def test_nc_unbiased_with_the_predicted_error():
     assert float(err @ err) <= 1.2 * expected, (float(err @ err), expected)
     assert abs(err.mean()) < 5 * np.sqrt(expected / exact.size / exact.size)  # unbiased
     assert all(np.array_equal(o, outs[0]) for o in outs)
+
+
+def test_int32_lanes_reuse_a_slot_exactly():
+    """The int32 lanes (two to a 64-bit slot of two wide registers, gen_p4.I32_CONSTANTS) on a switch of two
+    slots, so each (slot, set) is reused: a round that overflows, then rounds without elements on the same
+    cells (they never write the lanes: no stale overflow), then short rounds and their resends, exact."""
+    import select
+
+    from inabench.bench_bmv2 import InaSwitch
+    from inaproto import wire
+
+    sw = InaSwitch(slots=2)
+
+    def get(sock):
+        assert select.select([sock], [], [], 3)[0], "no answer"
+        data = sock.recv(4096)
+        return wire.unpack(data), data[wire.HEADER_SIZE:]
+
+    def send(q, r, lanes):
+        use = q // 2
+        sw.socks[r].send(wire.pack(wire.MSG_UPDATE, 1, r, use, q % 2, use & 1, len(lanes), wire.CODEC_INT32, 0, 0,
+                                   0, np.array(lanes, dtype=">i4").tobytes(), sw.session))
+
+    try:
+        rs = np.random.default_rng(5)
+        rounds = [[2**30] * 64] * 4 + [[]] * 4 + [list(rs.integers(-2**31, 2**31, n)) for n in (7, 40, 63, 1, 64, 33)]
+        for q, lanes in enumerate(rounds):
+            other = [(-v - 1) if q % 3 else v for v in lanes]  # some sums in range, some out
+            send(q, 0, lanes)
+            send(q, 1, other)
+            sums = np.array(lanes, dtype=np.int64) + np.array(other, dtype=np.int64)
+            overflow = bool(np.any((sums < -2**31) | (sums >= 2**31)))
+            results = [get(s) for s in sw.socks]
+            send(q, 1, other)  # a duplicate: the stored result again
+            results.append(get(sw.socks[1]))
+            for h, payload in results:
+                assert (h.msg_type, h.count, bool(h.flags & wire.FLAG_OVERFLOW)) == (wire.MSG_RESULT, len(lanes), overflow), q
+                assert np.array_equal(np.frombuffer(payload, dtype=">i4"), sums.astype(np.int32)), q
+    finally:
+        sw.close()
