@@ -145,6 +145,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._worker_thread: threading.Thread | None = None
         self._warned: set[str] = set()
         self.comm: Communicator | None = None
+        self._buffers: dict = {}  # (shape, dtype) -> the switch's result buffer (_scratch)
         self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0}
         if not use_switch:
             self._warn_once("subgroup", "process group 'ina': a subgroup runs every collective on gloo (the "
@@ -379,7 +380,21 @@ class ProcessGroupINA(dist.ProcessGroup):
         codec = self._codecs["int32" if x.dtype == torch.int32 else "float"]
         comm.codec = codec
         comm.k = min(self.connect_kwargs.get("elements_per_packet") or codec.default_elements, comm.max_elements)
-        return comm.allreduce(x)
+        if x.is_cuda:
+            return comm.allreduce(x)
+        return comm.allreduce(x, out=self._scratch(x))
+
+    def _scratch(self, x: torch.Tensor) -> torch.Tensor:
+        """A result buffer of x's shape and dtype, kept for the next calls of that size (every caller copies
+        the sum out before the next call): a fresh 64 MiB tensor per call costs its page faults, ~10 ms."""
+        key = (tuple(x.shape), x.dtype)
+        buf = self._buffers.pop(key, None)
+        if buf is None:
+            buf = torch.empty(x.shape, dtype=x.dtype)
+        self._buffers[key] = buf  # most recent last; two sizes kept (e.g. a bucket and the last, shorter one)
+        while len(self._buffers) > 2:
+            self._buffers.pop(next(iter(self._buffers)))
+        return buf
 
     def _gloo_sum(self, x: torch.Tensor) -> torch.Tensor:
         """The fallback: every rank's intact input summed by the group's own gloo backend, on the host."""
