@@ -282,6 +282,9 @@ void ina_switch_count_drop(ina_switch *sw, int reason)
 /* ------------------------------------------------------------------ data plane */
 /* payload -> int64 (int32 elements, or NC codes as multiples of the block's floor level); 0 if a code is
  * invalid for the block's exponent (model: natural.codes_to_int) */
+/* values' add modes: 0 write, 1 add, ADD_AT_FINISH validate only (the round's last NC packet: finish adds it) */
+#define ADD_AT_FINISH 2
+
 static int values(const ina_switch *sw, const header *h, const uint8_t *p, int64_t *v, int add)
 {
     uint32_t n = h->count;
@@ -304,12 +307,32 @@ static int values(const ina_switch *sw, const header *h, const uint8_t *p, int64
     /* validate first, so a bad packet leaves the accumulator untouched */
     if (!sw->lanes->nc_valid(p, n, floor, top))
         return 0;
-    sw->lanes->nc_values(p, n, floor, v, add);
+    if (add != ADD_AT_FINISH)
+        sw->lanes->nc_values(p, n, floor, v, add);
     return 1;
 }
 
-/* model: Switch._finish; the result payload is computed once per round so resends are identical */
-static void finish(ina_switch *sw, slot_set *st)
+/* the round's sums with the last packet's codes added, rounded to codes (finish); acc is left as it was */
+static int nc_add_finish(const ina_switch *sw, const uint8_t *p, const int64_t *acc, uint32_t n, int floor,
+                         uint64_t base, uint8_t *res)
+{
+    const ina_lane_ops *l = sw->lanes;
+    if (l->nc_add_finish)
+        return l->nc_add_finish(p, acc, n, floor, sw->nc_deterministic, sw->rng_key, base, res);
+    int over = 0;
+    int64_t sums[256];
+    for (uint32_t i = 0; i < n; i += 256) { /* the same two passes on a chunk that stays in L1 */
+        uint32_t m = n - i < 256 ? n - i : 256;
+        memcpy(sums, acc + i, m * sizeof *sums);
+        l->nc_values(p + i, m, floor, sums, 1);
+        over |= l->nc_finish(sums, m, floor, sw->nc_deterministic, sw->rng_key, base + i, res + i);
+    }
+    return over;
+}
+
+/* model: Switch._finish; the result payload is computed once per round so resends are identical. last: the
+ * payload of the round's last NC packet, validated but not yet added (join_round), or NULL */
+static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
 {
     uint32_t n = st->n_elems;
     const int64_t *acc = st->acc;
@@ -329,7 +352,8 @@ static void finish(ina_switch *sw, slot_set *st)
     }
     int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
     /* word i of the switch's stream rounds the round's element i, counting over every NC round finished */
-    if (sw->lanes->nc_finish(acc, n, floor, sw->nc_deterministic, sw->rng_key, sw->nc_elements_rounded, res)) {
+    if (last ? nc_add_finish(sw, last, acc, n, floor, sw->nc_elements_rounded, res)
+             : sw->lanes->nc_finish(acc, n, floor, sw->nc_deterministic, sw->rng_key, sw->nc_elements_rounded, res)) {
         st->flags |= INA_FLAG_OVERFLOW;
         sw->c.overflows++;
     }
@@ -673,6 +697,13 @@ static int mismatch(ina_switch *sw, job_t *j, const packet *p, const slot_set *s
                 h->count, h->exp_cur, st->codec, st->n_elems, st->exp_cur);
 }
 
+/* a dense NC packet that completes its round (every other rank in): its values go straight into the result */
+static int last_nc(const job_t *j, const header *h, const slot_set *st)
+{
+    return h->msg_type == INA_MSG_UPDATE && h->codec == INA_CODEC_NC8 && h->exp_cur != INA_EXP_NONE &&
+           st->count + 1 == j->world_size;
+}
+
 /* model: Switch._update, before != 0. A later packet of the round: same round and call, the same shape
  * (sparse: Switch._sparse_fits), its elements added */
 static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st)
@@ -686,8 +717,11 @@ static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st)
     if (sparse ? !sparse_fits(st, h)
                : (st->sparse || h->codec != st->codec || h->count != st->n_elems || h->exp_cur != st->exp_cur))
         return mismatch(sw, j, p, st);
-    /* a sparse round's first elements are written, later ones added */
+    /* a sparse round's first elements are written, later ones added; a dense NC round's last packet is added
+     * as the round finishes (complete), so its sums never go back to memory */
     int add = !sparse || st->block != INA_BLOCK_NONE;
+    if (last_nc(j, h, st))
+        add = ADD_AT_FINISH;
     if (!values(sw, h, p->payload, st->acc, add))
         return bad_codes(sw, j, p);
     if (sparse)
@@ -697,11 +731,11 @@ static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st)
     return SUMMED;
 }
 
-/* model: Switch._complete. Every rank contributed: the result, computed once, to every member */
-static int complete(ina_switch *sw, job_t *j, const header *h, slot_set *st, ina_out *out)
+/* model: Switch._complete. Every rank contributed: the result, computed once, to every member (last: as finish) */
+static int complete(ina_switch *sw, job_t *j, const header *h, slot_set *st, ina_out *out, const uint8_t *last)
 {
     st->complete = 1;
-    finish(sw, st);
+    finish(sw, st, last);
     (*slot_counter(sw, j, INA_SLOT_MULTICAST, h->slot))++;
     for (uint32_t r = 0; r < j->world_size; r++)
         result(sw, j, h, st, (uint8_t)r, j->addresses[r], &out[r]);
@@ -729,12 +763,13 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t
         return duplicate(sw, j, &p, st, other);
     if (j->failed_len) /* no new contribution after a failure; completed rounds still resend */
         return answer_failed(sw, j, h, src, out);
+    int pending_last = st->bitmap != 0 && last_nc(j, h, st); /* join_round leaves its values to complete */
     int n = st->bitmap == 0 ? start_round(sw, j, &p, st, other) : join_round(sw, j, &p, st);
     if (n != SUMMED)
         return n;
     st->bitmap |= bit;
     other->bitmap &= ~bit;
-    return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out);
+    return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out, pending_last ? payload : NULL);
 }
 
 int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)

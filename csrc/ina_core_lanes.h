@@ -23,6 +23,10 @@ typedef struct {
     /* sums -> codes with the switch's rounding (word base + i of the stream keyed key); nonzero on overflow */
     int (*nc_finish)(const int64_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
                      uint8_t *res);
+    /* nc_values (add) of the round's last packet and nc_finish in one pass, acc left as it was (the round's
+     * sums are not stored: the result is); NULL: ina_core.c composes the two on chunks */
+    int (*nc_add_finish)(const uint8_t *p, const int64_t *acc, uint32_t n, int floor, int det, uint64_t key,
+                         uint64_t base, uint8_t *res);
 } ina_lane_ops;
 
 extern const ina_lane_ops ina_lanes_scalar, ina_lanes_avx2, ina_lanes_avx512;

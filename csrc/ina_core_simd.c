@@ -61,7 +61,7 @@ static int nc_finish_scalar(const int64_t *acc, uint32_t n, int floor, int det, 
 }
 
 const ina_lane_ops ina_lanes_scalar = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
-                                       nc_values_scalar, nc_finish_scalar};
+                                       nc_values_scalar, nc_finish_scalar, NULL};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -221,7 +221,7 @@ AVX2 static int nc_finish_avx2(const int64_t *acc, uint32_t n, int floor, int de
 }
 
 const ina_lane_ops ina_lanes_avx2 = {"avx2", int32_values_avx2, int32_finish_avx2, nc_valid_avx2, nc_values_avx2,
-                                     nc_finish_avx2};
+                                     nc_finish_avx2, NULL};
 
 /* ------------------------------------------------------------------ AVX-512 */
 AVX512 static void int32_values_avx512(const uint8_t *p, uint32_t n, int64_t *v, int add)
@@ -332,8 +332,33 @@ AVX512 static int nc_finish_avx512(const int64_t *acc, uint32_t n, int floor, in
     return (over != 0) | nc_finish_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
 }
 
+/* the last packet's values added in registers and rounded at once: its sums never go back to memory */
+AVX512 static int nc_add_finish_avx512(const uint8_t *p, const int64_t *acc, uint32_t n, int floor, int det,
+                                       uint64_t key, uint64_t base, uint8_t *res)
+{
+    const __m512i vlo = _mm512_set1_epi64(floor + INA_NC_BIAS), low7 = _mm512_set1_epi64(0x7F);
+    const __m512i one = _mm512_set1_epi64(1), sign = _mm512_set1_epi64(0x80), zero = _mm512_setzero_si512();
+    const __m512i vfloor = _mm512_set1_epi64(floor), step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
+    __m512i z = _mm512_add_epi64(_mm512_set1_epi64((int64_t)(key + base * INA_RNG_GAMMA)),
+                                 _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+                                                    _mm512_set1_epi64((int64_t)INA_RNG_GAMMA)));
+    __mmask8 over = 0;
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8, z = _mm512_add_epi64(z, step)) {
+        __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(p + i)));
+        __m512i x = _mm512_sllv_epi64(one, _mm512_sub_epi64(_mm512_and_si512(c, low7), vlo));
+        x = _mm512_mask_sub_epi64(x, _mm512_test_epi64_mask(c, sign), zero, x);
+        __m512i s = _mm512_add_epi64(x, _mm512_loadu_si512(acc + i));
+        _mm_storel_epi64((__m128i *)(res + i), nc_code8_avx512(s, vfloor, det, z, &over));
+    }
+    uint32_t bad = 0;
+    for (; i < n; i++)
+        res[i] = ina_nc_sum_code(acc[i] + ina_nc_code_int(p[i], floor), floor, det, key, base + i, &bad);
+    return (over != 0) | (int)bad;
+}
+
 const ina_lane_ops ina_lanes_avx512 = {"avx512", int32_values_avx512, int32_finish_avx512, nc_valid_avx512,
-                                       nc_values_avx512, nc_finish_avx512};
+                                       nc_values_avx512, nc_finish_avx512, nc_add_finish_avx512};
 
 static const ina_lane_ops *best_supported(void)
 {
@@ -345,7 +370,7 @@ static const ina_lane_ops *best_supported(void)
 }
 #else
 const ina_lane_ops ina_lanes_avx2 = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
-                                     nc_values_scalar, nc_finish_scalar};
+                                     nc_values_scalar, nc_finish_scalar, NULL};
 const ina_lane_ops ina_lanes_avx512 = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
                                        nc_values_scalar, nc_finish_scalar};
 static const ina_lane_ops *best_supported(void) { return &ina_lanes_scalar; }
