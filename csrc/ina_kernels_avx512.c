@@ -266,24 +266,44 @@ static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
     return (invalid != 0) | ina_scalar_nc_decode(codes + i, n - i, out + i);
 }
 
-/* the same with streaming stores from the first 64-byte boundary of out: the lines are written without
- * being read first, and do not evict what the caller will use next */
+/* up to 16 codes (mask m) as float32 bits; *invalid gets the 0x80 codes */
+static inline __m512i nc_decode16(const uint8_t *codes, __mmask16 m, __mmask16 *invalid)
+{
+    __m128i c8 = _mm_maskz_loadu_epi8(m, codes);
+    *invalid |= _mm_mask_cmpeq_epi8_mask(m, c8, _mm_set1_epi8((char)0x80));
+    __m512i c = _mm512_cvtepu8_epi32(c8);
+    __m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
+    __m512i e = _mm512_slli_epi32(
+        _mm512_maskz_add_epi32(_mm512_test_epi32_mask(mag, mag), mag, _mm512_set1_epi32(127 - INA_NC_BIAS)), 23);
+    return _mm512_or_si512(e, _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24));
+}
+
+/* the same with streaming stores on every whole 64-byte line of out (the lines are written without being
+ * read first, and do not evict what the caller uses next); the partial lines at either end take masked stores */
 static uint32_t nc_decode_nt(const uint8_t *codes, size_t n, float *out)
 {
-    size_t i = (size_t)((64 - ((uintptr_t)out & 63)) & 63);
-    if (i % 4 || i / 4 >= n)
+    if ((uintptr_t)out & 3)
         return nc_decode(codes, n, out);
-    i /= 4;
-    uint32_t bad = ina_scalar_nc_decode(codes, i, out);
+    size_t i = (size_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
+    i = i < n ? i : n;
+    __mmask16 bad16 = 0;
     __mmask64 invalid = 0;
+    if (i)
+        _mm512_mask_storeu_epi32(out, (__mmask16)((1u << i) - 1), nc_decode16(codes, (__mmask16)((1u << i) - 1), &bad16));
     for (; n - i >= 64; i += 64) {
         __m512i v[4];
         invalid |= nc_decode64(codes + i, v);
         for (int j = 0; j < 4; j++)
             _mm512_stream_si512((void *)(out + i + 16 * j), v[j]);
     }
+    for (; n - i >= 16; i += 16)
+        _mm512_stream_si512((void *)(out + i), nc_decode16(codes + i, 0xFFFF, &bad16));
+    if (n > i) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_epi32(out + i, m, nc_decode16(codes + i, m, &bad16));
+    }
     _mm_sfence();
-    return bad | (invalid != 0) | ina_scalar_nc_decode(codes + i, n - i, out + i);
+    return (invalid != 0) | (bad16 != 0);
 }
 
 /* 16 int32 lanes, byte-swapped to big-endian, stored */
