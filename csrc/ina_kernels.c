@@ -82,9 +82,25 @@ int ina_nc_decode(const uint8_t *codes, size_t n, float *out)
     return ops()->nc_decode(codes, n, out) ? INA_KERNEL_BAD_CODE : 0;
 }
 
-int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out)
+int ina_nc_decode_stream(const uint8_t *codes, size_t n, float *out)
 {
     return ops()->nc_decode_nt(codes, n, out) ? INA_KERNEL_BAD_CODE : 0;
+}
+
+void ina_store_fence(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_sfence();
+#else
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out)
+{
+    int rc = ina_nc_decode_stream(codes, n, out);
+    ina_store_fence();
+    return rc;
 }
 
 void ina_fixed_quantize(const float *x, size_t n, double scale, int32_t limit, uint8_t *out_be)

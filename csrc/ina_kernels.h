@@ -35,6 +35,10 @@ int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, 
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
 /* the same, written with non-temporal stores where the CPU has them: for outputs larger than the caches */
 int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out);
+/* ina_nc_decode_nt without its closing fence, for a loop that decodes many packets: ina_store_fence() once
+ * before anything else reads out (a fence per 4 KiB packet waits for the write-combining buffers each time) */
+int ina_nc_decode_stream(const uint8_t *codes, size_t n, float *out);
+void ina_store_fence(void);
 /* the fixed-point scale floor(INT32_MAX / world) / 2^exp of a block with agreed exponent exp (codecs/fixed.py) */
 double ina_fixed_scale(int exp, int world);
 /* big-endian int32 of rint(x * scale), clipped to +-limit */

@@ -424,7 +424,7 @@ static void sums_of(const uint8_t *pl, uint32_t count, int32_t *res)
 static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const uint8_t *pl, uint32_t count)
 {
     if (w->out && w->kind == INA_WK_NC) /* a large output passes the caches by (docs/performance.md) */
-        return (w->n >= NT_MIN_ELEMENTS ? ina_nc_decode_nt : ina_nc_decode)(pl, count, (float *)w->out + lo) ? -1 : 0;
+        return (w->n >= NT_MIN_ELEMENTS ? ina_nc_decode_stream : ina_nc_decode)(pl, count, (float *)w->out + lo) ? -1 : 0;
     if (w->out && w->kind == INA_WK_FIXED) {
         sums_of(pl, count, p->sums);
         ina_fixed_dequantize(p->sums, count, count, w->agreed + b, w->world, (float *)w->out + lo);
@@ -704,7 +704,17 @@ static int finished(const ina_wk *w)
     return w->sparse ? w->streams_done == w->streams : w->ndone == w->total;
 }
 
+static int run(ina_wk *w, int budget_ms);
+
+/* the loop, then one fence for the results it wrote with streaming stores (store_elements) */
 int ina_wk_run(ina_wk *w, int budget_ms)
+{
+    int rc = run(w, budget_ms);
+    ina_store_fence();
+    return rc;
+}
+
+static int run(ina_wk *w, int budget_ms)
 {
     priv_t *p = w->priv;
     double end = now() + budget_ms * 1e-3;
