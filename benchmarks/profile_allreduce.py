@@ -44,12 +44,12 @@ CATEGORIES = [
     ("worker loop (C)", r"ina_wk_|on_result|store_elements|build|pack|flush|receive|scan\b"),
     ("gloo reduce/copy (torch)", r"gloo|libtorch|at::|c10::|sum_|reduce"),
     ("memcpy/memset", r"memmove|memcpy|memset|__memcpy|copy_page|clear_page"),
-    ("kernel: copy to/from user", r"copy_user|_copy_to_user|_copy_from_user|copyin|copyout|rep_movs"),
-    ("kernel: network stack", r"udp|tcp|ip_|__ip|skb|sock|net_|netif|__dev|loopback|napi|inet|sendmsg|recvmsg|"
-                              r"sendmmsg|recvmmsg|\[kernel"),
+    ("kernel: network (socket copies, UDP/TCP)", r"copy_user|_copy_to_|_copy_from_|copyin|copyout|rep_movs|udp|tcp|ip_|__ip|skb|sock|net_|netif|__dev|loopback|napi|inet|sendmsg|recvmsg|"
+     r"sendmmsg|recvmmsg"),
     ("kernel: scheduler, wait, syscalls", r"schedule|futex|poll|select|epoll|wake|hrtimer|entry_SYSCALL|syscall|"
                                           r"finish_task|__switch_to|pick_next|dequeue|enqueue|update_curr|rcu|"
                                           r"irq|_raw_spin|clock|ktime|native_write_msr|sched"),
+    ("kernel: other", r"\[kernel|vmlinux"),
     ("numpy", r"_multiarray_umath|numpy"),
     ("interpreter (Python)", r"libpython|python3|_Py|Py[A-Z]"),
 ]

@@ -271,16 +271,21 @@ AVX512 static int nc_valid_avx512(const uint8_t *p, uint32_t n, int floor, int t
     return !bad && nc_valid_scalar(p + i, n - i, floor, top);
 }
 
+/* 8 codes' integers ±2^(m - lo), lo = floor + bias; m = 0 makes the count wrap past 63 and vpsllvq gives 0 */
+AVX512 static inline __m512i nc_value8_avx512(const uint8_t *p, __m512i vlo)
+{
+    const __m512i one = _mm512_set1_epi64(1);
+    __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)p));
+    __m512i x = _mm512_sllv_epi64(one, _mm512_sub_epi64(_mm512_and_si512(c, _mm512_set1_epi64(0x7F)), vlo));
+    return _mm512_mask_sub_epi64(x, _mm512_test_epi64_mask(c, _mm512_set1_epi64(0x80)), _mm512_setzero_si512(), x);
+}
+
 AVX512 static void nc_values_avx512(const uint8_t *p, uint32_t n, int floor, int64_t *v, int add)
 {
-    const __m512i vlo = _mm512_set1_epi64(floor + INA_NC_BIAS), low7 = _mm512_set1_epi64(0x7F);
-    const __m512i one = _mm512_set1_epi64(1), sign = _mm512_set1_epi64(0x80), zero = _mm512_setzero_si512();
+    const __m512i vlo = _mm512_set1_epi64(floor + INA_NC_BIAS);
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(p + i)));
-        /* 2^(m - lo); m = 0 makes the count wrap past 63 and vpsllvq gives 0 */
-        __m512i x = _mm512_sllv_epi64(one, _mm512_sub_epi64(_mm512_and_si512(c, low7), vlo));
-        x = _mm512_mask_sub_epi64(x, _mm512_test_epi64_mask(c, sign), zero, x);
+        __m512i x = nc_value8_avx512(p + i, vlo);
         if (add)
             x = _mm512_add_epi64(x, _mm512_loadu_si512(v + i));
         _mm512_storeu_si512(v + i, x);
@@ -318,13 +323,19 @@ AVX512 static inline __m128i nc_code8_avx512(__m512i s, __m512i vfloor, int det,
     return _mm512_cvtepi64_epi8(_mm512_maskz_mov_epi64(nz, code));
 }
 
+/* the keyed counters of stream words base .. base + 7 (ina_rng_word's before the mix) */
+AVX512 static inline __m512i counters8_avx512(uint64_t key, uint64_t base)
+{
+    return _mm512_add_epi64(_mm512_set1_epi64((int64_t)(key + base * INA_RNG_GAMMA)),
+                            _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+                                               _mm512_set1_epi64((int64_t)INA_RNG_GAMMA)));
+}
+
 AVX512 static int nc_finish_avx512(const int64_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
                                    uint8_t *res)
 {
     const __m512i vfloor = _mm512_set1_epi64(floor), step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
-    __m512i z = _mm512_add_epi64(_mm512_set1_epi64((int64_t)(key + base * INA_RNG_GAMMA)),
-                                 _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
-                                                    _mm512_set1_epi64((int64_t)INA_RNG_GAMMA)));
+    __m512i z = counters8_avx512(key, base);
     __mmask8 over = 0;
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8, z = _mm512_add_epi64(z, step))
@@ -336,19 +347,13 @@ AVX512 static int nc_finish_avx512(const int64_t *acc, uint32_t n, int floor, in
 AVX512 static int nc_add_finish_avx512(const uint8_t *p, const int64_t *acc, uint32_t n, int floor, int det,
                                        uint64_t key, uint64_t base, uint8_t *res)
 {
-    const __m512i vlo = _mm512_set1_epi64(floor + INA_NC_BIAS), low7 = _mm512_set1_epi64(0x7F);
-    const __m512i one = _mm512_set1_epi64(1), sign = _mm512_set1_epi64(0x80), zero = _mm512_setzero_si512();
-    const __m512i vfloor = _mm512_set1_epi64(floor), step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
-    __m512i z = _mm512_add_epi64(_mm512_set1_epi64((int64_t)(key + base * INA_RNG_GAMMA)),
-                                 _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
-                                                    _mm512_set1_epi64((int64_t)INA_RNG_GAMMA)));
+    const __m512i vlo = _mm512_set1_epi64(floor + INA_NC_BIAS), vfloor = _mm512_set1_epi64(floor);
+    const __m512i step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
+    __m512i z = counters8_avx512(key, base);
     __mmask8 over = 0;
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8, z = _mm512_add_epi64(z, step)) {
-        __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(p + i)));
-        __m512i x = _mm512_sllv_epi64(one, _mm512_sub_epi64(_mm512_and_si512(c, low7), vlo));
-        x = _mm512_mask_sub_epi64(x, _mm512_test_epi64_mask(c, sign), zero, x);
-        __m512i s = _mm512_add_epi64(x, _mm512_loadu_si512(acc + i));
+        __m512i s = _mm512_add_epi64(nc_value8_avx512(p + i, vlo), _mm512_loadu_si512(acc + i));
         _mm_storel_epi64((__m128i *)(res + i), nc_code8_avx512(s, vfloor, det, z, &over));
     }
     uint32_t bad = 0;

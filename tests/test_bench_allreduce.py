@@ -161,3 +161,23 @@ def test_repeat_reports_medians_spread_and_ratio_to_gloos_median(monkeypatch):
     assert (rows["ina"]["time"], rows["ina"]["min us"], rows["ina"]["max us"]) == (6.0, 5.0, 7.0)
     assert rows["ina"]["x gloo"] == pytest.approx(6.0 / 20.0) and rows["ina"]["repeat"] == 3
     assert "min" in bench.nccl_table(list(rows.values())) and "x gloo" in bench.nccl_table(list(rows.values()))
+
+
+def test_profile_allreduce_reports_cpu_per_process_and_sorts_samples():
+    """benchmarks/profile_allreduce.py on a small call without perf: the switch and every rank get CPU
+    seconds of the timed calls, the wall time is positive, and perf's symbols fall in the named causes."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    try:
+        import profile_allreduce as prof
+    finally:
+        sys.path.pop(0)
+    r = prof.profile_ina("c", "nc", 2, 1 << 20, 8192, 1, 3, use_perf=False)
+    assert set(r["cpu"]) == {"switch", "rank 0", "rank 1"} and r["perf"] == "--no-perf"
+    assert r["wall s/call"] > 0 and r["elapsed s"] >= 3 * r["wall s/call"] * 0.5
+    assert all(v["user s/call"] >= 0 and v["sys s/call"] >= 0 for v in r["cpu"].values())
+    assert "rank 1" in prof.report(r)
+    assert prof.categorise("nc_encode", "_kernels.abi3.so").startswith("encode")
+    assert prof.categorise("nc_add_finish_avx512", "_native.abi3.so").startswith("switch aggregation")
+    assert prof.categorise("_copy_from_iter", "[kernel.kallsyms]").startswith("kernel: network")
+    assert prof.categorise("futex_wait", "[kernel.kallsyms]").startswith("kernel: scheduler")
+    assert prof.categorise("pv_native_safe_halt", "[kernel.kallsyms]") == "idle"
