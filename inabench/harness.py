@@ -48,7 +48,9 @@ class SwitchProcess:
         return self.proc.stdout.readline() if ready else ""
 
     def stop(self) -> str:
-        """SIGTERM the child we started (by PID) and return what it printed."""
+        """SIGTERM the child we started (by PID) and return what it printed after its start-up lines (the
+        --json-stats report): serve's other banner lines ("switchsim P4Runtime on ...", "switchsim metrics
+        on ...") may come after the one __init__ read, or already be in the pipe's buffer, by timing."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
         try:
@@ -56,7 +58,10 @@ class SwitchProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, _ = self.proc.communicate()
-        return out
+        lines = out.splitlines(keepends=True)
+        while lines and lines[0].startswith("switchsim "):
+            lines.pop(0)
+        return "".join(lines)
 
     def stop_stats(self) -> dict:
         """Stop it and return the counters it printed on exit ({} if it printed none)."""
