@@ -127,7 +127,8 @@ class Perf:
     def start(self):
         if self.why:
             return
-        self.path = tempfile.mktemp(prefix="ina-perf-", suffix=".data")
+        fd, self.path = tempfile.mkstemp(prefix="ina-perf-", suffix=".data")
+        os.close(fd)
         self.proc = subprocess.Popen(["perf", "record", "-q", "-a", "-F", "2000", "-e", "cpu-clock", "-k", "CLOCK_MONOTONIC",
                                       "-o", self.path],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -706,7 +706,7 @@ static int last_nc(const job_t *j, const header *h, const slot_set *st)
 
 /* model: Switch._update, before != 0. A later packet of the round: same round and call, the same shape
  * (sparse: Switch._sparse_fits), its elements added */
-static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st)
+static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st, int last)
 {
     const header *h = p->h;
     int sparse = h->msg_type == INA_MSG_SPARSE_UPDATE;
@@ -719,9 +719,7 @@ static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st)
         return mismatch(sw, j, p, st);
     /* a sparse round's first elements are written, later ones added; a dense NC round's last packet is added
      * as the round finishes (complete), so its sums never go back to memory */
-    int add = !sparse || st->block != INA_BLOCK_NONE;
-    if (last_nc(j, h, st))
-        add = ADD_AT_FINISH;
+    int add = last ? ADD_AT_FINISH : !sparse || st->block != INA_BLOCK_NONE;
     if (!values(sw, h, p->payload, st->acc, add))
         return bad_codes(sw, j, p);
     if (sparse)
@@ -763,13 +761,13 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t
         return duplicate(sw, j, &p, st, other);
     if (j->failed_len) /* no new contribution after a failure; completed rounds still resend */
         return answer_failed(sw, j, h, src, out);
-    int pending_last = st->bitmap != 0 && last_nc(j, h, st); /* join_round leaves its values to complete */
-    int n = st->bitmap == 0 ? start_round(sw, j, &p, st, other) : join_round(sw, j, &p, st);
+    int last = st->bitmap != 0 && last_nc(j, h, st); /* join_round leaves its values to complete */
+    int n = st->bitmap == 0 ? start_round(sw, j, &p, st, other) : join_round(sw, j, &p, st, last);
     if (n != SUMMED)
         return n;
     st->bitmap |= bit;
     other->bitmap &= ~bit;
-    return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out, pending_last ? payload : NULL);
+    return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out, last ? payload : NULL);
 }
 
 int ina_switch_process(ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src, ina_out *out)

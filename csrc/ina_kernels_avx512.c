@@ -238,34 +238,6 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     return err | ina_scalar_nc_encode(x + i, n - i, codes + i, seed, offset + i, det, floor);
 }
 
-/* 64 codes' float32 bits into 4 vectors; the mask of codes that are 0x80 (invalid) */
-static inline __mmask64 nc_decode64(const uint8_t *codes, __m512i v[4])
-{
-    const __m512i m7f = _mm512_set1_epi32(0x7F), c80 = _mm512_set1_epi32(0x80);
-    const __m512i e0 = _mm512_set1_epi32(127 - INA_NC_BIAS);
-    __mmask64 invalid = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512(codes), _mm512_set1_epi8((char)0x80));
-    for (int j = 0; j < 4; j++) {
-        __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16 * j)));
-        __m512i m = _mm512_and_si512(c, m7f);
-        __m512i e = _mm512_slli_epi32(_mm512_maskz_add_epi32(_mm512_test_epi32_mask(m, m), m, e0), 23);
-        v[j] = _mm512_or_si512(e, _mm512_slli_epi32(_mm512_and_si512(c, c80), 24));
-    }
-    return invalid;
-}
-
-static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
-{
-    size_t i = 0;
-    __mmask64 invalid = 0;
-    for (; n - i >= 64; i += 64) {
-        __m512i v[4];
-        invalid |= nc_decode64(codes + i, v);
-        for (int j = 0; j < 4; j++)
-            _mm512_storeu_si512(out + i + 16 * j, v[j]);
-    }
-    return (invalid != 0) | ina_scalar_nc_decode(codes + i, n - i, out + i);
-}
-
 /* up to 16 codes (mask m) as float32 bits; *invalid gets the 0x80 codes */
 static inline __m512i nc_decode16(const uint8_t *codes, __mmask16 m, __mmask16 *invalid)
 {
@@ -278,6 +250,28 @@ static inline __m512i nc_decode16(const uint8_t *codes, __mmask16 m, __mmask16 *
     return _mm512_or_si512(e, _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24));
 }
 
+/* 64 codes' float32 bits into 4 vectors; nonzero if a code is 0x80 (invalid) */
+static inline __mmask16 nc_decode64(const uint8_t *codes, __m512i v[4])
+{
+    __mmask16 invalid = 0;
+    for (int j = 0; j < 4; j++)
+        v[j] = nc_decode16(codes + 16 * j, 0xFFFF, &invalid);
+    return invalid;
+}
+
+static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
+{
+    size_t i = 0;
+    __mmask16 invalid = 0;
+    for (; n - i >= 64; i += 64) {
+        __m512i v[4];
+        invalid |= nc_decode64(codes + i, v);
+        for (int j = 0; j < 4; j++)
+            _mm512_storeu_si512(out + i + 16 * j, v[j]);
+    }
+    return (invalid != 0) | ina_scalar_nc_decode(codes + i, n - i, out + i);
+}
+
 /* the same with streaming stores on every whole 64-byte line of out (the lines are written without being
  * read first, and do not evict what the caller uses next); the partial lines at either end take masked stores */
 static uint32_t nc_decode_nt(const uint8_t *codes, size_t n, float *out)
@@ -286,8 +280,7 @@ static uint32_t nc_decode_nt(const uint8_t *codes, size_t n, float *out)
         return nc_decode(codes, n, out);
     size_t i = (size_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
     i = i < n ? i : n;
-    __mmask16 bad16 = 0;
-    __mmask64 invalid = 0;
+    __mmask16 bad16 = 0, invalid = 0;
     if (i)
         _mm512_mask_storeu_epi32(out, (__mmask16)((1u << i) - 1), nc_decode16(codes, (__mmask16)((1u << i) - 1), &bad16));
     for (; n - i >= 64; i += 64) {
