@@ -15,6 +15,9 @@ def _register_torch_backend():
     import sys
 
     def register():
+        from .integrations.torch_autoload import being_imported
+        if being_imported():
+            return  # torch_backend imported torch: it registers itself at its end
         try:
             from .integrations.torch_backend import register as register_ina
             register_ina()

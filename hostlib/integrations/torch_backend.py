@@ -38,12 +38,16 @@ import torch.distributed as dist
 from .. import errors
 from ..codecs import get_codec
 from ..worker import Communicator
+from . import futures
 from .common import switch_address
 
 BACKEND = "ina"
 RETRY_EVERY = 50  # calls on gloo between two attempts to re-join the switch ($INA_RETRY_EVERY)
 JOIN_TIMEOUT = 10.0  # seconds the switch's join barrier waits; the store's barrier before it has every rank ready
 FLOAT_CODECS = ("fixed", "nc")
+SWITCH_DTYPES = (torch.int32, torch.float32, torch.bfloat16, torch.float16)
+SMALL_ELEMENTS = 64  # floating reductions up to this size (a loss, metrics) go per element (EXACT_SMALL)
+EXACT_SMALL = "small"  # the path's key: the fixed codec, one element per packet, so each has its own exponent
 SWITCH_FAULTS = (errors.SwitchFault, OSError)  # OSError: CallTimeout, SwitchUnreachable, a dead route
 log = logging.getLogger(__name__)
 
@@ -57,15 +61,6 @@ def register():
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-def autoload():
-    """torch's backend autoload calls this while torch is being imported: an error here would make
-    `import torch` fail, so it only warns."""
-    try:
-        register()
-    except Exception as e:  # noqa: BLE001 - never break torch's import
-        warnings.warn(f"hostlib: torch.distributed backend 'ina' not registered: {e}", stacklevel=2)
-
-
 def _create(opts, backend_options=None) -> "ProcessGroupINA":
     """The creator init_process_group / new_group call; backend_options (pg_options=) may be a dict of
     ProcessGroupINA's keyword arguments."""
@@ -75,12 +70,11 @@ def _create(opts, backend_options=None) -> "ProcessGroupINA":
 
 
 class CallVote:
-    """Every rank's outcome of a call ("ok", "fault", "error"), agreed through the c10d store before any
-    result is released: a switch that dies as a call ends can leave one rank with the result and another
-    with an error. Each rank adds its outcome to the call's counter (one round trip); the last to arrive
-    writes the verdict (any error > any fault > ok), which the others read (a second round trip), and
-    deletes the previous vote's keys, which every rank has read since it voted on this one. A rank whose
-    own outcome is an error does not wait: it raises whatever the others decide."""
+    """Every rank's outcome of a join ("ok", "fault", "error"), agreed through the c10d store: the join is
+    the one step whose outcome is voted (at init_process_group and when re-joining after a fault), never a
+    call. Each rank adds its outcome to the key's counter (one round trip); the last to arrive writes the
+    verdict (any error > any fault > ok), which the others read, and deletes the previous vote's keys, which
+    every rank has read since it voted on this one. A rank whose own outcome is an error does not wait."""
 
     FIELD = {"ok": 1, "fault": 1 << 20, "error": 1 << 40}
     MASK = (1 << 20) - 1
@@ -110,6 +104,41 @@ class CallVote:
         return verdict
 
 
+class Recovery:
+    """What the ranks do when the switch fails under a call, through the c10d store, on the failure path
+    only (a call that works costs no store operation).
+
+    A call through the switch completes on every rank or on none while the switch lives (protocol v3). If it
+    dies as call m ends, some ranks may hold m's result and go on to call m+1, which then fails on them, while
+    the others fail on m: each rank publishes the call it failed on, every rank reads all of them, so all
+    know m (the lowest) and who is at m+1. A rank at m+1 kept m's result (the result buffers alternate), and
+    the lowest such rank broadcasts it on the fallback gloo group to the ranks at m, which return it as
+    m's result: every rank ends m with the same bytes. The call each rank is in then runs on gloo. Every
+    rank makes the same decisions from the same published numbers; the epoch (faults so far, the same count
+    on every rank) keeps one fault's keys apart from the next's."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        self.store, self.rank, self.size, self.timeout = store, rank, size, timeout
+        self.epoch = 0
+        self.seconds = 0.0
+
+    def agree(self, failed_call: int) -> list[int]:
+        """Publish the call this rank failed on; every rank's, in rank order."""
+        start = time.perf_counter()
+        prefix = f"recover/{self.epoch}/"
+        self.epoch += 1
+        self.store.set(prefix + str(self.rank), str(failed_call))
+        keys = [prefix + str(r) for r in range(self.size)]
+        self.store.wait(keys, self.timeout)
+        calls = [int(self.store.get(k)) for k in keys]
+        low = min(calls)
+        if any(c not in (low, low + 1) for c in calls):
+            raise RuntimeError(f"process group 'ina': ranks failed on calls {calls} (more than one call apart); "
+                               f"the switch's fault cannot be recovered")
+        self.seconds += time.perf_counter() - start
+        return calls
+
+
 class ProcessGroupINA(dist.ProcessGroup):
     """The "ina" process group (see the module's docstring). A Python ProcessGroup, as torchft's: c10d's C++
     callers (DDP's reducer, functional collectives) reach these methods through its trampoline; the gloo
@@ -117,23 +146,27 @@ class ProcessGroupINA(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, c10d_timeout: timedelta = timedelta(minutes=30), switch=None,
                  codec: str | None = None, job: int | None = None, retry_every: int | None = None,
-                 use_switch: bool = True, **connect_kwargs):
+                 use_switch: bool = True, strict: bool | None = None, **connect_kwargs):
         """Join the switch (world group) once every rank is ready, or start on gloo if it is unreachable.
 
         Args:
             store, rank, size, c10d_timeout: from init_process_group (the group's prefixed store; the gloo
-                backends' timeout).
+                backends' timeout, also the longest a rank waits for the others after a switch fault).
             switch: "HOST:PORT" (default $INA_SWITCH, or $MASTER_ADDR:$INA_SWITCH_PORT).
-            codec: for floating tensors, 'fixed' or 'nc' (default $INA_CODEC or fixed); int32 tensors use int32.
+            codec: for floating tensors, 'fixed' or 'nc' (default $INA_CODEC or fixed); int32 tensors use int32,
+                reductions of at most SMALL_ELEMENTS elements per-element fixed point (EXACT_SMALL).
             job: the switch job (default $INA_JOB or 1).
             retry_every: calls between attempts to re-join after a fault (default $INA_RETRY_EVERY or 50).
             use_switch: False for a subgroup: gloo only.
+            strict: a switch that cannot be joined at init_process_group raises instead of starting on gloo
+                (default $INA_STRICT=1).
             **connect_kwargs: hostlib.connect options (window, elements_per_packet, timeout, rounding...);
                 fast defaults to False where $INA_FAST=0. init_process_group(pg_options={...}) passes them.
 
         Raises:
             ValueError: an unknown codec, no switch address.
-            INAError: the switch refused the join (unknown job, wrong world size, bad key).
+            INAError: the switch refused the join (unknown job, wrong world size, bad key); with strict, also
+                an unreachable switch or an address that does not resolve.
         """
         super().__init__(rank, size)
         self.gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, c10d_timeout)
@@ -145,8 +178,11 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._worker_thread: threading.Thread | None = None
         self._warned: set[str] = set()
         self.comm: Communicator | None = None
-        self._buffers: dict = {}  # (shape, dtype) -> the switch's result buffer (_scratch)
-        self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0}
+        self._buffers: dict = {}  # (shape, dtype) -> two result buffers, used in turn (_scratch)
+        self._kept: tuple[int, torch.Tensor] | None = None  # (call, its sum): the last call through the switch
+        self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
+                         "recovered_results": 0}
+        self.paths: dict[str, int] = {}  # "what -> path": calls per kind of call and the path that carried it
         if not use_switch:
             self._warn_once("subgroup", "process group 'ina': a subgroup runs every collective on gloo (the "
                                         "switch job belongs to the world group)")
@@ -159,29 +195,40 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.job = int(os.environ.get("INA_JOB", 1)) if job is None else job
         self.retry_every = max(1, int(os.environ.get("INA_RETRY_EVERY", RETRY_EVERY)) if retry_every is None
                                else retry_every)
+        self.strict = os.environ.get("INA_STRICT") == "1" if strict is None else strict
         if os.environ.get("INA_FAST") == "0":
             connect_kwargs.setdefault("fast", False)
         connect_kwargs.setdefault("join_timeout", JOIN_TIMEOUT)
         self.connect_kwargs = connect_kwargs
         rounding = {"rounding": connect_kwargs["rounding"]} if "rounding" in connect_kwargs else {}
-        self._codecs = {"float": get_codec(self.codec, **rounding), "int32": get_codec("int32")}
-        # the vote's store and the fallback's gloo are this group's own: the worker thread alone uses them,
-        # in call order, so every rank issues the same sequence whatever the caller's thread does meanwhile
-        self.vote = CallVote(dist.PrefixStore("ina/", store), size)
+        self._codecs = {"float": get_codec(self.codec, **rounding), "int32": get_codec("int32"),
+                        EXACT_SMALL: get_codec("fixed")}
+        # the join votes, the recovery and the fallback's gloo are this group's own: the worker thread alone
+        # uses them, in call order, so every rank issues the same sequence whatever the caller's thread does
+        ina_store = dist.PrefixStore("ina/", store)
+        self.vote = CallVote(ina_store, size)
+        self.recovery = Recovery(ina_store, rank, size, c10d_timeout)
         self._fallback = dist.ProcessGroupGloo(dist.PrefixStore("ina-fallback/", store), rank, size, c10d_timeout)
         self._calls = 0  # calls that could go through the switch, the same count on every rank
         self._joins = 0
         self._retry_at = 0  # without a connection: the call that joins again
         self._down = False  # a switch fault sent the calls to gloo
+        futures.extension()  # built (once per machine) before the first call, not inside DDP's backward
         outcome, error = self._try_join(initial=True)
         verdict = self.vote("join", outcome)
         if verdict == "ok":
+            log.info("process group 'ina': rank %d joined switch %s (job %d, codec %s)", rank, self.switch,
+                     self.job, self.codec)
             return
         self._drop_comm()
         if outcome == "error":
             raise error
         if verdict == "error":
             raise RuntimeError(f"process group 'ina': another rank failed to join the switch at {self.switch}")
+        if self.strict:
+            raise errors.SwitchUnreachable(f"process group 'ina' (INA_STRICT=1): cannot join switch {self.switch}"
+                                           f": {error or 'a switch fault on another rank'}", switch=self.switch,
+                                           job=self.job)
         self._switch_down(error, at=0)
 
     # ------------------------------------------------------------------ c10d's interface
@@ -195,8 +242,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         (t,) = tensors
 
         def run():
-            total = self._sum(t)
-            t.copy_(self._mean(total, op).view_as(t))
+            self._finish(t.reshape(-1), self._sum(t.reshape(-1)), op)
             return tensors
 
         return self._submit(tensors, run)
@@ -207,9 +253,9 @@ class ProcessGroupINA(dist.ProcessGroup):
             return self.gloo.allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
 
         def run():
-            total = self._mean(self._sum(torch.cat([t.reshape(-1) for t in tensors])), op)
+            total = self._sum(torch.cat([t.reshape(-1) for t in tensors]))
             for t, part in zip(tensors, total.split([t.numel() for t in tensors])):
-                t.copy_(part.view_as(t))
+                self._finish(t.reshape(-1), part, op)
             return tensors
 
         return self._submit(tensors, run)
@@ -268,38 +314,49 @@ class ProcessGroupINA(dist.ProcessGroup):
         dist.ProcessGroup.shutdown(self)
 
     def ina_stats(self) -> dict:
-        """Counters: calls through the switch and through gloo (fallback), faults, re-joins, the store votes
-        and their seconds, and the live connection's CommStats."""
-        stats = dict(self.counters)
+        """Counters: calls through the switch and through gloo (fallback), faults, re-joins, the join votes,
+        the recoveries' seconds, which path carried each kind of call, and the live connection's CommStats."""
+        stats = dict(self.counters, paths=dict(self.paths))
         if self.use_switch:
-            stats.update(votes=self.vote.votes, vote_seconds=self.vote.seconds, switch=self.switch, codec=self.codec,
-                         connected=self.comm is not None)
+            stats.update(votes=self.vote.votes, vote_seconds=self.vote.seconds, recoveries=self.recovery.epoch,
+                         recovery_seconds=self.recovery.seconds, switch=self.switch, codec=self.codec,
+                         connected=self.comm is not None, future_errors="extension" if futures.extension() else
+                         "text")
             if self.comm is not None:
                 stats["comm"] = self.comm.stats.as_dict()
         return stats
 
     # ------------------------------------------------------------------ routing
     def _through_switch(self, tensors, op) -> bool:
-        """Whether the switch can sum these: SUM or AVG of dense int32 or floating tensors, one dtype and one
-        device for all; the rest goes to gloo, with a warning once per reason."""
+        """Whether the switch can sum these: SUM or AVG of dense int32, float32, bfloat16 or float16 tensors,
+        one dtype and one device for all; the rest goes to gloo, with a warning once per reason (float64:
+        the switch's codecs carry 32 bits, and a float64 sum is never quantized silently)."""
         if not self.use_switch:
             return False
-        if op not in (Op.SUM, Op.AVG):
-            self._warn_once(f"op {op}", f"process group 'ina': {op} is not a sum: delegated to gloo")
-            return False
         first = tensors[0]
+        if op not in (Op.SUM, Op.AVG):
+            return self._to_gloo(f"op {op}", f"{op} is not a sum: delegated to gloo")
         if any(t.layout != torch.strided or t.dtype != first.dtype or t.device != first.device for t in tensors):
-            return False
-        if first.dtype != torch.int32 and not first.dtype.is_floating_point:
-            self._warn_once(f"dtype {first.dtype}", f"process group 'ina': {first.dtype} tensors are summed by "
-                                                    f"gloo (the switch sums int32 exactly and floats by codec)")
-            return False
+            return self._to_gloo("mixed", "tensors of different dtypes, devices or layouts: gloo sums them")
+        if first.dtype not in SWITCH_DTYPES:
+            return self._to_gloo(f"dtype {first.dtype}", f"{first.dtype} tensors are summed by gloo (the switch sums "
+                                                         f"int32 exactly and 32/16-bit floats by codec)")
         return True
+
+    def _to_gloo(self, what: str, why: str) -> bool:
+        self._warn_once(what, f"process group 'ina': {why}")
+        self._count(what, "gloo")
+        return False
+
+    def _count(self, what: str, path: str):
+        key = f"{what} -> {path}"
+        self.paths[key] = self.paths.get(key, 0) + 1
 
     def _submit(self, tensors, run):
         """run() on the worker thread, after the caller's CUDA stream has produced the tensors; a Work of
-        its future at once (errors come out of wait())."""
-        fut = torch.futures.Future()
+        its future at once. An error completes the future with a C++ error (futures.ErrorFuture): DDP's
+        reducer, functional collectives, comm hooks and wait() raise it as the exception it is."""
+        fut = futures.ErrorFuture()
         ready = _cuda_event(tensors)
 
         def task():
@@ -310,91 +367,136 @@ class ProcessGroupINA(dist.ProcessGroup):
                 out = run()
                 for device in {t.device for t in tensors if t.is_cuda}:
                     torch.cuda.current_stream(device).synchronize()
-                fut.set_result(out)
             except BaseException as e:  # noqa: BLE001 - handed to wait()
                 fut.set_exception(e)
+                return
+            fut.set_result(out)
 
         self._worker.submit(task)
-        return FutureWork(fut)
+        return FutureWork(fut.future, fut)
 
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
-        total = self._mean(self._sum(torch.cat([i.reshape(-1) for i in inputs])), op)
+        total = self._sum(torch.cat([i.reshape(-1) for i in inputs]))
         at = 0
         for out, inp in zip(outputs, inputs):
             shard = out.numel()
-            out.copy_(total[at + self.rank() * shard: at + (self.rank() + 1) * shard].view_as(out))
+            start = at + self.rank() * shard
+            self._finish(out.reshape(-1), total[start: start + shard], op)
             at += inp.numel()
         return outputs
 
-    def _mean(self, total: torch.Tensor, op) -> torch.Tensor:
-        """The switch's or gloo's sum, divided for AVG the same way either path went."""
-        if op != Op.AVG:
-            return total
-        if total.dtype.is_floating_point:
-            return total.div_(self.size())
-        return total.div_(self.size(), rounding_mode="trunc")
+    def _finish(self, out: torch.Tensor, total: torch.Tensor, op):
+        """out (a flat view of the caller's tensor) = the sum, divided for AVG as gloo divides; the sum itself
+        stays intact (it is the kept result a recovery may send)."""
+        if op == Op.AVG:
+            mode = None if total.dtype.is_floating_point else "trunc"
+            out.copy_(torch.div(total, self.size(), rounding_mode=mode))
+        else:
+            out.copy_(total)
 
     # ------------------------------------------------------------------ the switch, and falling back
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        """x summed over the ranks, a new tensor (x stays intact): through the switch where every rank's call
-        worked, else through gloo on every rank (worker thread only)."""
+        """x (flat) summed over the ranks, a tensor of x's dtype (x stays intact): through the switch, or
+        through gloo on every rank while the switch is down (worker thread only)."""
         n = self._calls
         self._calls += 1
+        what = _kind(x)
         if self.comm is None and n < self._retry_at:
+            self._count(what, "gloo (switch down)")
             return self._gloo_sum(x)
-        rejoin = self.comm is None
-        outcome, error, total = "ok", None, None
-        if rejoin:
-            outcome, error = self._try_join(initial=False)
-        if outcome == "ok":
-            try:
-                total = self._switch_sum(x)
-            except SWITCH_FAULTS as e:
-                outcome, error = "fault", e
-            except Exception as e:  # noqa: BLE001 - CollectiveError, input errors: raised below
-                outcome, error = "error", e
-        verdict = self.vote(f"call/{n}", outcome)
-        if verdict == "ok":
-            if rejoin and self._down:
-                self._down = False
-                self.counters["rejoins"] += 1
-                log.warning("process group 'ina': rank %d re-joined switch %s at call %d", self.rank(), self.switch, n)
-            self.counters["switch_calls"] += 1
-            return total
-        if verdict == "error":  # raised on every rank; the next call joins a fresh generation first
-            self._drop_comm()
-            self._retry_at = n + 1
-            if outcome == "error":
-                raise error
-            raise errors.CallAborted(f"rank {self.rank()}: call {n} failed on another rank (its error is raised "
-                                     f"there)", switch=self.switch, job=self.job)
+        if self.comm is None and not self._rejoin(n):
+            self._count(what, "gloo (switch down)")
+            return self._gloo_sum(x)
+        try:
+            total, path = self._switch_sum(x)
+        except SWITCH_FAULTS as e:
+            self._count(what, "gloo (recovered)")
+            return self._recover(n, x, e)
+        except errors.CollectiveError:
+            raise  # every rank raises it (the switch told every member); the next call re-joins
+        except Exception:
+            self._count(what, "error")
+            raise
+        self.counters["switch_calls"] += 1
+        self._count(what, path)
+        self._kept = (n, total)
+        return total
+
+    def _rejoin(self, n: int) -> bool:
+        """At call n (the same on every rank): join the switch again; False (and the next try later) if any
+        rank could not."""
+        outcome, error = self._try_join(initial=False)
+        if self.vote(f"call/{n}", outcome) == "ok":
+            self._down = False
+            self.counters["rejoins"] += 1
+            log.warning("process group 'ina': rank %d re-joined switch %s at call %d: sums go through the switch "
+                        "again", self.rank(), self.switch, n)
+            return True
         self._switch_down(error, at=n)
+        return False
+
+    def _recover(self, n: int, x: torch.Tensor, error: BaseException) -> torch.Tensor:
+        """The switch failed under call n on this rank: agree on the call each rank failed on (Recovery),
+        hand call n-1's kept result to the ranks that missed it or receive it, then go on through gloo."""
+        calls = self.recovery.agree(n)
+        low = min(calls)
+        ahead = [r for r, c in enumerate(calls) if c == low + 1]
+        self._switch_down(error, at=max(calls))
+        if ahead:  # call `low` completed on the ranks in `ahead`: its result goes to the others
+            src = ahead[0]
+            if n == low:
+                result = torch.empty_like(x)
+            else:
+                kept_call, kept = self._kept
+                assert kept_call == low, (kept_call, low)
+                result = kept.clone() if self.rank() == src else torch.empty_like(kept)
+            opts = dist.BroadcastOptions()
+            opts.rootRank = src
+            self._fallback.broadcast([result], opts).wait()
+            if n == low:
+                self.counters["recovered_results"] += 1
+                return result
         return self._gloo_sum(x)
 
-    def _switch_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """One allreduce through the switch into a new tensor. The connection was joined with the float codec;
-        int32 tensors switch it to int32 for this call (every packet carries its call's codec, so one job
-        and one join serve both)."""
+    def _switch_sum(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """One allreduce through the switch into a result buffer, and the path's name. The connection was
+        joined with the float codec; each call sets its own (every packet carries its call's codec, so one job
+        and one join serve all): int32 tensors int32; floating tensors of at most SMALL_ELEMENTS elements
+        (a loss, a metric) per-element fixed point, accurate to float32 rounding per element whatever the
+        magnitudes; larger ones the group's codec. 16-bit floats travel as float32."""
         comm = self.comm
-        codec = self._codecs["int32" if x.dtype == torch.int32 else "float"]
+        if x.dtype == torch.int32:
+            name, k = "int32", None
+        elif x.numel() <= SMALL_ELEMENTS:
+            name, k = EXACT_SMALL, 1
+        else:
+            name, k = "float", None
+        codec = self._codecs[name]
         comm.codec = codec
-        comm.k = min(self.connect_kwargs.get("elements_per_packet") or codec.default_elements, comm.max_elements)
-        if x.is_cuda:
-            return comm.allreduce(x)
-        return comm.allreduce(x, out=self._scratch(x))
+        comm.k = min(k or self.connect_kwargs.get("elements_per_packet") or codec.default_elements, comm.max_elements)
+        path = f"switch ({codec.name}{', per element' if k == 1 else ''})"
+        wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
+        if wide.is_cuda:
+            return comm.allreduce(wide).to(x.dtype), path
+        total = comm.allreduce(wide, out=self._scratch(wide))
+        return (total if total.dtype == x.dtype else total.to(x.dtype)), path
 
     def _scratch(self, x: torch.Tensor) -> torch.Tensor:
-        """A result buffer of x's shape and dtype, kept for the next calls of that size (every caller copies
-        the sum out before the next call): a fresh 64 MiB tensor per call costs its page faults, ~10 ms."""
+        """A result buffer of x's shape and dtype. Two per size, used in turn, so the last call's sum stays
+        intact through the next call (a recovery may send it); two sizes kept (e.g. a bucket and the last,
+        shorter one). A fresh 64 MiB tensor per call costs its page faults, ~10 ms."""
         key = (tuple(x.shape), x.dtype)
-        buf = self._buffers.pop(key, None)
-        if buf is None:
-            buf = torch.empty(x.shape, dtype=x.dtype)
-        self._buffers[key] = buf  # most recent last; two sizes kept (e.g. a bucket and the last, shorter one)
+        pair = self._buffers.pop(key, None)
+        if pair is None:
+            pair = [torch.empty(x.shape, dtype=x.dtype), None]
+        elif pair[1] is None:
+            pair[1] = torch.empty(x.shape, dtype=x.dtype)
+        pair.reverse()  # the buffer not used by the previous call of this size
+        self._buffers[key] = pair  # most recent last
         while len(self._buffers) > 2:
             self._buffers.pop(next(iter(self._buffers)))
-        return buf
+        return pair[0]
 
     def _gloo_sum(self, x: torch.Tensor) -> torch.Tensor:
         """The fallback: every rank's intact input summed by the group's own gloo backend, on the host."""
@@ -403,7 +505,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         opts.reduceOp = Op.SUM
         self._fallback.allreduce([host], opts).wait()
         self.counters["gloo_calls"] += 1
-        return host
+        return host.to(x.device) if x.is_cuda else host
 
     def _try_join(self, initial: bool):
         """Join once every rank is ready (a store barrier, so the switch's join barrier never waits for a rank
@@ -424,17 +526,21 @@ class ProcessGroupINA(dist.ProcessGroup):
             return "error", e
 
     def _switch_down(self, error, at: int):
-        """Go on through gloo: a warning the first time, a counter always, and a re-join attempt at call
-        at + retry_every (the same call on every rank: `at` is the failed call, 0 for a failed first join)."""
+        """Go on through gloo, with a re-join attempt at call at + retry_every (the same call on every rank).
+        One warning and one log line when the state changes (switch -> gloo), a counter for every failed
+        re-join."""
         self._drop_comm()
+        self._kept = None
         self.counters["failed_rejoins" if self._down else "faults"] += 1
-        self._down = True
         self._retry_at = at + self.retry_every
+        if self._down:
+            return
+        self._down = True
         why = error if error is not None else "a switch fault on another rank"
         self._warn_once("fault", f"process group 'ina': switch {self.switch} failed ({why}); the calls go through "
                                  f"gloo, with a re-join every {self.retry_every} calls")
-        log.warning("process group 'ina': rank %d: switch fault (%s); gloo until call %d", self.rank(), why,
-                    self._retry_at)
+        log.warning("process group 'ina': rank %d: switch %s failed (%s): sums go through gloo, a re-join every "
+                    "%d calls", self.rank(), self.switch, why, self.retry_every)
 
     def _drop_comm(self):
         if self.comm is not None:
@@ -473,15 +579,21 @@ def _delegate(name: str, backend_method: str):
 
 
 class FutureWork(dist.Work):
-    """The Work of a call on the worker thread. Not c10d's _create_work_from_future, whose wait() returns the
-    future's exception as a value: here wait() and get_future().wait() raise it, as gloo's Work does."""
+    """The Work of a call on the worker thread. wait() raises the call's exception itself (as gloo's Work
+    raises its errors); get_future() is completed with a C++ error for C++ readers (futures.ErrorFuture),
+    not with c10d's _create_work_from_future, whose wait() returns the exception as a value."""
 
-    def __init__(self, future: torch.futures.Future):
+    def __init__(self, future: torch.futures.Future, source: "futures.ErrorFuture | None" = None):
         super().__init__()
-        self.future = future
+        self.future, self.source = future, source
 
     def wait(self, timeout=None) -> bool:
-        self.future.wait()
+        if self.source is None:
+            self.future.wait()
+            return True
+        self.source.completed.wait()
+        if self.source.error is not None:
+            raise self.source.error
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -493,6 +605,12 @@ class FutureWork(dist.Work):
 
 def _as_list(tensors):
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _kind(x: torch.Tensor) -> str:
+    """A call's kind for ina_stats' paths: its dtype, and "small" for a loss or metric."""
+    kind = str(x.dtype).replace("torch.", "")
+    return f"{kind} small" if x.dtype.is_floating_point and x.numel() <= SMALL_ELEMENTS else kind
 
 
 def _reduce_op(opts):
@@ -515,3 +633,4 @@ def _cuda_event(tensors):
 
 for _name, _method in DELEGATED.items():
     setattr(ProcessGroupINA, _name, _delegate(_name, _method))
+register()  # importing this module is enough (whatever was imported first: torch_autoload.being_imported)
