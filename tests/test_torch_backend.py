@@ -52,17 +52,18 @@ def _loss(model, integer, g):
     if integer:
         x = torch.randint(-3, 4, (5, 8), generator=g).float()
         return (model(x) * torch.randint(-1, 2, (5, 4), generator=g).float()).sum()
-    return model(torch.randn(16, 20, generator=g)).pow(2).mean()
+    x = torch.randn(16, 20, generator=g)
+    return model(x.to(next(model.parameters()).dtype)).float().pow(2).mean()
 
 
 def _params(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def _ddp_run(group, rank, integer, steps, between=None):
+def _ddp_run(group, rank, integer, steps, between=None, dtype=torch.float32):
     """DDP over `group`; between(step) runs before each step (the fallback test kills the switch there).
     Returns the final parameters and the seconds each step took."""
-    model = integer_model() if integer else _float_model()
+    model = (integer_model() if integer else _float_model()).to(dtype)
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     opt = torch.optim.SGD(ddp.parameters(), lr=2.0 if integer else 0.1)
     g = torch.Generator().manual_seed(100 + rank)
@@ -97,6 +98,59 @@ def _fsdp_run(group, rank, steps=4):
         loss.backward()
         opt.step()
     return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+
+
+# dtype x op: what the switch carries, what gloo does (the README's table)
+METRIC = [1e6, 1e-30, 3.0, 1e-3, -7.5e-12, 2.0**-140]  # one element each of very different magnitudes
+OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
+EVERYDAY_DTYPES = ("float32", "bfloat16", "float16", "float64", "int32")
+
+
+def _everyday(rank, gloo):
+    """Each dtype x op on "ina" and on gloo, on 0-dim, 1-element, metric-sized and bucket-sized tensors:
+    the parent compares them against the stated bounds. Also the paths ina_stats reports."""
+    out = {}
+    for dtype_name in EVERYDAY_DTYPES:
+        dtype = getattr(torch, dtype_name)
+        for op_name in OPS:
+            op = getattr(dist.ReduceOp, op_name)
+            if dtype == torch.int32 and op == dist.ReduceOp.AVG:
+                continue  # gloo refuses AVG of integers
+            for shape, values in (((), [2.5 + rank]), ((1,), [0.75 * (rank + 1)]),
+                                  ((len(METRIC),), [v * (rank + 1) for v in METRIC]),
+                                  ((300,), [((k * 7919) % 1000 - 500) / 64.0 + rank for k in range(300)])):
+                if dtype == torch.int32:
+                    values = [int(v * 4) for v in values]
+                if dtype == torch.float16:
+                    values = [v if abs(v) < 6e4 else 6e4 for v in values]
+                got = {}
+                for name, group in (("ina", None), ("gloo", gloo)):
+                    t = torch.tensor(values, dtype=dtype).reshape(shape)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        dist.all_reduce(t, op=op, group=group)
+                    got[name] = (t.to(torch.float64).reshape(-1).numpy(), tuple(t.shape), str(t.dtype))
+                out[(dtype_name, op_name, shape)] = got
+    out["paths"] = dist.group.WORLD.ina_stats()["paths"]
+    return out
+
+
+def _ddp_nan(rank):
+    """DDP where rank 1's batch has a NaN at step 1: every rank's backward raises; the next step trains."""
+    model = _float_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    outcomes = []
+    for step in range(3):
+        x = torch.randn(16, 20, generator=torch.Generator().manual_seed(step))
+        if step == 1 and rank == 1:
+            x[0, 0] = float("nan")
+        ddp.zero_grad(set_to_none=True)  # the failed step's NaN gradient would be summed again
+        try:
+            ddp(x).pow(2).mean().backward()
+            outcomes.append("ok")
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            outcomes.append((type(e).__name__, str(e)))
+    return outcomes
 
 
 def _caught(fn):
@@ -182,6 +236,9 @@ def _collectives_rank(rank, port, address, queue):
         t = torch.ones(6)
         dist.all_reduce(t)
         out["after errors"] = t.tolist()
+        out["everyday"] = _everyday(r, gloo)
+        out["ddp nan"] = _ddp_nan(r)
+        out["ddp bf16"] = [_ddp_run(g, r, False, 3, dtype=torch.bfloat16)[0] for g in (None, gloo)]
         sub = dist.new_group(backend="ina")
         t = torch.ones(4)
         dist.all_reduce(t, group=sub)
@@ -202,7 +259,7 @@ def _collectives_rank(rank, port, address, queue):
 def _portable(obj):
     """Tensors as numpy arrays: a queue would pass a tensor as a file descriptor, gone once the rank exits."""
     if isinstance(obj, torch.Tensor):
-        return obj.numpy()
+        return obj.float().numpy() if obj.dtype in (torch.bfloat16, torch.float16) else obj.numpy()
     if isinstance(obj, (list, tuple)):
         return type(obj)(_portable(v) for v in obj)
     if isinstance(obj, dict):
@@ -211,7 +268,7 @@ def _portable(obj):
 
 
 def _fallback_rank(rank, port, address, step_done, killed, want_restart, restarted, queue):
-    """A fault at the end of a call on one rank only (the vote sends both to gloo), a re-join of the live
+    """The switch dying as call 1 ends (injected: rank 0 misses the result, rank 1 fails on call 2), a re-join of the live
     switch, then DDP on an integer model: KILL_AFTER steps through the switch, the switch SIGKILLed by the
     parent, the rest through gloo; the same training on gloo alone; then the switch restarted on its port
     and the group back on it after RETRY_EVERY calls."""
@@ -220,21 +277,29 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
         out = {}
         t = torch.ones(4)
         dist.all_reduce(t)  # call 0: through the switch
-        if rank == 1:  # call 1: the switch's result arrives here, then the switch "dies"
-            from hostlib import errors
+        from hostlib import errors
 
-            real = pg._switch_sum
+        real = pg._switch_sum
 
-            def dies_at_the_end(x):
-                pg._switch_sum = real
+        def dies_as_call_1_ends(x):  # the switch "dies" as call 1 ends: rank 0 misses its result, rank 1 has it
+            n = pg._calls - 1
+            if rank == 0 and n == 1:
                 real(x)
-                raise errors.SwitchUnreachable("injected: the switch died as the call ended", switch=pg.switch)
+                raise errors.SwitchUnreachable("injected: the last result never came", switch=pg.switch)
+            if rank == 1 and n == 2:
+                raise errors.SwitchUnreachable("injected: the switch is gone", switch=pg.switch)
+            return real(x)
 
-            pg._switch_sum = dies_at_the_end
+        pg._switch_sum = dies_as_call_1_ends
         t = torch.arange(5, dtype=torch.float32) * (rank + 1)
-        dist.all_reduce(t)
-        out["end fault"] = (t.tolist(), dict(pg.ina_stats()))
-        for _ in range(RETRY_EVERY):  # calls 2, 3 on gloo; call 4 re-joins
+        dist.all_reduce(t)  # call 1: rank 0 recovers it from rank 1's kept result
+        result = t.tolist()
+        t = torch.full((3,), 1.0 + rank)
+        dist.all_reduce(t)  # call 2: on gloo for both (rank 1 failed on it, rank 0 is down)
+        out["end fault"] = (result, dict(pg.ina_stats()))
+        out["after end fault"] = t.tolist()
+        pg._switch_sum = real
+        for _ in range(RETRY_EVERY):  # calls 3, 4 on gloo; call 5 (2 + RETRY_EVERY) re-joins
             dist.all_reduce(torch.ones(4))
         out["rejoined live"] = dict(pg.ina_stats())
 
@@ -397,6 +462,58 @@ def test_collective_errors_raise_through_wait_and_the_next_call_is_exact(collect
         assert out["stats"]["gloo_calls"] == 0  # an error is not a fault: nothing fell back
 
 
+def test_ddp_raises_a_nan_on_one_rank_as_valueerror_on_every_rank_and_trains_on(collectives):
+    """The error reaches DDP's reducer as a C++ error (futures.ErrorFuture), not as a value: a Python
+    exception from loss.backward(), never a signal (the ranks report at all)."""
+    for out in collectives:
+        ok, nan, after = out["ddp nan"]
+        assert ok == "ok" and after == "ok"
+        assert nan[0] == "ValueError" and "NaN" in nan[1], nan
+
+
+def test_ddp_trains_a_bfloat16_model(collectives):
+    start = collectives[0]["ddp"][2]
+    for out in collectives:
+        ina, gloo = out["ddp bf16"]
+        assert _tracks(ina, gloo, start, tolerance=0.05)  # bf16 keeps 8 bits: both round as they train
+    assert np.array_equal(collectives[0]["ddp bf16"][0], collectives[1]["ddp bf16"][0])
+
+
+EPS = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+def _inputs(values, dtype):
+    return torch.tensor(values, dtype=getattr(torch, dtype)).to(torch.float64).reshape(-1).numpy()
+
+
+def test_everyday_tensors_every_dtype_and_op(collectives):
+    """The README's table: shape and dtype kept (0-dim too); float64, int32 and MIN/MAX/PRODUCT exactly
+    gloo's; float32 sums of at most SMALL_ELEMENTS elements within float32 rounding per element (each
+    element its own exponent: 1e-30 next to 1e6), larger ones within the codec's bound; 16-bit floats within
+    their own rounding of the float32 path's sum."""
+    for out in collectives:
+        table = out["everyday"]
+        paths = table.pop("paths")
+        assert len(table) == 4 * len(EVERYDAY_DTYPES) * len(OPS) - 4
+        for (dtype, op, shape), got in table.items():
+            (ina, ina_shape, ina_dtype), (gloo, gloo_shape, gloo_dtype) = got["ina"], got["gloo"]
+            where = (dtype, op, shape)
+            assert ina_shape == gloo_shape == shape and ina_dtype == gloo_dtype == f"torch.{dtype}", where
+            if dtype in ("float64", "int32") or op not in ("SUM", "AVG"):
+                assert np.array_equal(ina, gloo, equal_nan=True), where
+                continue
+            largest = np.maximum(np.abs(gloo), np.abs(ina)) + 0.0
+            size = ina.size
+            if size <= 64:  # per element: quantization 2^-27 of the element's largest input, then rounding
+                bound = 2.0**-26 * largest + 2 * EPS[dtype] * np.abs(gloo)
+            else:  # the codec's block: 2^-27 of the block's largest input
+                bound = 2.0**-26 * np.abs(gloo).max() * 2 + 2 * EPS[dtype] * np.abs(gloo)
+            with np.errstate(invalid="ignore"):  # inf - inf: a float16 sum past 65504 is inf on both paths
+                assert np.all((ina == gloo) | (np.abs(ina - gloo) <= bound)), (where, ina, gloo)
+        small = [p for p in paths if p.startswith("float32 small -> switch (fixed, per element)")]
+        assert small and paths.get("float64 -> gloo") and paths.get("bfloat16 small -> switch (fixed, per element)")
+
+
 def test_a_subgroup_runs_on_gloo(collectives):
     for out in collectives:
         assert out["subgroup"] == ([2.0] * 4, 0)
@@ -427,14 +544,19 @@ def test_fsdp2_trains_to_the_parameters_gloo_gives(collectives):
 
 
 # ---------------------------------------------------------------- the switch dies, and comes back
-def test_a_fault_on_one_rank_at_the_end_of_a_call_sends_every_rank_to_gloo(fallback):
+def test_a_switch_dying_as_a_call_ends_gives_every_rank_the_same_result_then_gloo(fallback):
+    """Rank 1 got call 1's result and failed on call 2, rank 0 failed on call 1: rank 0 gets rank 1's kept
+    result (the recovery), both sum call 2 on gloo, and re-join after RETRY_EVERY calls."""
     (outs, _) = fallback
     for r, out in enumerate(outs):
         result, stats = out["end fault"]
         assert result == [3.0 * k for k in range(5)]
-        assert stats["faults"] == 1 and stats["gloo_calls"] == 1 and not stats["connected"]
+        assert out["after end fault"] == [3.0] * 3
+        assert stats["recoveries"] == 1 and stats["faults"] == 1 and not stats["connected"]
+        assert stats["recovered_results"] == (1 if r == 0 else 0)
         assert out["rejoined live"]["rejoins"] == 1 and out["rejoined live"]["connected"]
-        assert out["rejoined live"]["gloo_calls"] == RETRY_EVERY  # the call that failed, then RETRY_EVERY - 1
+        # calls 2, 3, 4 on gloo (rank 0's call 1 came from rank 1)
+        assert out["rejoined live"]["gloo_calls"] == RETRY_EVERY
 
 
 def test_training_goes_on_through_gloo_when_the_switch_is_killed(fallback):

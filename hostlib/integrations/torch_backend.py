@@ -339,8 +339,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         if any(t.layout != torch.strided or t.dtype != first.dtype or t.device != first.device for t in tensors):
             return self._to_gloo("mixed", "tensors of different dtypes, devices or layouts: gloo sums them")
         if first.dtype not in SWITCH_DTYPES:
-            return self._to_gloo(f"dtype {first.dtype}", f"{first.dtype} tensors are summed by gloo (the switch sums "
-                                                         f"int32 exactly and 32/16-bit floats by codec)")
+            return self._to_gloo(_kind(first), f"{first.dtype} tensors are summed by gloo (the switch sums int32 "
+                                               f"exactly and 32/16-bit floats by codec)")
         return True
 
     def _to_gloo(self, what: str, why: str) -> bool:
@@ -442,15 +442,16 @@ class ProcessGroupINA(dist.ProcessGroup):
         calls = self.recovery.agree(n)
         low = min(calls)
         ahead = [r for r, c in enumerate(calls) if c == low + 1]
+        kept, self._kept = self._kept, None
         self._switch_down(error, at=max(calls))
         if ahead:  # call `low` completed on the ranks in `ahead`: its result goes to the others
             src = ahead[0]
             if n == low:
                 result = torch.empty_like(x)
             else:
-                kept_call, kept = self._kept
+                kept_call, total = kept
                 assert kept_call == low, (kept_call, low)
-                result = kept.clone() if self.rank() == src else torch.empty_like(kept)
+                result = total.clone() if self.rank() == src else torch.empty_like(total)
             opts = dist.BroadcastOptions()
             opts.rootRank = src
             self._fallback.broadcast([result], opts).wait()
