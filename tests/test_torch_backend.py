@@ -579,6 +579,66 @@ def test_the_group_rejoins_a_restarted_switch_after_the_retry_interval(fallback)
     assert switch_stats.get("packets_in", 0) > 0  # the restarted switch summed the later calls
 
 
+# ---------------------------------------------------------------- two torchruns, a peer killed or stopped
+def _jsonl(path):
+    import json
+
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _wait_for(predicate, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.1)
+    return None
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_two_torchruns_a_peer_killed_or_stopped_is_peerdead_on_the_survivor_within_5_s(how, tmp_path):
+    """The multi-node case: two torchrun launchers (static rendezvous, one worker each) training DDP; rank 1's
+    worker is SIGKILLed or SIGSTOPped: rank 0's backward raises PeerDead naming rank 1 within 5 s (the
+    switch's 3 s of silence, then its notice), a Python exception, not a signal."""
+    sw = SwitchProcess("--workers", 2, backend="c")
+    port = free_port()
+    env = {**os.environ, "INA_SWITCH": sw.address, "INA_TEST_OUT": str(tmp_path), "INA_TEST_SECONDS": "60",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    script = os.path.join(ROOT, "tests", "scripts", "ddp_liveness.py")
+    runs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                              "--node-rank", str(r), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                              "--max-restarts", "0", script], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True) for r in range(2)]
+    victim = None
+    try:
+        logs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+        assert _wait_for(lambda: all(any(n.get("step", 0) >= 20 for n in _jsonl(p)) for p in logs), 90), \
+            [_jsonl(p) for p in logs]
+        victim = next(n["pid"] for n in _jsonl(logs[1]) if "pid" in n)
+        os.kill(victim, getattr(signal, how))
+        killed_at = time.time()
+        ended = _wait_for(lambda: [n for n in _jsonl(logs[0]) if "error" in n], 30)
+        assert ended, _jsonl(logs[0])
+        (end,) = ended
+        assert end["error"] == "PeerDead" and "rank 1" in end["message"], end
+        assert end["at"] - killed_at <= 5.0, end["at"] - killed_at
+    finally:
+        if victim is not None and how == "SIGSTOP":
+            os.kill(victim, signal.SIGKILL)
+        for run in runs:
+            try:
+                os.killpg(run.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            run.wait(10)
+        sw.stop()
+
+
 # ---------------------------------------------------------------- in one process
 def test_call_vote_agrees_and_keeps_the_store_small():
     """The vote on one store from two threads: any fault sends both to gloo, any error raises on both; the

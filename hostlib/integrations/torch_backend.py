@@ -122,20 +122,35 @@ class Recovery:
         self.epoch = 0
         self.seconds = 0.0
 
+    def note_error(self, call: int):
+        """This rank raises call `call`'s error (every rank does, but a rank whose switch failed under the
+        same call waits in agree(): it learns here that the call failed, and raises too). Failure path only."""
+        self.store.set(f"recover/{self.epoch}/{self.rank}", f"error {call}")
+        self.epoch += 1
+
     def agree(self, failed_call: int) -> list[int]:
-        """Publish the call this rank failed on; every rank's, in rank order."""
+        """Publish the call this rank failed on; every rank's, in rank order.
+
+        Raises:
+            CallAborted: another rank raised an error instead (its call failed at the switch before it died).
+        """
         start = time.perf_counter()
         prefix = f"recover/{self.epoch}/"
         self.epoch += 1
         self.store.set(prefix + str(self.rank), str(failed_call))
         keys = [prefix + str(r) for r in range(self.size)]
         self.store.wait(keys, self.timeout)
-        calls = [int(self.store.get(k)) for k in keys]
+        said = [self.store.get(k).decode() for k in keys]
+        self.seconds += time.perf_counter() - start
+        raised = [r for r, v in enumerate(said) if v.startswith("error")]
+        if raised:
+            raise errors.CallAborted(f"rank {self.rank}: call {failed_call} failed at the switch on rank "
+                                     f"{raised[0]} ({said[raised[0]]}); it is raised here too", rank=raised[0])
+        calls = [int(v) for v in said]
         low = min(calls)
         if any(c not in (low, low + 1) for c in calls):
             raise RuntimeError(f"process group 'ina': ranks failed on calls {calls} (more than one call apart); "
                                f"the switch's fault cannot be recovered")
-        self.seconds += time.perf_counter() - start
         return calls
 
 
@@ -413,10 +428,9 @@ class ProcessGroupINA(dist.ProcessGroup):
         except SWITCH_FAULTS as e:
             self._count(what, "gloo (recovered)")
             return self._recover(n, x, e)
-        except errors.CollectiveError:
-            raise  # every rank raises it (the switch told every member); the next call re-joins
-        except Exception:
+        except Exception:  # a CollectiveError or the call's input (every rank raises; the next call re-joins)
             self._count(what, "error")
+            self.recovery.note_error(n)
             raise
         self.counters["switch_calls"] += 1
         self._count(what, path)
