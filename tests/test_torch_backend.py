@@ -686,31 +686,69 @@ def test_torch_autoload_entry_point_registers_without_importing_hostlib(tmp_path
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_an_unreachable_switch_at_init_starts_the_group_on_gloo_until_it_joins(backend, tmp_path, monkeypatch):
-    """One rank: nothing listens at INA_SWITCH, so init_process_group warns and the calls go to gloo; a switch
-    started there takes the calls from the next retry on."""
+def test_an_unreachable_switch_at_init_starts_the_group_on_gloo_until_it_joins(backend, tmp_path, monkeypatch, caplog):
+    """One rank: nothing listens at INA_SWITCH, so init_process_group warns and the calls go to gloo (a failed
+    re-join at call 2 logs nothing new); a switch started there takes the calls from the next retry on. One
+    log line per change of path: switch -> gloo, gloo -> switch."""
+    import logging
+
     port = free_port()
     for var, value in {"INA_SWITCH": f"127.0.0.1:{port}", "INA_RETRY_EVERY": "2", **RANK_ENV}.items():
         monkeypatch.setenv(var, value)
     import hostlib  # noqa: F401
 
     sw = None
+    caplog.set_level(logging.INFO, logger="hostlib.integrations.torch_backend")
     with pytest.warns(RuntimeWarning, match="failed .*no switch at"):
         dist.init_process_group("ina", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         pg = dist.group.WORLD
         t = torch.ones(3)
-        dist.all_reduce(t)  # call 0: gloo
-        assert t.tolist() == [1.0] * 3 and pg.ina_stats()["gloo_calls"] == 1 and pg.ina_stats()["faults"] == 1
+        for _ in range(3):  # calls 0, 1 on gloo, call 2 fails to re-join: gloo
+            dist.all_reduce(t)
+        assert t.tolist() == [1.0] * 3 and pg.ina_stats()["gloo_calls"] == 3 and pg.ina_stats()["faults"] == 1
+        assert pg.ina_stats()["failed_rejoins"] == 1
         sw = SwitchProcess("--workers", 1, "--port", port, backend=backend)
-        for _ in range(2):  # call 1 on gloo, call 2 joins
+        for _ in range(2):  # call 3 on gloo, call 4 joins
             dist.all_reduce(t)
         stats = pg.ina_stats()
         assert t.tolist() == [1.0] * 3 and stats["rejoins"] == 1 and stats["switch_calls"] == 1, stats
+        assert stats["paths"] == {"float32 small -> gloo (switch down)": 4,
+                                  "float32 small -> switch (fixed, per element)": 1}, stats["paths"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "hostlib.integrations.torch_backend"]
+        assert len(lines) == 2 and "sums go through gloo" in lines[0] and "re-joined" in lines[1], lines
     finally:
         dist.destroy_process_group()
         if sw is not None:
             assert sw.stop_stats().get("packets_in", 0) > 0
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "no-such-switch.invalid:48864"])
+def test_ina_strict_makes_a_switch_that_cannot_be_joined_fatal_at_init(address, tmp_path, monkeypatch):
+    """INA_STRICT=1: nothing listening, or a host name that does not resolve (a typo), raises at
+    init_process_group instead of training on gloo."""
+    from hostlib import errors
+
+    for var, value in {"INA_SWITCH": address.format(port=free_port()), "INA_STRICT": "1", **RANK_ENV}.items():
+        monkeypatch.setenv(var, value)
+    import hostlib  # noqa: F401
+
+    with pytest.raises(errors.SwitchUnreachable, match="INA_STRICT=1"):
+        dist.init_process_group("ina", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_import_order_never_matters():
+    """torch_backend before torch (which autoloads the entry point while torch_backend is half imported), torch
+    first, hostlib first: "ina" registered, no warning."""
+    for code in ("import hostlib.integrations.torch_backend; import torch.distributed as dist",
+                 "import torch; import hostlib; import torch.distributed as dist",
+                 "import hostlib; import torch.distributed as dist",
+                 "import torch.distributed as dist"):
+        run = subprocess.run([sys.executable, "-W", "error", "-c", f"{code}; print('INA' in dist.Backend._plugins)"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout.strip() == "True" and not run.stderr.strip(), (code, run.stderr)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda.is_available() "
