@@ -21,6 +21,7 @@ $(VENV)/.base: pyproject.toml $(NATIVE_SOURCES)
 $(VENV)/.test: $(VENV)/.base tools/install-horovod.sh
 	$(PY) -m pip install -q -e '.[test,p4,torch,bench]'
 	bash tools/install-horovod.sh $(PY)
+	$(PY) -m hostlib.integrations.futures  # the torch backend's future-error extension, built once (torch's cpp_extension cache)
 	touch $@
 
 install: $(VENV)/.base

@@ -324,6 +324,21 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
             dist.all_reduce(t)
             sums.append(t[0].item() - (2 * k + 1))
         out["restart"] = (before, dict(pg.ina_stats()), sums)
+        # the switch "dies" as a call ends on rank 0 only; rank 1, with the result, makes no other call through
+        # the switch but waits in a barrier of another group: its watcher joins rank 0's recovery
+        real = pg._switch_sum
+
+        def last_result_lost(x):
+            pg._switch_sum = real
+            real(x)
+            raise errors.SwitchUnreachable("injected: the last result never came", switch=pg.switch)
+
+        if rank == 0:
+            pg._switch_sum = last_result_lost
+        t = torch.arange(4, dtype=torch.float32) * (rank + 1)
+        dist.all_reduce(t)
+        dist.barrier(group=gloo)
+        out["idle ahead"] = (t.tolist(), pg.ina_stats())
         dist.destroy_process_group()
         queue.put((rank, _portable(out)))
     except BaseException:  # noqa: BLE001 - the parent reports it
@@ -639,6 +654,16 @@ def test_two_torchruns_a_peer_killed_or_stopped_is_peerdead_on_the_survivor_with
         sw.stop()
 
 
+def test_a_rank_that_makes_no_further_call_joins_a_recovery_from_its_watcher(fallback):
+    """Rank 1 completed the call and waits in a barrier of another group; rank 0 missed the result: rank 1's
+    watcher (a store check every 0.2 s) joins the recovery and hands rank 0 the result, no deadlock."""
+    (outs, _) = fallback
+    for r, out in enumerate(outs):
+        result, stats = out["idle ahead"]
+        assert result == [0.0, 3.0, 6.0, 9.0]
+        assert stats["recovered_results"] >= (1 if r == 0 else 0) and not stats["connected"]
+
+
 # ---------------------------------------------------------------- in one process
 def test_call_vote_agrees_and_keeps_the_store_small():
     """The vote on one store from two threads: any fault sends both to gloo, any error raises on both; the
@@ -721,6 +746,40 @@ def test_an_unreachable_switch_at_init_starts_the_group_on_gloo_until_it_joins(b
         dist.destroy_process_group()
         if sw is not None:
             assert sw.stop_stats().get("packets_in", 0) > 0
+
+
+@pytest.mark.parametrize("extension", [True, False], ids=["extension", "text"])
+def test_ddp_backward_raises_a_call_error_as_an_exception_never_a_crash(extension, tmp_path, monkeypatch):
+    """One rank, DDP, a NaN gradient: with the future-error extension backward raises the ValueError itself;
+    without it (no compiler) a RuntimeError whose text names it. Work.wait() raises the ValueError either way."""
+    from hostlib.integrations import futures
+
+    sw = SwitchProcess("--workers", 1, backend="c")
+    for var, value in {"INA_SWITCH": sw.address, **RANK_ENV}.items():
+        monkeypatch.setenv(var, value)
+    if not extension:
+        monkeypatch.setattr(futures, "_module", None)
+        monkeypatch.setattr(futures, "_tried", True)
+    import hostlib  # noqa: F401
+
+    dist.init_process_group("ina", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(_float_model())
+        x = torch.randn(4, 20)
+        x[0, 0] = float("nan")
+        expected = (ValueError, "NaN") if extension else (RuntimeError, "ValueError: allreduce input contains NaN")
+        with pytest.raises(expected[0], match=expected[1]):
+            ddp(x).pow(2).mean().backward()
+        work = dist.all_reduce(torch.tensor([float("inf"), 1.0]), async_op=True)
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            work.wait()
+        t = torch.tensor(2.5)
+        dist.all_reduce(t)  # the next call is exact
+        assert t.item() == 2.5 and t.shape == ()
+        assert dist.group.WORLD.ina_stats()["future_errors"] == ("extension" if extension else "text")
+    finally:
+        dist.destroy_process_group()
+        sw.stop()
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:{port}", "no-such-switch.invalid:48864"])

@@ -29,7 +29,6 @@ import os
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
@@ -43,6 +42,7 @@ from .common import switch_address
 
 BACKEND = "ina"
 RETRY_EVERY = 50  # calls on gloo between two attempts to re-join the switch ($INA_RETRY_EVERY)
+RECOVERY_POLL = 0.2  # seconds between the watcher's looks for another rank's recovery ($INA_RECOVERY_POLL)
 JOIN_TIMEOUT = 10.0  # seconds the switch's join barrier waits; the store's barrier before it has every rank ready
 FLOAT_CODECS = ("fixed", "nc")
 SWITCH_DTYPES = (torch.int32, torch.float32, torch.bfloat16, torch.float16)
@@ -122,6 +122,10 @@ class Recovery:
         self.epoch = 0
         self.seconds = 0.0
 
+    def begun(self, epoch: int) -> bool:
+        """Whether some rank has begun recovery `epoch` (the watcher's poll: one store check)."""
+        return self.store.check([f"recover/{epoch}/begun"])
+
     def note_error(self, call: int):
         """This rank raises call `call`'s error (every rank does, but a rank whose switch failed under the
         same call waits in agree(): it learns here that the call failed, and raises too). Failure path only."""
@@ -137,6 +141,7 @@ class Recovery:
         start = time.perf_counter()
         prefix = f"recover/{self.epoch}/"
         self.epoch += 1
+        self.store.set(prefix + "begun", "1")
         self.store.set(prefix + str(self.rank), str(failed_call))
         keys = [prefix + str(r) for r in range(self.size)]
         self.store.wait(keys, self.timeout)
@@ -189,8 +194,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         for device in ("cpu", "cuda"):
             self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO, self.gloo)
         self.use_switch = use_switch
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-pg")
-        self._worker_thread: threading.Thread | None = None
+        self._worker = futures.CallQueue(f"ina-pg-{rank}")  # the switch's calls, in call order
         self._warned: set[str] = set()
         self.comm: Communicator | None = None
         self._buffers: dict = {}  # (shape, dtype) -> two result buffers, used in turn (_scratch)
@@ -229,11 +233,16 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._retry_at = 0  # without a connection: the call that joins again
         self._down = False  # a switch fault sent the calls to gloo
         futures.extension()  # built (once per machine) before the first call, not inside DDP's backward
+        self.recovery_poll = float(os.environ.get("INA_RECOVERY_POLL", RECOVERY_POLL))
+        self._closed = threading.Event()
+        self._watched = -1
+        self._watcher = threading.Thread(target=self._watch, name=f"ina-recovery-{rank}", daemon=True)
         outcome, error = self._try_join(initial=True)
         verdict = self.vote("join", outcome)
         if verdict == "ok":
             log.info("process group 'ina': rank %d joined switch %s (job %d, codec %s)", rank, self.switch,
                      self.job, self.codec)
+            self._watcher.start()
             return
         self._drop_comm()
         if outcome == "error":
@@ -245,6 +254,7 @@ class ProcessGroupINA(dist.ProcessGroup):
                                            f": {error or 'a switch fault on another rank'}", switch=self.switch,
                                            job=self.job)
         self._switch_down(error, at=0)
+        self._watcher.start()
 
     # ------------------------------------------------------------------ c10d's interface
     def getBackendName(self) -> str:
@@ -316,13 +326,16 @@ class ProcessGroupINA(dist.ProcessGroup):
     def barrier(self, opts=None):
         """gloo's barrier after this rank's calls through the switch are done (gloo's own barrier waits for
         the work queued before it, too)."""
-        if self.use_switch and threading.current_thread() is not self._worker_thread:
-            self._worker.submit(lambda: None).result()
+        if self.use_switch and threading.current_thread() is not self._worker.thread:
+            self._worker.drain()
         return self.gloo.barrier(opts or dist.BarrierOptions())
 
     def shutdown(self):
         """Finish the calls in flight, leave the switch (its ranks are free at once), shut gloo down."""
-        self._worker.shutdown(wait=True)
+        if self.use_switch:
+            self._closed.set()
+            self._watcher.join(5)
+        self._worker.close()
         self._drop_comm()
         if self.use_switch:
             self._fallback.shutdown()
@@ -375,7 +388,6 @@ class ProcessGroupINA(dist.ProcessGroup):
         ready = _cuda_event(tensors)
 
         def task():
-            self._worker_thread = threading.current_thread()
             try:
                 if ready is not None:
                     ready.synchronize()
@@ -387,8 +399,7 @@ class ProcessGroupINA(dist.ProcessGroup):
                 return
             fut.set_result(out)
 
-        self._worker.submit(task)
-        return FutureWork(fut.future, fut)
+        return FutureWork(fut.future, fut, self._worker, self._worker.submit(task))
 
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
@@ -450,9 +461,10 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._switch_down(error, at=n)
         return False
 
-    def _recover(self, n: int, x: torch.Tensor, error: BaseException) -> torch.Tensor:
-        """The switch failed under call n on this rank: agree on the call each rank failed on (Recovery),
-        hand call n-1's kept result to the ranks that missed it or receive it, then go on through gloo."""
+    def _recover(self, n: int, x: torch.Tensor | None, error: BaseException | None) -> torch.Tensor | None:
+        """The switch failed under call n on this rank (x: its input), or another rank's did while this one
+        was idle before call n (x None, from the watcher): agree on the call each rank is at (Recovery), hand
+        call n-1's kept result to the ranks that missed it or receive it, then go on through gloo."""
         calls = self.recovery.agree(n)
         low = min(calls)
         ahead = [r for r, c in enumerate(calls) if c == low + 1]
@@ -460,7 +472,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._switch_down(error, at=max(calls))
         if ahead:  # call `low` completed on the ranks in `ahead`: its result goes to the others
             src = ahead[0]
-            if n == low:
+            if n == low:  # x is not None: an idle rank at `low` would have held every rank back from low + 1
                 result = torch.empty_like(x)
             else:
                 kept_call, total = kept
@@ -472,7 +484,30 @@ class ProcessGroupINA(dist.ProcessGroup):
             if n == low:
                 self.counters["recovered_results"] += 1
                 return result
-        return self._gloo_sum(x)
+        return None if x is None else self._gloo_sum(x)
+
+    def _watch(self):
+        """The watcher thread: a rank that completed its last call and makes no other (the switch died as that
+        call ended: the last step's last bucket, then a collective of another group) would hold the others'
+        recovery forever. Every RECOVERY_POLL seconds it looks for a recovery begun by another rank (one store
+        check) and, if there is one, joins it from the worker thread, between calls."""
+        while not self._closed.wait(self.recovery_poll):
+            epoch = self.recovery.epoch
+            try:
+                begun = self.recovery.begun(epoch)
+            except Exception:  # noqa: BLE001 - a store gone at shutdown
+                return
+            if begun and self._watched != epoch:
+                self._watched = epoch
+                self._worker.submit(self._join_recovery, epoch)
+
+    def _join_recovery(self, epoch: int):
+        if self.recovery.epoch == epoch:  # not yet handled by a call of this rank's own
+            try:
+                self._recover(self._calls, None, None)
+            except Exception as e:  # noqa: BLE001 - the next call goes to gloo anyway; say why
+                log.warning("process group 'ina': rank %d: joining another rank's recovery failed: %s",
+                            self.rank(), e)
 
     def _switch_sum(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
         """One allreduce through the switch into a result buffer, and the path's name. The connection was
@@ -598,14 +633,18 @@ class FutureWork(dist.Work):
     raises its errors); get_future() is completed with a C++ error for C++ readers (futures.ErrorFuture),
     not with c10d's _create_work_from_future, whose wait() returns the exception as a value."""
 
-    def __init__(self, future: torch.futures.Future, source: "futures.ErrorFuture | None" = None):
+    def __init__(self, future: torch.futures.Future, source: "futures.ErrorFuture | None" = None,
+                 queue: "futures.CallQueue | None" = None, entry=None):
         super().__init__()
-        self.future, self.source = future, source
+        self.future, self.source, self.queue, self.entry = future, source, queue, entry
 
     def wait(self, timeout=None) -> bool:
         if self.source is None:
             self.future.wait()
             return True
+        if self.entry is not None:
+            self.queue.run_now(self.entry)  # not started yet: run it on this thread
+            self.entry = None
         self.source.completed.wait()
         if self.source.error is not None:
             raise self.source.error
