@@ -140,15 +140,19 @@ def ina_hook(state: INAHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         A Future, at once, of the bucket's buffer; it holds the exception (TimeoutError, INAError, ...)
         when the reduction fails, which DDP raises in backward().
     """
+    from .futures import ErrorFuture
+
     buffer = bucket.buffer()
     key = bucket.index()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut = ErrorFuture()  # an error as a C++ error: DDP raises the exception itself, not "Unable to cast"
 
     def done(f):
         try:
-            fut.set_result(f.result())
+            result = f.result()
         except Exception as e:  # noqa: BLE001 - handed to DDP, which raises it in backward()
             fut.set_exception(e)
+            return
+        fut.set_result(result)
 
     state._executor.submit(_average_bucket, state, buffer, key).add_done_callback(done)
-    return fut
+    return fut.future
