@@ -236,6 +236,12 @@ def _collectives_rank(rank, port, address, queue):
         t = torch.ones(6)
         dist.all_reduce(t)
         out["after errors"] = t.tolist()
+        import torch.distributed._functional_collectives as funcol
+
+        out["functional"] = funcol.all_reduce(torch.full((3,), r + 1.0), "sum", dist.group.WORLD).tolist()
+        bad = torch.ones(3)
+        bad[1] = float("inf") if r == 1 else 1.0
+        out["functional inf"] = _caught(lambda: funcol.all_reduce(bad, "sum", dist.group.WORLD).tolist())
         out["everyday"] = _everyday(r, gloo)
         out["ddp nan"] = _ddp_nan(r)
         out["ddp bf16"] = [_ddp_run(g, r, False, 3, dtype=torch.bfloat16)[0] for g in (None, gloo)]
@@ -475,6 +481,12 @@ def test_collective_errors_raise_through_wait_and_the_next_call_is_exact(collect
         assert out["nan"][0] == "ValueError" and "NaN" in out["nan"][1]
         assert out["after errors"] == [2.0] * 6
         assert out["stats"]["gloo_calls"] == 0  # an error is not a fault: nothing fell back
+
+
+def test_functional_collectives_sum_and_raise_by_name(collectives):
+    for out in collectives:
+        assert out["functional"] == [3.0] * 3
+        assert out["functional inf"][0] == "ValueError" and "NaN or Inf" in out["functional inf"][1]
 
 
 def test_ddp_raises_a_nan_on_one_rank_as_valueerror_on_every_rank_and_trains_on(collectives):

@@ -17,9 +17,10 @@ How: each backend runs in a worker process of its own (the suite reads $BACKEND 
 a unittest suite of TestDistBackendWithSpawn (TestDistBackend + _DistTestBase, as test_distributed_spawn.py
 makes it): every test spawns WORLD_SIZE ranks that init a process group on a file store, run the test and
 exit; the suite's per-test timeout ($DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, 300 s) stays, --timeout bounds
-the whole run. For "ina" one C switch (`switchsim serve --backend c --workers WORLD_SIZE`) serves every
-test: each test's process group re-joins it as a new generation. The ranks' output goes to a log per
-backend (its path is printed); progress lines go to stderr.
+the whole run (each backend may use its share of the time left). For "ina" one C switch (`switchsim
+serve --backend c --workers WORLD_SIZE`) serves every test: each test's process group re-joins it as a
+new generation. The ranks' output goes to a log per backend (its path is printed); progress lines go to
+stderr. Timing: about 6 s a test that spawns its ranks on an idle 2-core machine (twice that under load).
 
 The suite's backend gates: many tests are decorated to run only where BACKEND is "gloo" (or in a feature
 set such as DistTestCases.backend_feature["ddp"]), so under its own name ina skips most of the suite.
@@ -122,7 +123,7 @@ if os.environ.get(ENV_BACKEND):
     TestDistBackendWithSpawn = _make_suite_class(os.environ[ENV_BACKEND], os.environ.get(ENV_GATES, "gloo"))
 
 
-def _select(cls, patterns: list[str], everything: bool) -> list[str]:
+def _select(patterns: list[str], everything: bool) -> list[str]:
     from torch.testing._internal.distributed.distributed_test import DistributedTest
 
     names = sorted(n for n in dir(DistributedTest._DistTestBase) if n.startswith("test_"))
@@ -200,7 +201,7 @@ def _worker(config_path: str) -> int:
     with open(config_path) as f:
         cfg = json.load(f)
     cls = globals()["TestDistBackendWithSpawn"]
-    names = _select(cls, cfg["patterns"], cfg["all"])
+    names = _select(cfg["patterns"], cfg["all"])
     with open(cfg["results"], "w") as out:
         out.write(json.dumps({"tests": names}) + "\n")
         out.flush()
@@ -240,6 +241,7 @@ def _run_backend(backend: str, args, run_dir: str, deadline: float, switch_addre
         "WORLD_SIZE": str(args.world_size), "TEMP_DIR": tmp, "INIT_METHOD": "env://",
         "TMPDIR": tmp,  # the suite's per-test temp dirs and file stores, removed with the run's
         "PYTHONUNBUFFERED": "1",
+        "PYTORCH_PRINT_REPRO_ON_FAILURE": "0",  # its hint names a command that does not exist here
     })
     if args.test_timeout:
         env["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(args.test_timeout)
@@ -255,7 +257,7 @@ def _run_backend(backend: str, args, run_dir: str, deadline: float, switch_addre
         if proc.returncode != 0:
             status = f"worker exited with status {proc.returncode} (see {log})"
     except subprocess.TimeoutExpired:
-        status = f"stopped at the --timeout of {args.timeout:.0f} s"
+        status = f"stopped at its share of the --timeout of {args.timeout:.0f} s"
     finally:
         if proc.poll() is None:
             _end_group(proc)
@@ -286,6 +288,14 @@ def _end_group(proc: subprocess.Popen):
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _switch_summary(stats: dict) -> dict:
+    """What the switch says it did (evidence the ina run went through it): packets, bytes, generations."""
+    jobs = stats.get("jobs") or {}
+    return {"packets_in": stats.get("packets_in"), "packets_out": stats.get("packets_out"),
+            "bytes_in": stats.get("bytes_in"),
+            "generation": max((j.get("generation", 0) for j in jobs.values()), default=None)}
 
 
 def _counts(run: dict) -> dict:
@@ -328,6 +338,11 @@ def _print_report(runs: list[dict], comparisons: dict, args):
         c = _counts(run)
         print(f"{run['backend']:<10}{c['run']:>6}{c['passed']:>8}{c['failed']:>8}{c['error']:>8}{c['skipped']:>9}"
               f"{run['seconds']:>9.0f}  {run['status']}")
+    for run in runs:
+        if run.get("switch"):
+            sw = run["switch"]
+            print(f"{run['backend']}: the switch saw {sw['packets_in']} packets in, {sw['packets_out']} out "
+                  f"({sw['bytes_in']} bytes in), job generation {sw['generation']}")
     ref = runs[0]["backend"]
     for backend, cmp in comparisons.items():
         regress = cmp["regressions"]
@@ -362,7 +377,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--timeout", type=float, default=3600.0, help="for the whole run, seconds (default 3600)")
     parser.add_argument("--test-timeout", type=int, default=0,
-                        help="per-test timeout, seconds (default: the suite's, $DISTRIBUTED_TESTS_DEFAULT_TIMEOUT or 300)")
+                        help="per-test timeout, seconds (default: the suite's, "
+                             "$DISTRIBUTED_TESTS_DEFAULT_TIMEOUT or 300)")
     parser.add_argument("--log-dir", help="where the logs and results go (default: a new temporary directory)")
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -386,7 +402,15 @@ def main(argv=None) -> int:
         return 0 if run["tests"] else 1
 
     runs = []
-    for backend in backends:
+    for i, backend in enumerate(backends):
+        # Each backend may use its share of the time left, so a run cut short by --timeout still compares
+        # the backends on the same (alphabetical) first tests; a backend that ends early leaves the rest.
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(backends) - i)
+        if time.monotonic() >= deadline:
+            runs.append({"backend": backend, "tests": [], "rows": {}, "seconds": 0.0,
+                         "status": f"not started: the --timeout of {args.timeout:.0f} s was spent",
+                         "log": os.path.join(run_dir, f"{backend}.log")})
+            continue
         switch = None
         try:
             if backend == "ina":
@@ -394,10 +418,12 @@ def main(argv=None) -> int:
 
                 switch = SwitchProcess("--workers", args.world_size, backend="c")
                 print(f"[ina] switch (C backend, {args.world_size} workers) on {switch.address}", file=sys.stderr)
-            runs.append(_run_backend(backend, args, run_dir, deadline, switch.address if switch else None))
+            runs.append(_run_backend(backend, args, run_dir, share, switch.address if switch else None))
         finally:
             if switch is not None:
-                switch.stop()
+                stats = switch.stop_stats()  # SIGTERM by PID, then its exit counters
+                if runs and runs[-1]["backend"] == backend:
+                    runs[-1]["switch"] = _switch_summary(stats)
             shutil.rmtree(os.path.join(run_dir, f"tmp-{backend}"), ignore_errors=True)
 
     comparisons = {run["backend"]: _compare(runs[0], run) for run in runs[1:]}
@@ -406,7 +432,7 @@ def main(argv=None) -> int:
     if args.json:
         report = {"world_size": args.world_size, "gates": args.gates, "reference": backends[0],
                   "backends": {run["backend"]: {**_counts(run), "status": run["status"], "seconds": run["seconds"],
-                                                "log": run["log"],
+                                                "log": run["log"], "switch": run.get("switch"),
                                                 "tests": {n: {k: r[k] for k in ("outcome", "seconds", "message")}
                                                           for n, r in run["rows"].items()}}
                                for run in runs},
