@@ -86,10 +86,13 @@ class CallSlots:
         carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream s. The next call starts
         on the slot after the last lane used."""
         W = self.W
-        used = rounds if rounds is not None else [total // W + (j < total % W) for j in range(W)]
-        for j, n in enumerate(used):
-            s = self.slot(j)
-            comm._uses[s] = (int(self.uses[s]) + int(n)) & wire.PACKET_ID_MASK
+        if rounds is None:
+            used = np.full(min(total, W), total // W, dtype=np.int64)  # lanes past total sent nothing
+            used[: total % W] += 1
+        else:
+            used = np.asarray(rounds, dtype=np.int64)
+        slots = (self.first + np.arange(used.size)) % W  # one vector step: a window has hundreds of lanes
+        comm._uses[slots] = ((self.uses[slots].astype(np.int64) + used) & wire.PACKET_ID_MASK).astype(np.uint32)
         comm._next_slot = (self.first + (len(rounds) if rounds is not None else total)) % W
 
 

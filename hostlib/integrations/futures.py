@@ -94,43 +94,56 @@ if __name__ == "__main__":
 
 
 class CallQueue:
-    """One thread runs a group's calls in call order (DDP overlaps its buckets with backward), and a caller
-    that waits for a call nobody has started yet runs it itself: a synchronous all_reduce then costs no
-    hand-off between threads (two wake-ups, ~1 ms each on a busy 2-core machine), an asynchronous one still
-    progresses while the caller computes."""
+    """A group's calls in call order, run by one thread or by the caller that waits for them.
+
+    A call submitted from a background thread (DDP's autograd engine, FSDP's hooks) wakes the queue's
+    thread, so it progresses while the caller computes. A call from the main thread does not: the thread that
+    waits for it (c10d's synchronous all_reduce, wait() on an async Work, a barrier) runs it, and every call
+    queued before it, itself. A synchronous call then costs no hand-off between threads (two wake-ups, a
+    millisecond or more on a busy 2-core machine); an async_op=True call from the main thread runs when it is
+    waited for, or when a background call wakes the thread."""
 
     def __init__(self, name: str):
         self._cv = threading.Condition()
         self._tasks: collections.deque = collections.deque()
         self._running = False
         self._closed = False
+        self.inline = 0  # calls run by the thread that waited for them
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, fn, *args) -> list:
-        """Queue fn(*args); returns its entry (for run_now)."""
-        entry = [fn, args]
+    def submit(self, fn, *args, wake: bool = True) -> list:
+        """Queue fn(*args); wake the queue's thread unless wake=False. Returns the call's entry."""
+        entry = _Call(fn, args)
         with self._cv:
             if self._closed:
                 raise RuntimeError("process group 'ina' is shut down")
             self._tasks.append(entry)
-            self._cv.notify_all()
+            if wake:
+                self._cv.notify_all()
         return entry
 
-    def run_now(self, entry) -> bool:
-        """Run entry here if it is next and nothing runs (every earlier call is done); False otherwise."""
-        with self._cv:
-            if self._running or not self._tasks or self._tasks[0] is not entry:
-                return False
-            self._tasks.popleft()
-            self._running = True
-        self._run(entry)
-        return True
+    def run_until(self, entry):
+        """Run, on this thread, the queued calls up to entry (in order), unless the queue's thread is busy
+        with them; returns once entry has left the queue (run here, or taken by the queue's thread)."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: not self._running or entry not in self._tasks)
+                if entry not in self._tasks:
+                    return
+                head = self._tasks.popleft()
+                self._running = True
+                self.inline += 1
+            self._run(head)
 
     def drain(self):
-        """Wait until every call queued so far has run."""
+        """Run (or wait for) every call queued so far."""
         with self._cv:
-            self._cv.wait_for(lambda: not self._tasks and not self._running)
+            last = self._tasks[-1] if self._tasks else None
+        if last is not None:
+            self.run_until(last)
+        with self._cv:
+            self._cv.wait_for(lambda: not self._running)
 
     def close(self):
         """Run what is queued, then stop the thread."""
@@ -143,19 +156,28 @@ class CallQueue:
     def _loop(self):
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: (self._tasks and not self._running) or (self._closed and not self._tasks
-                                                                                    and not self._running))
+                self._cv.wait_for(lambda: (self._tasks and not self._running) or self._closed)
                 if not self._tasks:
-                    return
+                    if self._closed and not self._running:
+                        return
+                    continue
                 entry = self._tasks.popleft()
                 self._running = True
             self._run(entry)
 
     def _run(self, entry):
-        fn, args = entry
         try:
-            fn(*args)
+            entry.fn(*entry.args)
         finally:
             with self._cv:
                 self._running = False
                 self._cv.notify_all()
+
+
+class _Call:
+    """A queued call (compared by identity)."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args

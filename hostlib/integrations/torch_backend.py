@@ -399,7 +399,8 @@ class ProcessGroupINA(dist.ProcessGroup):
                 return
             fut.set_result(out)
 
-        return FutureWork(fut.future, fut, self._worker, self._worker.submit(task))
+        wake = threading.current_thread() is not threading.main_thread()  # see futures.CallQueue
+        return FutureWork(fut.future, fut, self._worker, self._worker.submit(task, wake=wake))
 
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
@@ -643,7 +644,7 @@ class FutureWork(dist.Work):
             self.future.wait()
             return True
         if self.entry is not None:
-            self.queue.run_now(self.entry)  # not started yet: run it on this thread
+            self.queue.run_until(self.entry)  # not started yet: run it (and the calls before it) here
             self.entry = None
         self.source.completed.wait()
         if self.source.error is not None:
