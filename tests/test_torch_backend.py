@@ -810,6 +810,37 @@ def test_ina_strict_makes_a_switch_that_cannot_be_joined_fatal_at_init(address, 
         dist.destroy_process_group()
 
 
+def test_call_queue_runs_calls_in_order_on_the_waiting_thread_or_its_own():
+    """A call nobody wakes the thread for runs on the thread that waits for it (with the calls queued
+    before it, in order); a woken one on the queue's thread; drain runs what is left; a future's reader wakes
+    the thread (futures.CallQueue, as FutureWork uses it)."""
+    import threading
+
+    from hostlib.integrations.futures import CallQueue
+
+    queue, ran = CallQueue("test-queue"), []
+
+    def call(k):
+        ran.append((k, threading.current_thread().name))
+
+    entries = [queue.submit(call, k, wake=False) for k in range(3)]
+    queue.run_until(entries[1])  # runs 0 and 1 here, in order
+    assert ran == [(0, "MainThread"), (1, "MainThread")] and queue.inline == 2
+    done = threading.Event()
+    queue.submit(lambda: (call(3), done.set()))
+    assert done.wait(10)  # woken: the queue's thread ran 2, then 3
+    assert [k for k, _ in ran] == [0, 1, 2, 3] and ran[3][1] == "test-queue"
+    queue.submit(call, 4, wake=False)
+    queue.drain()
+    assert ran[-1][0] == 4
+    done.clear()
+    queue.submit(lambda: done.set(), wake=False)
+    queue.wake()  # what FutureWork.get_future does
+    assert done.wait(10)
+    queue.close()
+    assert not queue.thread.is_alive()
+
+
 def test_import_order_never_matters():
     """torch_backend before torch (which autoloads the entry point while torch_backend is half imported), torch
     first, hostlib first: "ina" registered, no warning."""

@@ -104,7 +104,10 @@ class CallQueue:
     waited for, or when a background call wakes the thread."""
 
     def __init__(self, name: str):
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        self._cv = threading.Condition(lock)  # the queue's thread waits here (for calls to run)
+        self._idle = threading.Condition(lock)  # callers wait here (for a running call to end): a call that
+        # ends wakes them, not the queue's thread, which would cost a wake-up per synchronous call
         self._tasks: collections.deque = collections.deque()
         self._running = False
         self._closed = False
@@ -120,15 +123,20 @@ class CallQueue:
                 raise RuntimeError("process group 'ina' is shut down")
             self._tasks.append(entry)
             if wake:
-                self._cv.notify_all()
+                self._cv.notify()
         return entry
+
+    def wake(self):
+        """Let the queue's thread run the queued calls (someone will wait on a call's future, not here)."""
+        with self._cv:
+            self._cv.notify()
 
     def run_until(self, entry):
         """Run, on this thread, the queued calls up to entry (in order), unless the queue's thread is busy
         with them; returns once entry has left the queue (run here, or taken by the queue's thread)."""
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: not self._running or entry not in self._tasks)
+                self._idle.wait_for(lambda: not self._running or entry not in self._tasks)
                 if entry not in self._tasks:
                     return
                 head = self._tasks.popleft()
@@ -143,7 +151,7 @@ class CallQueue:
         if last is not None:
             self.run_until(last)
         with self._cv:
-            self._cv.wait_for(lambda: not self._running)
+            self._idle.wait_for(lambda: not self._running)
 
     def close(self):
         """Run what is queued, then stop the thread."""
@@ -171,7 +179,9 @@ class CallQueue:
         finally:
             with self._cv:
                 self._running = False
-                self._cv.notify_all()
+                self._idle.notify_all()
+                if self._tasks or self._closed:
+                    self._cv.notify()
 
 
 class _Call:

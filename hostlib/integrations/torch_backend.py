@@ -399,7 +399,9 @@ class ProcessGroupINA(dist.ProcessGroup):
                 return
             fut.set_result(out)
 
-        wake = threading.current_thread() is not threading.main_thread()  # see futures.CallQueue
+        # see futures.CallQueue: a call made from another thread or inside backward (DDP's reducer, FSDP's
+        # hooks: the autograd engine runs CPU graphs on the caller's thread) must progress without a wait()
+        wake = threading.current_thread() is not threading.main_thread() or torch._C._current_autograd_node() is not None
         return FutureWork(fut.future, fut, self._worker, self._worker.submit(task, wake=wake))
 
     def _scatter(self, outputs, inputs, op):
@@ -530,7 +532,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
         if wide.is_cuda:
             return comm.allreduce(wide).to(x.dtype), path
-        total = comm.allreduce(wide, out=self._scratch(wide))
+        total = self._scratch(wide)
+        comm.allreduce(wide.detach().numpy(), out=total.numpy())  # numpy views: hostlib's shortest path
         return (total if total.dtype == x.dtype else total.to(x.dtype)), path
 
     def _scratch(self, x: torch.Tensor) -> torch.Tensor:
@@ -539,10 +542,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         shorter one). A fresh 64 MiB tensor per call costs its page faults, ~10 ms."""
         key = (tuple(x.shape), x.dtype)
         pair = self._buffers.pop(key, None)
-        if pair is None:
-            pair = [torch.empty(x.shape, dtype=x.dtype), None]
-        elif pair[1] is None:
-            pair[1] = torch.empty(x.shape, dtype=x.dtype)
+        if pair is None:  # both at once, their pages touched now: the second call of a size faults none in
+            pair = [torch.zeros(x.shape, dtype=x.dtype), torch.zeros(x.shape, dtype=x.dtype)]
         pair.reverse()  # the buffer not used by the previous call of this size
         self._buffers[key] = pair  # most recent last
         while len(self._buffers) > 2:
@@ -652,9 +653,13 @@ class FutureWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
+        if self.entry is not None:
+            self.queue.wake()  # its reader waits on the future: the queue's thread must run the call
         return self.future
 
     def is_completed(self) -> bool:
+        if self.entry is not None:
+            self.queue.wake()
         return self.future.done()
 
 
