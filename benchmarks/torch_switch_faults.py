@@ -24,12 +24,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
 
 from inabench.harness import SwitchProcess, free_port, run_ranks  # noqa: E402
 
 
-def _rank(rank, world, port, address, retry_every, stop, out):
+def _rank(rank, world, port, address, retry_every, started, stop, out):
     """DDP steps on the integer model until the parent sets `stop` (all ranks stop at the same step: a MAX
     over gloo each step), then the same steps on gloo alone from the same start."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -40,15 +39,37 @@ def _rank(rank, world, port, address, retry_every, stop, out):
     import torch.distributed as dist
 
     import hostlib  # noqa: F401
-    from ddp_compare import batch_loss, integer_model
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     dist.init_process_group("ina")
     gloo = dist.new_group(backend="gloo")
 
+    def integer_model():
+        """Two bias-free layers side by side, integer weights: each gradient is t^T x, an integer that does
+        not depend on the weights, so thousands of steps stay exact in float32 (a deep model's grow)."""
+        g = torch.Generator().manual_seed(0)
+        model = torch.nn.ModuleList([torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(8, 4, bias=False)])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randint(-2, 3, p.shape, generator=g).float())
+        return model
+
+    class Side(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = integer_model()
+
+        def forward(self, x):
+            return [layer(x) for layer in self.layers]
+
+    def batch_loss(ddp, g):
+        x = torch.randint(-3, 4, (5, 8), generator=g).float()
+        t = torch.randint(-1, 2, (5, 4), generator=g).float()
+        return sum((y * t).sum() for y in ddp(x))
+
     def train(group, steps=None):
-        model = integer_model()
+        model = Side()
         ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.0001)
         opt = torch.optim.SGD(ddp.parameters(), lr=1.0)
         n, start = 0, time.perf_counter()
@@ -62,9 +83,11 @@ def _rank(rank, world, port, address, retry_every, stop, out):
                 break
             g = torch.Generator().manual_seed(1000 * n + rank)
             opt.zero_grad()
-            batch_loss(ddp, True, g).backward()
+            batch_loss(ddp, g).backward()
             opt.step()
             n += 1
+            if rank == 0 and steps is None:
+                started.set()
         params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         return n, params, time.perf_counter() - start
 
@@ -86,8 +109,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kills", type=int, default=200)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--backend", default="c", choices=["python", "c"])
-    ap.add_argument("--gap-ms", type=float, default=300.0, help="the delay before each kill: uniform in [0, GAP]")
+    ap.add_argument("--gap-ms", type=float, default=600.0, help="the delay before each kill: uniform in [0, GAP]")
     ap.add_argument("--retry-every", type=int, default=4)
+    ap.add_argument("--loss", type=float, default=0.0, help="the switch's loss rate (serve --loss): a rank that "
+                    "waits for a lost result when the switch dies is one the others must hand the result to")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -97,19 +122,21 @@ def main(argv=None) -> int:
 
     rnd = random.Random(args.seed)
     port = str(free_port())
-    sw = SwitchProcess("--workers", args.workers, "--port", port, backend=args.backend)
-    stop = mp.get_context("spawn").Event()
+    serve = ["--workers", args.workers, "--port", port, "--loss", args.loss]
+    sw = SwitchProcess(*serve, backend=args.backend)
+    started, stop = mp.get_context("spawn").Event(), mp.get_context("spawn").Event()
     kills = [0]
 
     def killer():
         nonlocal sw
-        time.sleep(3.0)  # the ranks start and join
+        if not started.wait(300):  # the ranks start, join and train
+            return
         while kills[0] < args.kills:
             time.sleep(rnd.uniform(0, args.gap_ms / 1000))
             os.kill(sw.proc.pid, signal.SIGKILL)
             sw.proc.wait()
             kills[0] += 1
-            sw = SwitchProcess("--workers", args.workers, "--port", port, backend=args.backend)
+            sw = SwitchProcess(*serve, backend=args.backend)
         time.sleep(1.0)
         stop.set()
 
@@ -117,7 +144,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     thread.start()
     try:
-        reports = dict(run_ranks(_rank, args.workers, (sw.address, args.retry_every, stop), expect=args.workers,
+        reports = dict(run_ranks(_rank, args.workers, (sw.address, args.retry_every, started, stop), expect=args.workers,
                                  timeout=3600))
     finally:
         stop.set()
@@ -125,7 +152,8 @@ def main(argv=None) -> int:
         sw.stop()
     ranks = [reports[r] for r in range(args.workers)]
     steps = {r["steps"] for r in ranks}
-    row = {"kills": kills[0], "workers": args.workers, "backend": args.backend, "steps": max(steps),
+    row = {"kills": kills[0], "workers": args.workers, "backend": args.backend, "loss": args.loss,
+           "steps": max(steps),
            "faults": max(r["faults"] for r in ranks), "recoveries": max(r["recoveries"] for r in ranks),
            "recovered_results": sum(r["recovered_results"] for r in ranks),
            "switch_calls": ranks[0]["switch_calls"], "gloo_calls": ranks[0]["gloo_calls"],
@@ -137,10 +165,11 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(row))
     else:
-        print("| kills | workers | steps | faults | recoveries | results handed over | divergent | lost steps | "
+        print("| kills | workers | loss | steps | faults | recoveries | results handed over | divergent | lost steps | "
               "stall per fault |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        print(f"| {row['kills']} | {row['workers']} | {row['steps']} | {row['faults']} | {row['recoveries']} | "
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        print(f"| {row['kills']} | {row['workers']} | {row['loss']:g} | {row['steps']} | {row['faults']} | "
+              f"{row['recoveries']} | "
               f"{row['recovered_results']} | {row['divergent']} | {row['lost_steps']} | "
               f"{row['stall_per_fault_s']:.2f} s |")
     return 0 if row["divergent"] == 0 and row["lost_steps"] == 0 else 1

@@ -4,20 +4,24 @@
     import hostlib, torch.distributed as dist
     dist.init_process_group("ina")
 
-What goes through the switch: all_reduce with SUM or AVG of int32 (codec int32, exact) and floating tensors
-(the codec of $INA_CODEC, default fixed), allreduce_coalesced, and the reduce-scatters (an allreduce of the
-whole input, then this rank's shard). Everything else (broadcast, all_gather*, barrier, send/recv, alltoall,
-MIN/MAX/PRODUCT, other dtypes) runs on a gloo backend made from the same store. A subgroup (new_group) runs
-entirely on gloo: the switch job belongs to the world group.
+What goes through the switch: all_reduce with SUM or AVG of int32 (codec int32, exact), float32, bfloat16 and
+float16 tensors (16-bit as float32; reductions of at most SMALL_ELEMENTS elements, a loss or metrics, in fixed
+point with one exponent per element, larger ones by the codec of $INA_CODEC, default fixed),
+allreduce_coalesced, and the reduce-scatters (an allreduce of the whole input, then this rank's shard).
+Everything else (broadcast, all_gather*, barrier, send/recv, alltoall, MIN/MAX/PRODUCT, float64 and other
+dtypes) runs on a gloo backend made from the same store. A subgroup (new_group) runs entirely on gloo: the
+switch job belongs to the world group.
 
-The calls through the switch run on one worker thread per group, in call order (DDP overlaps its buckets
-with backward), each returning a Work at once. The switch's result goes to a staging tensor; the ranks then
-vote on the call through the c10d store (CallVote): all ok, the result is released; any switch fault
-(unreachable, restarted, not a member, no answer), every rank sums its intact input with a second gloo
-backend instead, so a switch that dies as a call ends costs time, never a wrong or diverging result. After
-a fault the calls go to gloo directly, and every $INA_RETRY_EVERY calls (default 50) the group tries to
-re-join the switch. A CollectiveError (CallMismatch, CallAborted, PeerDead) and input errors are raised
-through wait(), as gloo raises its errors.
+The calls through the switch run in call order on one queue per group (futures.CallQueue: its thread for
+DDP's buckets, which overlap backward; the waiting thread itself for a synchronous call), each returning a
+Work at once. A call's error completes the Work's future as a C++ error holding the Python exception
+(futures.ErrorFuture), so DDP, FSDP2, functional collectives and wait() raise it by name. A call costs no
+store operation: while the switch lives, a call completes or fails on every rank (protocol v3). When the
+switch fails under a call, the ranks agree through the store on the call each is at (Recovery), the ranks
+that hold the last call's result (result buffers alternate, so it is intact) hand it to those that missed
+it, and the calls go to gloo, with every rank's intact input; every $INA_RETRY_EVERY calls (default 50) the
+group tries to re-join the switch (one store vote). A CollectiveError (CallMismatch, CallAborted, PeerDead)
+and input errors are raised on every rank, as gloo raises its errors.
 
 The backend is registered when hostlib is imported (hostlib/__init__.py; after torch's own import if torch
 comes later) or by torch's backend autoload (the "torch.backends" entry point in pyproject.toml).
