@@ -144,8 +144,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     thread.start()
     try:
-        reports = dict(run_ranks(_rank, args.workers, (sw.address, args.retry_every, started, stop), expect=args.workers,
-                                 timeout=3600))
+        reports = dict(run_ranks(_rank, args.workers, (sw.address, args.retry_every, started, stop),
+                                 expect=args.workers, timeout=3600))
     finally:
         stop.set()
         thread.join(30)

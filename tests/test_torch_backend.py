@@ -274,9 +274,9 @@ def _portable(obj):
 
 
 def _fallback_rank(rank, port, address, step_done, killed, want_restart, restarted, queue):
-    """The switch dying as call 1 ends (injected: rank 0 misses the result, rank 1 fails on call 2), a re-join of the live
-    switch, then DDP on an integer model: KILL_AFTER steps through the switch, the switch SIGKILLed by the
-    parent, the rest through gloo; the same training on gloo alone; then the switch restarted on its port
+    """The switch dying as call 1 ends (injected: rank 0 misses the result, rank 1 fails on call 2), a
+    re-join of the live switch, then DDP on an integer model: KILL_AFTER steps through the switch, the switch
+    SIGKILLed by the parent, the rest through gloo; the same training on gloo alone; then the switch restarted on its port
     and the group back on it after RETRY_EVERY calls."""
     try:
         pg, gloo = _init(rank, port, address, {"INA_RETRY_EVERY": str(RETRY_EVERY)})

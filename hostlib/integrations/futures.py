@@ -6,7 +6,7 @@ object where they expect tensors, and crash (SIGSEGV) or fail with "Unable to ca
 process group written in Python must complete the future with a C++ error instead. Two ways, best first:
 
 - `future_error.cpp`, a small torch extension built once per machine and torch version (torch's
-  cpp_extension, cached in $TORCH_EXTENSIONS_DIR, ~1 minute on 2 cores; `python -m
+  cpp_extension, cached in $TORCH_EXTENSIONS_DIR, ~30 s on 2 cores; `python -m
   hostlib.integrations.futures` builds it, `make install-test` does): the error is a torch::python_error
   holding the exception, so `loss.backward()` under DDP raises the *same* exception (PeerDead, ValueError,
   ...) on every rank.
@@ -86,13 +86,6 @@ class ErrorFuture:
         self.completed.set()
 
 
-if __name__ == "__main__":
-    module = extension()
-    print(f"hostlib: {'built' if module is not None else 'could not build'} the future-error extension "
-          f"({_SOURCE})")
-    raise SystemExit(0 if module is not None else 1)
-
-
 class CallQueue:
     """A group's calls in call order, run by one thread or by the caller that waits for them.
 
@@ -115,8 +108,13 @@ class CallQueue:
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, fn, *args, wake: bool = True) -> list:
-        """Queue fn(*args); wake the queue's thread unless wake=False. Returns the call's entry."""
+    def submit(self, fn, *args, wake: bool | None = None) -> "_Call":
+        """Queue fn(*args) and return its entry. wake=None: wake the queue's thread for a call made from
+        another thread or inside backward (DDP's reducer, FSDP's hooks: the autograd engine runs CPU graphs
+        on the caller's thread), which must progress with nobody waiting on it."""
+        if wake is None:
+            wake = threading.current_thread() is not threading.main_thread() or \
+                torch._C._current_autograd_node() is not None
         entry = _Call(fn, args)
         with self._cv:
             if self._closed:
@@ -191,3 +189,10 @@ class _Call:
 
     def __init__(self, fn, args):
         self.fn, self.args = fn, args
+
+
+if __name__ == "__main__":
+    module = extension()
+    print(f"hostlib: {'built' if module is not None else 'could not build'} the future-error extension "
+          f"({_SOURCE})")
+    raise SystemExit(0 if module is not None else 1)

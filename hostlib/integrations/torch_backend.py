@@ -403,10 +403,7 @@ class ProcessGroupINA(dist.ProcessGroup):
                 return
             fut.set_result(out)
 
-        # see futures.CallQueue: a call made from another thread or inside backward (DDP's reducer, FSDP's
-        # hooks: the autograd engine runs CPU graphs on the caller's thread) must progress without a wait()
-        wake = threading.current_thread() is not threading.main_thread() or torch._C._current_autograd_node() is not None
-        return FutureWork(fut.future, fut, self._worker, self._worker.submit(task, wake=wake))
+        return FutureWork(fut.future, fut, self._worker, self._worker.submit(task))
 
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
@@ -435,10 +432,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         n = self._calls
         self._calls += 1
         what = _kind(x)
-        if self.comm is None and n < self._retry_at:
-            self._count(what, "gloo (switch down)")
-            return self._gloo_sum(x)
-        if self.comm is None and not self._rejoin(n):
+        if self.comm is None and (n < self._retry_at or not self._rejoin(n)):
             self._count(what, "gloo (switch down)")
             return self._gloo_sum(x)
         try:
