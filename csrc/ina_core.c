@@ -224,6 +224,15 @@ int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *o
     return 0;
 }
 
+int ina_switch_is_member(const ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src)
+{
+    if (len < INA_HEADER_SIZE)
+        return 0;
+    const job_t *j = job_of(sw, (uint32_t)pkt[INA_OFF_JOB] << 8 | pkt[INA_OFF_JOB + 1]);
+    uint8_t rank = pkt[INA_OFF_RANK];
+    return j && j->generation && rank < j->world_size && j->addresses[rank] == src;
+}
+
 /* model: Switch._error. The generation's error to a rank: a header (count 0) and the failure's payload,
  * transient (a later generation's failure rewrites it), with the switch's boot id. As the answer to a data
  * packet (answered, else NULL) it echoes the packet's id and pool with INA_FLAG_REPLY */

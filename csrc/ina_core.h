@@ -38,6 +38,9 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
  * unknown job. */
 int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
                      const uint64_t *addrs, uint32_t elements);
+/* whether pkt's (job, rank) is a member of the job's admitted generation (failed or not) sending from its
+ * address: the control plane takes members' requests first (control.py ControlPlane.known) */
+int ina_switch_is_member(const ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src);
 /* per rank of the job: packets admitted (right address and session), for the control plane's liveness */
 int ina_switch_member_packets(const ina_switch *sw, uint32_t job_id, uint64_t *out);
 void ina_switch_count_drop(ina_switch *sw, int reason); /* a drop decided outside the core */

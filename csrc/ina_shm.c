@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -24,6 +25,7 @@ struct ina_shm_client {
     ino_t ino;
     double next_check; /* ina_shm_switch_gone: when to look again */
     int gone;
+    pthread_mutex_t up; /* the up ring has one producer: the worker loop and the heartbeat thread take turns */
 };
 
 #define GONE_EVERY 0.1 /* seconds between ina_shm_switch_gone's checks */
@@ -84,6 +86,7 @@ ina_shm_client *ina_shm_connect(const char *name, int *err)
         return NULL;
     }
     c->seg = seg, c->size = size, c->pid = (uint32_t)getpid();
+    pthread_mutex_init(&c->up, NULL);
     memcpy(c->path, path, sizeof path);
     c->dev = st.st_dev, c->ino = st.st_ino;
     for (uint32_t p = 0; p < seg->ports; p++)
@@ -106,6 +109,7 @@ void ina_shm_close(ina_shm_client *c)
     uint32_t me = c->pid;
     atomic_compare_exchange_strong(&c->seg->port[c->port].owner, &me, 0);
     munmap(c->seg, c->size);
+    pthread_mutex_destroy(&c->up);
     free(c);
 }
 
@@ -115,7 +119,10 @@ int ina_shm_queue(ina_shm_client *c, const uint8_t *pkt, uint32_t len)
 {
     if (len > INA_SHM_MAX_PACKET)
         return -1;
-    return ina_ring_push(&c->seg->port[c->port].up, pkt, len, NULL, 0);
+    pthread_mutex_lock(&c->up);
+    int rc = ina_ring_push(&c->seg->port[c->port].up, pkt, len, NULL, 0);
+    pthread_mutex_unlock(&c->up);
+    return rc;
 }
 
 void ina_shm_flush(ina_shm_client *c) { ina_bell_ring(&c->seg->bell, &c->seg->sleeping); }

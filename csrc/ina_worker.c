@@ -551,6 +551,8 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->stale_results++; /* not of this job's generation (an error of another session too) */
         return INA_WK_AGAIN;
     }
+    if (h.msg_type == INA_MSG_HEARTBEAT)
+        return INA_WK_AGAIN; /* the switch's answer to a heartbeat: it is alive (the caller sees packets_received) */
     if (h.msg_type == INA_MSG_ERROR && len >= INA_HEADER_SIZE + INA_ERROR_PAYLOAD_SIZE &&
         d[INA_HEADER_SIZE] == INA_ERR_DROPPED)
         return on_dropped(w, d, len);

@@ -3,7 +3,7 @@ TypeError / ValueError / OverflowError, agreed with the peers first). One base, 
 in attributes, so a framework can react to the kind of failure without parsing messages:
 
 - `cause`: a short name ("call_mismatch", "aborted", "peer_dead", "not_member", "restarted",
-  "unreachable", "rejected", "rank_taken", "timeout");
+  "unreachable", "silent", "rejected", "rank_taken", "timeout");
 - `rank`: the rank the error names (the one that differed, aborted, died or holds a rank), or None;
 - `switch`: the switch's address as the worker was given it ("HOST:PORT" or "shm://NAME").
 
@@ -70,6 +70,13 @@ class SwitchUnreachable(SwitchFault, ConnectionError):
     """Nothing listens at the switch's address (connection refused), or the shared-memory switch exited."""
 
     cause = "unreachable"
+
+
+class SwitchSilent(SwitchFault, TimeoutError):
+    """The switch stopped answering (no result, no heartbeat answer for SWITCH_SILENT seconds) while the
+    worker waited on it: it is stopped, hung, or the path to it is cut."""
+
+    cause = "silent"
 
 
 class SwitchRestarted(SwitchFault):

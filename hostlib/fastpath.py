@@ -16,7 +16,7 @@ from . import kernels
 from . import errors
 from .codecs import natural
 
-RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C), progress callbacks and heartbeats are served
+RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C), progress callbacks and silence checks are served
 
 
 def gso_modes(comm) -> tuple[bool, bool]:
@@ -58,7 +58,8 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     out_dtype(kind_), possibly flat itself) the loop decodes each result into out instead and returns it.
     Every packet carries the call's identity (comm._call, comm._call_kind, comm._call_len: set by the
     Communicator's _begin_call) and the join_ack's boot (comm.boot); results of another call are stale.
-    Between the C loop's chunks (RUN_MS) comm.heartbeat_due() may send a heartbeat on the same socket or ring.
+    Between the C loop's chunks (RUN_MS) comm.check_silence() raises SwitchSilent when nothing came for
+    SWITCH_SILENT seconds (the heartbeat thread beats meanwhile; the switch answers each).
     Raises errors.CallTimeout when a packet gets no result within comm.timeout, comm.error_from_datagram(error)
     when the switch sends an error of this session that ends the call (worker.py _results: not a member, or
     the answer to a packet in flight; a failure's multicast becomes comm._pending if the call still completes),
@@ -112,11 +113,11 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
         raise ValueError(f"native worker loop: bad parameters (window {w.window}, k {w.k}, world {w.world}, "
                          f"kind {w.kind}, exponents {'given' if exps is not None else 'none'})")
     try:
-        reported = 0
+        reported = received = 0
         while True:
-            # before each chunk, as the Python loop's first scan does: the C loop is paused, so the socket
-            # (or ring) is free for a heartbeat
-            comm.heartbeat_due()
+            if w.packets_received != received:  # anything at all (a result, a heartbeat's answer) is the switch
+                received, comm._heard_at = w.packets_received, time.monotonic()
+            comm.check_silence()
             rc = lib.ina_wk_run(w, RUN_MS)
             if progress is not None and w.ndone != reported:
                 reported = w.ndone

@@ -35,6 +35,7 @@ from . import fastpath, rng, wire
 from .codecs import get_codec
 from . import errors
 from .errors import INAError
+from .heartbeat import HEARTBEAT_EVERY, Heartbeat  # noqa: F401 - HEARTBEAT_EVERY: public name
 from .shm import ShmSocket
 from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator, SparseStream
 
@@ -44,7 +45,10 @@ from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator,
 # flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
 IN_FLIGHT_BYTES = 512 << 10
 AUTO_WINDOW_MAX = 1024
-HEARTBEAT_EVERY = 1.0  # seconds; the switch declares a member dead after 3 s of silence (switchsim/control.py)
+# a worker that hears nothing from its switch this long while it waits (in a call or a join), although the
+# switch answers every heartbeat, names it: SwitchSilent (stopped, hung, or the path is cut)
+SWITCH_SILENT = 3.0
+JOIN_ANSWERS = (wire.MSG_JOIN_WAIT, wire.MSG_JOIN_ACK, wire.MSG_ERROR)
 REFUSED_AFTER = 0.5  # seconds of "connection refused" with nothing heard: no switch listens there
 ABORT_WAIT = 1.0  # seconds an abort is repeated (every 0.1 s) until the switch's error confirms it
 
@@ -148,8 +152,8 @@ class Communicator:
         self._pending: INAError | None = None  # the generation failed: the next call raises this
         self._rejoin = False  # the generation is gone: the next call joins a new one first
         self._refused_since: float | None = None
-        self._lock = threading.RLock()  # one call (or join, or heartbeat) on the socket at a time
-        self._beat_at = 0.0
+        self._lock = threading.RLock()  # one call (or join) on the socket at a time
+        self._heard_at = time.monotonic()  # when the switch was last heard (SWITCH_SILENT)
         self.drop_notes: list[str] = []  # what the switch said of this worker's dropped packets (the last few)
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
@@ -162,15 +166,15 @@ class Communicator:
             self.sock.setblocking(False)
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
+        self._sock_closed = False
+        self._heartbeat = Heartbeat(self.sock)
         try:
             self._start_generation()
         except BaseException:
+            self._heartbeat.stop()
             self._withdraw()
             self.sock.close()
             raise
-        self._closed, self._sock_closed = threading.Event(), False
-        self._beater = threading.Thread(target=self._beat_between_calls, name=f"ina-heartbeat-{rank}", daemon=True)
-        self._beater.start()
 
     def _start_generation(self):
         """Join (a barrier with every rank) and set up a fresh generation: window, slots, call numbers."""
@@ -185,6 +189,8 @@ class Communicator:
         self._call = 0  # the call number on the wire: calls since this join
         self._call_kind = self._call_len = 0
         self._pending, self._rejoin = None, False
+        self._heartbeat.set(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=self.session,
+                                      boot=self.boot))
 
     # ------------------------------------------------------------------ helpers
     def addressing(self) -> tuple[int, int]:
@@ -215,6 +221,7 @@ class Communicator:
             self._refused()
             return b""  # ICMP port unreachable: the switch is not there (yet)
         self._refused_since = None
+        self._heard_at = time.monotonic()
         self.stats.packets_received += 1
         self.stats.bytes_received += n
         return bytes(self._view[:n])
@@ -239,33 +246,22 @@ class Communicator:
             f"{'' if self._refused_since is not None else '; its process exited'}): it died or was never started",
             switch=self.switch, job=self.job)
 
-    def heartbeat_due(self):
-        """Send a heartbeat if HEARTBEAT_EVERY passed since the last one (the loops call this; the C loop's
-        driver between its run chunks)."""
-        now = time.monotonic()
-        if now - self._beat_at >= HEARTBEAT_EVERY and not self._rejoin:
-            self._beat_at = now
-            self.stats.heartbeats += 1  # not in packets_sent/bytes_sent: those count the calls' traffic
-            try:
-                self.sock.send(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=self.session,
-                                         boot=self.boot))
-            except ConnectionRefusedError:
-                self._refused()
-            except (BlockingIOError, PermissionError):
-                pass
+    def check_silence(self):
+        """Raise SwitchSilent when nothing came from the switch for SWITCH_SILENT seconds while this worker
+        waits on it (the loops call this; silence is counted from the start of the call or join): the switch
+        answers every heartbeat, so a live switch is never silent that long."""
+        silent = time.monotonic() - self._heard_at
+        if silent >= SWITCH_SILENT:
+            self._rejoin = True
+            raise errors.SwitchSilent(
+                f"rank {self.rank}: job {self.job}: nothing heard from switch {self.switch} for {silent:.1f} s "
+                f"while waiting on it (its heartbeat answers stopped): it is stopped, hung, or the path to it is "
+                f"cut; the next call re-joins", switch=self.switch, job=self.job)
 
-    def _beat_between_calls(self):
-        """The heartbeat thread: between calls (the loops beat themselves in calls), so a rank that computes
-        for minutes is alive to the switch."""
-        while not self._closed.wait(HEARTBEAT_EVERY / 4):
-            if self._lock.acquire(blocking=False):
-                try:
-                    if not self._closed.is_set():
-                        self.heartbeat_due()
-                except OSError:
-                    pass  # a closing socket: the switch learns it by the silence
-                finally:
-                    self._lock.release()
+    @property
+    def heartbeats(self) -> int:
+        """Heartbeats sent (not in packets_sent/bytes_sent: those count the calls' traffic)."""
+        return self._heartbeat.sent()
 
     def _wait(self, seconds: float):
         if isinstance(self.sock, ShmSocket):
@@ -281,6 +277,7 @@ class Communicator:
         mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window, elements) if self.key
                else bytes(wire.JOIN_MAC_SIZE))
         join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac, elements)
+        echo = nonce & wire.PACKET_ID_MASK  # the switch's answers to this join carry it (others are not ours)
         deadline = time.monotonic() + timeout
         joined, heard, refused, confirmed = 0, False, False, False
         self._refused_since = None
@@ -297,21 +294,25 @@ class Communicator:
                         h = wire.unpack(data)
                     except wire.WireError:
                         continue
-                    heard = True
-                    if h.msg_type == wire.MSG_ERROR and h.job == self.job and h.session == 0:
+                    if h.job != self.job or h.packet_id != echo or h.msg_type not in JOIN_ANSWERS:
+                        continue  # not an answer to this join: a late one to an earlier join, or a forged join's
+                    heard, self._heard_at = True, time.monotonic()
+                    if h.msg_type == wire.MSG_ERROR and h.session == 0:
                         raise self._join_error(data)
-                    if h.msg_type == wire.MSG_JOIN_WAIT and h.job == self.job:
+                    if h.msg_type == wire.MSG_JOIN_WAIT:
                         joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
                         if not confirmed:  # the switch counts a join once it is repeated: do it at once
                             confirmed = True
                             self._send(join)
-                    if h.msg_type == wire.MSG_JOIN_ACK and h.job == self.job:
+                    if h.msg_type == wire.MSG_JOIN_ACK:
                         self.generation, self.slots, self.max_elements, self.window, self._first_id = (
                             wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE))
                         self.session, self.boot = h.session, h.boot
                         return
             if not heard:
                 self.check_switch()
+            else:  # a switch that answered this join and then stopped answering is named, not waited for
+                self.check_silence()
             if time.monotonic() >= deadline:
                 where = f"{self.address[0]}:{self.address[1]}"
                 if not heard:
@@ -438,13 +439,15 @@ class Communicator:
         if self._rejoin:  # this rank raised the generation's failure already: what waits is stale
             self._drain(stale=True)
             self._start_generation()
+        self._heard_at = time.monotonic()  # silence counts from here (SWITCH_SILENT)
 
     def _drain(self, stale: bool = False):
         """Take what waits on the socket between calls: an error of this generation becomes pending; the
         rest (late duplicates of results) is stale."""
         while (data := self._recv()) is not None:
             h = _parse(data)
-            if h is not None and h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
+            if h is not None and (h.msg_type == wire.MSG_HEARTBEAT or
+                                  h.msg_type == wire.MSG_ERROR and self._dropped_note(data)):
                 continue
             if (not stale and h is not None and h.msg_type == wire.MSG_ERROR and h.job == self.job
                     and h.session == self.session):
@@ -501,6 +504,7 @@ class Communicator:
         start = time.perf_counter()
         out = run()
         self.stats.seconds += time.perf_counter() - start
+        self.stats.heartbeats = self._heartbeat.sent()
         self.stats.allreduces += 1
         self.stats.elements += elements
         return out
@@ -582,8 +586,8 @@ class Communicator:
             if now >= next_scan:
                 next_scan = now + SCAN_EVERY
                 self._scan(stream, inflight, now)
-                self.heartbeat_due()
                 self.check_switch()
+                self.check_silence()
         stream.commit()
         if progress is not None:
             progress(stream.N)
@@ -639,6 +643,8 @@ class Communicator:
             if h.job != self.job or h.session != self.session:
                 self.stats.stale_results += 1  # not of this job's generation
                 continue
+            if h.msg_type == wire.MSG_HEARTBEAT:
+                continue  # the switch's answer to a heartbeat: it is alive (_recv noted when)
             if h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
                 continue
             if h.msg_type == wire.MSG_ERROR:
@@ -687,7 +693,7 @@ class Communicator:
     def close(self):
         """Leave the job and close the socket, so the ranks are free for a new generation at once instead
         of after the switch notices the silence. Best effort: a lost leave is not an error."""
-        self._closed.set()
+        self._heartbeat.stop()  # before the socket goes: the heartbeat thread sends on it
         with self._lock:
             self._leave_and_close()
 
@@ -695,6 +701,7 @@ class Communicator:
         if self._sock_closed:
             return
         self._sock_closed = True
+        self.stats.heartbeats = self._heartbeat.sent()
         try:
             self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank, session=self.session,
                                      boot=self.boot))

@@ -26,6 +26,7 @@ LANES = 64  # elements per packet: 64 int32 lanes = 256 bytes, under BMv2's 512-
 SLOT_CAPACITY = 4096  # slots over all jobs (each has two sets)
 MEMBER_CAPACITY = 1024  # ranks over all jobs
 JOB_CAPACITY = 64
+SOURCE_CELLS = 1024  # meter cells of strangers' control requests, by a hash of the source address
 PORT_RANGE_MASK = 0xFFF0  # the parser takes INA on UDP ports DEFAULT_PORT .. DEFAULT_PORT + 15
 UDP_HEADER = 8
 FRAME_HEADERS = 14 + 20 + UDP_HEADER  # Ethernet, IPv4 without options, UDP: before the INA header
@@ -67,7 +68,7 @@ def constants() -> list[str]:
     lines += [f"const bit<{I32_BITS}> {name} = 0x{v:0{I32_BITS // 4}x};" for name, v in I32_CONSTANTS.items()]
     lines += [f"#define LANES {LANES}", f"#define SLOT_CAPACITY {SLOT_CAPACITY}",
               f"#define SET_CAPACITY {2 * SLOT_CAPACITY}", f"#define MEMBER_CAPACITY {MEMBER_CAPACITY}",
-              f"#define JOB_CAPACITY {JOB_CAPACITY}"]
+              f"#define JOB_CAPACITY {JOB_CAPACITY}", f"#define SOURCE_CELLS {SOURCE_CELLS}"]
     return ["// generated from inaproto/wire.py"] + lines
 
 

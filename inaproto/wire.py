@@ -27,7 +27,8 @@ MSG_SPARSE_UPDATE = 8  # worker -> switch: one round of a block-sparse stream (b
 MSG_SPARSE_RESULT = 9  # switch -> worker: the round's aggregated block and the stream's next block
 MSG_LEAVE = 10  # worker -> switch: this rank is done; its rank is free for the next generation at once
 MSG_ABORT = 11  # worker -> switch: this rank's call failed before it sent it; fail the call on every rank
-MSG_HEARTBEAT = 12  # worker -> switch: this rank is alive (between calls too), so a silent rank is a dead one
+MSG_HEARTBEAT = 12  # worker -> switch: this rank is alive (between calls too), so a silent rank is a dead one;
+# switch -> worker: the answer to a member's heartbeat (a header, the same), so a silent switch is a dead one
 MSG_NAMES = {
     MSG_UPDATE: "update", MSG_RESULT: "result", MSG_JOIN: "join", MSG_JOIN_ACK: "join_ack",
     MSG_JOIN_WAIT: "join_wait", MSG_ERROR: "error", MSG_STATS_REQ: "stats_req", MSG_STATS: "stats",
@@ -106,6 +107,8 @@ JOIN_MAC_SIZE = 16
 # switch is told)
 JOIN_ACK_PAYLOAD = struct.Struct(">IHHH2xI")
 JOIN_WAIT_PAYLOAD = struct.Struct(">Q")  # bitmap of the ranks joined so far
+# Every answer to a join (join_wait, join_ack, an error) echoes the low 32 bits of the join's nonce in
+# packet_id: a worker takes only the answers to its own join (a forged join from its address cannot fail it).
 # error: code, the rank it names (NO_RANK: none), then utf-8 text; never larger than the join it answers.
 # An error with no payload at all is ERR_NOT_MEMBER: the switch's answer to a data packet of a generation
 # it does not have (restarted, or the job re-formed without the sender); a header, never larger than the
@@ -212,10 +215,11 @@ def pack_sparse(msg_type, job=0, rank=0, packet_id=0, slot=0, set=0, count=0, co
                 BLOCK_EXT.pack(block, next_block) + bytes(payload), session, call_kind, call, call_len, boot)
 
 
-def pack_error(code: int, text: str = "", job=0, rank=0, subject=NO_RANK, session=0, boot=0) -> bytes:
-    """An error to a worker: code, the rank it names, the reason (cut to MAX_ERROR_TEXT bytes)."""
+def pack_error(code: int, text: str = "", job=0, rank=0, subject=NO_RANK, session=0, boot=0, packet_id=0) -> bytes:
+    """An error to a worker: code, the rank it names, the reason (cut to MAX_ERROR_TEXT bytes); packet_id:
+    what it echoes (a join's nonce, low 32 bits)."""
     body = ERROR_PAYLOAD.pack(code, subject) + text.encode()[:MAX_ERROR_TEXT]
-    return pack(MSG_ERROR, job=job, rank=rank, payload=body, session=session, boot=boot)
+    return pack(MSG_ERROR, job=job, rank=rank, packet_id=packet_id, payload=body, session=session, boot=boot)
 
 
 def unpack_error(data) -> tuple[int, int, str]:

@@ -102,6 +102,7 @@ const bit<2048> I32_OK = 0x40000000000000004000000000000000400000000000000040000
 #define SET_CAPACITY 8192
 #define MEMBER_CAPACITY 1024
 #define JOB_CAPACITY 64
+#define SOURCE_CELLS 1024
 
 const bit<9> CPU_PORT = 255;
 const bit<8> OP_NONE = 0;    // accepted, no lane work (a block-sparse packet without elements)
@@ -436,7 +437,9 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     counter(SLOT_CAPACITY, CounterType.packets) resent;
     counter(SLOT_CAPACITY, CounterType.packets) dropped;
     counter(MEMBER_CAPACITY, CounterType.packets) heard;     // admitted packets per member (liveness)
-    meter(2, MeterType.packets) punt_meter;                  // to the CPU: 0 control requests, 1 failed jobs' packets
+    meter(3, MeterType.packets) punt_meter;                  // to the CPU: 0 strangers' control requests, 1 failed
+                                                             // jobs' packets, 2 members' control requests
+    meter(SOURCE_CELLS, MeterType.packets) source_meter;     // strangers' control requests per source (hashed)
 
     // per (slot, set): index 2 * (slot_base + slot) + set
     register<bit<32>>(SET_CAPACITY) r_session;  // the generation the state below belongs to
@@ -591,6 +594,30 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         hdr.packet_in.call_kind = meta.call_kind;
         hdr.packet_in.call = meta.call;
         hdr.packet_in.call_len = meta.call_len;
+    }
+
+    // members first (control.py ControlPlane.known): a member's request (its rank, from the address it joined
+    // from; the generation failed or not) has a meter cell of its own; a stranger's goes through its source's
+    // cell and the cell every stranger shares, so no flood of strangers crowds out a member's heartbeat
+    action punt_control() {
+        bit<2> color;
+        if (meta.reason == NO_REASON && hdr.ipv4.src == meta.member_ip && hdr.udp.src_port == meta.member_port) {
+            punt_meter.execute_meter(2, color);
+        } else {
+            bit<32> cell;
+            hash(cell, HashAlgorithm.crc32, 32w0, { hdr.ipv4.src, hdr.udp.src_port }, (bit<32>)SOURCE_CELLS);
+            bit<2> own;
+            source_meter.execute_meter(cell, own);
+            punt_meter.execute_meter(0, color);
+            if (own == V1MODEL_METER_COLOR_RED) { color = V1MODEL_METER_COLOR_RED; }
+        }
+        meta.reason = NO_REASON;
+        if (color == V1MODEL_METER_COLOR_RED) {
+            drops.count((bit<32>)DROP_RATE_LIMITED);
+            mark_to_drop(sm);
+        } else {
+            punt(PUNT_CONTROL);
+        }
     }
 
     action check_member() {
@@ -4090,23 +4117,24 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         } else {
             check_wire();
         }
-        if (meta.reason == NO_REASON && (hdr.ina.msg_type == MSG_JOIN || hdr.ina.msg_type == MSG_LEAVE
-                                         || hdr.ina.msg_type == MSG_STATS_REQ || hdr.ina.msg_type == MSG_ABORT
-                                         || hdr.ina.msg_type == MSG_HEARTBEAT)) {
-            bit<2> color;
-            punt_meter.execute_meter(0, color);
-            if (color == V1MODEL_METER_COLOR_RED) { meta.reason = DROP_RATE_LIMITED; } else { punt(PUNT_CONTROL); return; }
-        }
-        if (meta.reason == NO_REASON && hdr.ina.msg_type != MSG_UPDATE && hdr.ina.msg_type != MSG_SPARSE_UPDATE) {
+        bit<1> request = (bit<1>)(meta.reason == NO_REASON && (hdr.ina.msg_type == MSG_JOIN
+                                  || hdr.ina.msg_type == MSG_LEAVE || hdr.ina.msg_type == MSG_STATS_REQ
+                                  || hdr.ina.msg_type == MSG_ABORT || hdr.ina.msg_type == MSG_HEARTBEAT));
+        if (meta.reason == NO_REASON && request == 0 && hdr.ina.msg_type != MSG_UPDATE
+            && hdr.ina.msg_type != MSG_SPARSE_UPDATE) {
             meta.reason = DROP_MALFORMED;  // results, acks... are never sent to a switch
         }
         // a malformed packet whose header parsed: its job and rank bytes (the same offsets in every version) are
         // looked up too (model.Switch._malformed): a member of the admitted generation sending from its address
-        // is told (once); each table is applied on one path only (BMv2)
+        // is told (once); a control request's too (members first); each table is applied on one path only (BMv2)
         bit<1> malformed = (bit<1>)(meta.reason == DROP_MALFORMED && hdr.ina.isValid());
         if (malformed == 1) { meta.reason = NO_REASON; }
         if (meta.reason == NO_REASON) { jobs.apply(); }
         if (meta.reason == NO_REASON) { members.apply(); }
+        if (request == 1) {
+            punt_control();
+            return;
+        }
         if (malformed == 1) {
             if (meta.reason == NO_REASON && hdr.ipv4.src == meta.member_ip && hdr.udp.src_port == meta.member_port) {
                 meta.tellable = 1;

@@ -42,7 +42,7 @@ from inaproto import gen_p4, wire
 
 from .capture import Capture
 from .config import SwitchConfig
-from .control import CONTROL_RATE, ControlPlane
+from .control import CONTROL_RATE, MEMBER_RATE, SOURCE_RATE, ControlPlane
 from .netns import VethNamespace
 
 CPU_PORT = 255
@@ -221,9 +221,13 @@ class BMv2Server:
         self._write_switch_config()
         for j in sorted(self.config.jobs):
             self._job_entry(j, 0, 0).insert()
-        rate, burst = CONTROL_RATE
-        for cell in (0, 1):  # 0: control requests; 1: failed jobs' data packets (answered from here)
+        # 0: strangers' control requests; 1: failed jobs' data packets (answered from here); 2: members' requests
+        for cell, (rate, burst) in enumerate((CONTROL_RATE, CONTROL_RATE, MEMBER_RATE)):
             sh.MeterEntry("punt_meter")(index=cell, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst).modify()
+        rate, burst = SOURCE_RATE
+        for cell in range(gen_p4.SOURCE_CELLS):
+            sh.MeterEntry("source_meter")(index=cell, cir=int(rate), cburst=burst, pir=int(rate),
+                                          pburst=burst).modify()
 
     def _write_switch_config(self):
         from p4runtime_sh import shell as sh

@@ -14,7 +14,15 @@ What it guarantees (docs/protocol.md, threat model):
   expire; a member re-sending its own join is always answered. So a stray join, which nobody confirms,
   can neither wedge a barrier nor take a rank in it;
 - no answer is larger than the request it answers (joins are padded to JOIN_SIZE), errors and stats are
-  rate-limited, and stats go only to control hosts (loopback by default).
+  rate-limited, and stats go only to control hosts (loopback by default);
+- members first: a request from a member of a job (its rank, from the address it joined from) is handled
+  before any budget; everyone else's requests go through a budget per source address and one shared by
+  all strangers, so a flood from strangers, at any rate and from any number of addresses, never crowds out
+  a member's heartbeat, abort or leave;
+- every answer to a join (wait, ack, error) echoes the join's nonce (its low 32 bits in packet_id): a
+  worker takes only the answers to its own join, so a forged join from its address cannot fail it;
+- a member's heartbeat is answered (a header, the size of the heartbeat): a worker that hears nothing from
+  its switch for SWITCH_SILENT seconds while it waits names the switch.
 """
 from __future__ import annotations
 
@@ -22,6 +30,8 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
+
+from collections import OrderedDict
 
 from inaproto import auth, net, rng, wire
 
@@ -33,7 +43,10 @@ PEER_SILENT = 3.0
 HEARTBEAT_EVERY = 1.0  # the worker library's interval (hostlib.worker), for the texts
 CLAIM_ACTIVE = 0.3  # a claim repeated this long after another address asked is a live process's (repeats: 100 ms)
 TAKEN_AFTER = 1.5  # a rank held by a live generation is refused once every member was heard this long after
-CONTROL_RATE = (2000.0, 200)  # control requests handled per second, burst
+CONTROL_RATE = (2000.0, 200)  # requests of non-members handled per second (all sources together), burst
+MEMBER_RATE = (20000.0, 2000)  # where a data plane meters every punt (P4): members' requests, all together
+SOURCE_RATE = (50.0, 20)  # requests of non-members handled per second and source address, burst
+SOURCES_KEPT = 4096  # source addresses whose budget is remembered (the least recently heard are forgotten)
 ERROR_RATE = (50.0, 50)  # error replies per second, burst
 STATS_RATE = (20.0, 20)  # stats replies per second, burst
 
@@ -115,15 +128,17 @@ class ControlPlane:
         self.stats = stats or dataplane.stats
         self.first_packet_id = config.first_packet_id
         self.in_flight = in_flight
-        self.requests = TokenBucket(*CONTROL_RATE, self.clock)
+        self.requests = TokenBucket(*CONTROL_RATE, self.clock)  # every non-member together
+        self.sources: OrderedDict = OrderedDict()  # source address -> its TokenBucket (non-members)
         self.errors = TokenBucket(*ERROR_RATE, self.clock)
         self.stats_replies = TokenBucket(*STATS_RATE, self.clock)
         self.boot = (secrets.randbits(32) or 1) if boot is None else boot
         dataplane.set_boot(self.boot)
 
     def handle(self, h: wire.Header, data, src) -> list[tuple[bytes, object]]:
-        """Answer one control request (already parsed); returns the packets to send."""
-        if not self.requests.take():
+        """Answer one control request (already parsed); returns the packets to send. Members first: a
+        member's request is never rate-limited; a stranger's goes through its own budget and the shared one."""
+        if not self.known(h, src) and not (self._source_budget(src).take() and self.requests.take()):
             return self._drop("rate_limited")
         if h.msg_type == wire.MSG_JOIN:
             return self._join(h, data, src)
@@ -135,22 +150,43 @@ class ControlPlane:
             return self._abort(h, data, src)
         return self._stats(src, bool(h.flags & wire.FLAG_PER_SLOT))
 
+    def known(self, h, src) -> bool:
+        """Whether a request comes from a member of its job's generation (failed or not: a re-join) or a
+        pending joiner, from the address that rank joined from."""
+        job = self.jobs.get(h.job)
+        if job is None:
+            return False
+        m = job.members.get(h.rank) or job.pending.get(h.rank)
+        return m is not None and m.address == src
+
+    def _source_budget(self, src) -> TokenBucket:
+        bucket = self.sources.get(src)
+        if bucket is None:
+            bucket = self.sources[src] = TokenBucket(*SOURCE_RATE, self.clock)
+            if len(self.sources) > SOURCES_KEPT:
+                self.sources.popitem(last=False)
+        else:
+            self.sources.move_to_end(src)
+        return bucket
+
     def _drop(self, reason):
         self.dataplane.count_drop(reason)
         return []
 
     def _error(self, h, src, text: str, code: int = wire.ERR_REJECTED, subject: int = wire.NO_RANK):
+        """A join's error, echoing its nonce (h.packet_id)."""
         if not self.errors.take():
             return self._drop("rate_limited")
-        return [(wire.pack_error(code, text, h.job, h.rank, subject, boot=self.boot), src)]
+        return [(wire.pack_error(code, text, h.job, h.rank, subject, boot=self.boot, packet_id=h.packet_id), src)]
 
     # ------------------------------------------------------------------ join barrier
     def _join(self, h, data, src):
+        nonce, world, window, mac, elements = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
+        h.packet_id = nonce & wire.PACKET_ID_MASK  # every answer echoes it: the joiner takes only its own
         job = self.jobs.get(h.job)
         if job is None:
             self.dataplane.count_drop("unknown_job")
             return self._error(h, src, f"unknown job {h.job}")
-        nonce, world, window, mac, elements = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
         if job.key is not None and not auth.mac_ok(job.key, mac, h.job, h.rank, nonce, world, window, elements):
             self.dataplane.count_drop("bad_mac")
             return self._error(h, src, f"join of job {h.job} rank {h.rank} refused: bad MAC (wrong job key?)")
@@ -171,20 +207,33 @@ class ControlPlane:
         p = job.pending.get(h.rank)
         if p is not None and p.address == src and p.nonce == nonce:
             p.confirmed, p.at = True, now
-        elif p is not None and p.confirmed and p.address != src:
+        elif p is not None and p.confirmed and now - p.at <= CLAIM_ACTIVE:  # a live claim holds its rank
+            if p.address == src:  # another nonce from its address (a forged join): the claim stays
+                return out + [self._join_wait(job, h, src)]
             p.contested_at = p.contested_at or now
             if job.key is None and p.at - p.contested_at >= CLAIM_ACTIVE:  # its holder repeats it: a live process
-                return out + self._taken(job, h, src, p.address, "is being joined from")
-            return out + [self._join_wait(job, h, src)]  # a confirmed claim holds the rank until it expires
-        else:
+                return out + self._taken(job, h, src, "is being joined by another process")
+            return out + [self._join_wait(job, h, src)]
+        else:  # no claim, or one nobody repeats (a stray join): this join takes the rank
             job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)),
                                           min(elements or self.max_elements, self.max_elements), now)
-        if len(job.pending) < job.world_size or not all(q.confirmed for q in job.pending.values()):
+        if not self._barrier_complete(job, now):
             return out + [self._join_wait(job, h, src)]
         sizes = {r: q.elements for r, q in job.pending.items()}
         if len(set(sizes.values())) > 1:
+            stray = [r for r, q in job.pending.items() if now - q.at > CLAIM_ACTIVE and r != h.rank]
+            if stray:  # a claim nobody repeats (a stray join) never refuses the live ones: it goes
+                for r in stray:
+                    del job.pending[r]
+                return out + [self._join_wait(job, h, src)]
             return out + self._refuse_sizes(job, sizes)
         return out + self._start_generation(job, now)
+
+    @staticmethod
+    def _barrier_complete(job, now) -> bool:
+        """Every rank has a confirmed claim (repeated from its address; claims expire join_expiry seconds
+        after their last repeat)."""
+        return len(job.pending) == job.world_size and all(q.confirmed for q in job.pending.values())
 
     def _refuse_sizes(self, job, sizes: dict):
         """The ranks ask for different packet sizes: refuse every pending join at once (their packets would
@@ -197,7 +246,7 @@ class ControlPlane:
         pending, job.pending = job.pending, {}
         out = []
         for r, p in sorted(pending.items()):
-            h = wire.Header(wire.MSG_JOIN, job=job.job_id, rank=r)
+            h = wire.Header(wire.MSG_JOIN, job=job.job_id, rank=r, packet_id=p.nonce & wire.PACKET_ID_MASK)
             out += self._error(h, p.address, text, wire.ERR_REJECTED, b)
         return out
 
@@ -210,12 +259,12 @@ class ControlPlane:
             m.contested_at = now
         heard = all(now - x.seen_at < TAKEN_AFTER for x in job.members.values() if not x.left)
         if now - m.contested_at >= TAKEN_AFTER and heard:
-            return self._taken(job, h, src, m.address, f"is held by a live member of generation {job.generation} at")
+            return self._taken(job, h, src, f"is held by a live member of generation {job.generation}")
         return [self._join_wait(job, h, src)]
 
-    def _taken(self, job, h, src, holder, how: str):
-        where = net.format_address(holder)
-        return self._error(h, src, f"job {h.job} rank {h.rank} {how} {where}; another process uses this rank "
+    def _taken(self, job, h, src, how: str):
+        """The rank is another process's: named, its address not (a stranger learns nothing of the job)."""
+        return self._error(h, src, f"job {h.job} rank {h.rank} {how}; another process uses this rank "
                                    f"(a second job with the same id, or a stranger): give the job its own id, "
                                    f"or serve it with --key-file", wire.ERR_RANK_TAKEN, h.rank)
 
@@ -255,12 +304,12 @@ class ControlPlane:
         payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, job.elements, job.window,
                                              job.first_id)
         return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session,
-                         boot=self.boot)
+                         boot=self.boot, packet_id=job.members[rank].nonce & wire.PACKET_ID_MASK)
 
     def _join_wait(self, job, h, src):
         bitmap = sum(1 << r for r in job.pending)
         return wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=wire.JOIN_WAIT_PAYLOAD.pack(bitmap),
-                         boot=self.boot), src
+                         boot=self.boot, packet_id=h.packet_id), src
 
     # ------------------------------------------------------------------ failure of a generation
     def _member(self, h, src):
@@ -302,11 +351,14 @@ class ControlPlane:
         return []
 
     def _heartbeat(self, h, src):
+        """A member is alive; answered with a heartbeat of the same size, so the member hears its switch
+        while it waits (SWITCH_SILENT)."""
         job, m = self._member(h, src)
         if job is None:
             return self._drop(m)
         m.seen_at = self.clock()
-        return self.check_members(job.job_id)
+        echo = wire.pack(wire.MSG_HEARTBEAT, job=h.job, rank=h.rank, session=h.session, boot=self.boot)
+        return [(echo, src)] + self.check_members(job.job_id)
 
     def _abort(self, h, data, src):
         """A member's call failed before it sent it: fail the call on every rank, naming the reason."""

@@ -67,8 +67,9 @@ def test_c_wire_constants_match_wire_py():
     assert pkt[d["INA_OFF_SESSION"]:][:4] == b"\x10\x11\x12\x13"
     # the C loops' control-request bucket is the control plane's
     b = c_defines("ina_punt.h") | {m[1]: float(m[2]) for m in re.finditer(
-        r"#define (INA_CONTROL_RATE) ([\d.]+)", open(os.path.join(CSRC, "ina_punt.h")).read())}
+        r"#define (INA_(?:CONTROL|SOURCE)_RATE) ([\d.]+)", open(os.path.join(CSRC, "ina_punt.h")).read())}
     assert (b["INA_CONTROL_RATE"], b["INA_CONTROL_BURST"]) == control.CONTROL_RATE
+    assert (b["INA_SOURCE_RATE"], b["INA_SOURCE_BURST"]) == control.SOURCE_RATE
     assert pkt[d["INA_OFF_CODEC"]] == 12 and pkt[d["INA_OFF_FLAGS"]] == 15 and pkt[d["INA_OFF_RANK"]] == 3
     assert pkt[d["INA_OFF_JOB"]:][:2] == b"\x01\x02" and pkt[d["INA_OFF_PACKET_ID"]:][:4] == b"\x04\x05\x06\x07"
     assert pkt[d["INA_OFF_POOL"]:][:2] == b"\x88\x09" and pkt[d["INA_OFF_COUNT"]:][:2] == b"\x0a\x0b"
