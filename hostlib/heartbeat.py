@@ -2,11 +2,12 @@
 switch tells a dead rank (silent for PEER_SILENT seconds) from a busy one. It is sent by a native thread
 (csrc/ina_beat.c) that never takes the GIL: a rank that holds the interpreter for minutes (a long C call, an
 extension that does not release it) still beats, and only a stopped, killed or vanished process falls
-silent. Where the kernels are not built, a Python thread sends it (a GIL-bound process can then be taken
-for dead).
+silent. Where the kernels are not built (or INA_NATIVE_HEARTBEAT=0), a Python thread sends it, and a
+process that holds the GIL for PEER_SILENT seconds is taken for dead.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 from . import kernels
@@ -21,7 +22,7 @@ class Heartbeat:
         self.sock, self.every = sock, every
         self._native, self._sent = None, 0
         lib, ffi = kernels.lib, kernels.ffi
-        if lib is not None:
+        if lib is not None and os.environ.get("INA_NATIVE_HEARTBEAT", "1") != "0":
             shm = getattr(sock, "handle", None) or ffi.NULL
             beat = lib.ina_beat_start(sock.fileno() if shm == ffi.NULL else -1, shm, int(every * 1000))
             self._native = beat if beat != ffi.NULL else None

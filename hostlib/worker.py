@@ -179,10 +179,14 @@ class Communicator:
     def _start_generation(self):
         """Join (a barrier with every rank) and set up a fresh generation: window, slots, call numbers."""
         window, auto, elements_per_packet = self._asked
-        self._join(window, self._join_timeout, elements_per_packet or self.codec.default_elements)
+        elements = elements_per_packet or self.codec.default_elements
+        if auto:  # every rank asks the same (same codec, packet size, world): the switch grants their minimum
+            window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size)
+        self._join(window, self._join_timeout, elements)
         self.k = self.max_elements  # what every rank asked, capped by the switch: the job's packet size
-        if auto:
-            self.window = auto_window(self.window, self.k * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size)
+        if not 1 <= self.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
+            raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {self.window}, "
+                                      f"this worker asked {window}", switch=self.switch, job=self.job)
         # per slot: its uses since the join (the next packet id on it, mod 2^32); the slot the next call starts on
         self._uses = np.full(self.window, self._first_id, dtype=np.uint32)
         self._next_slot = 0
@@ -344,7 +348,7 @@ class Communicator:
 
     def _join_error(self, data) -> INAError:
         code, subject, text = wire.unpack_error(data)
-        cls = errors.RankTaken if code == wire.ERR_RANK_TAKEN else errors.JoinRejected
+        cls = {wire.ERR_RANK_TAKEN: errors.RankTaken, wire.ERR_PEER_DEAD: errors.PeerDead}.get(code, errors.JoinRejected)
         return cls(f"switch {self.switch} rejected rank {self.rank}: {text}", switch=self.switch, job=self.job,
                    rank=None if subject == wire.NO_RANK else subject)
 
@@ -373,6 +377,8 @@ class Communicator:
                 f"rank {self.rank}: switch {self.switch} no longer has generation {self.generation} of job "
                 f"{self.job}: the job re-formed without this worker; the next call re-joins", **kw)
         cls = errors.ERROR_CLASSES.get(wire.ERROR_NAMES.get(code, ""), INAError)
+        if code == wire.ERR_PEER_DEAD and rank == self.rank:  # this process was stopped or starved meanwhile
+            text = f"this rank was declared dead by the switch while it could not run (stopped?): {text}"
         return cls(f"rank {self.rank}: switch {self.switch}: {text}", **kw)
 
     # ------------------------------------------------------------------ allreduce
@@ -418,6 +424,8 @@ class Communicator:
                                      f"call (split the tensor)")
                 return self._allreduce(x, progress, sparse, out)
             except BaseException as e:
+                if isinstance(e, errors.CallTimeout):
+                    self._abort(e)  # a late peer's call then fails naming this rank, which gave up waiting
                 if isinstance(e, INAError):
                     self._pending = None  # this call reported the generation's failure
                 elif not self._call_done:
@@ -458,8 +466,10 @@ class Communicator:
 
     def _abort(self, exc: BaseException):
         """This rank's call failed on its own (its input, an interrupt): tell the switch, which fails the
-        call on every rank (CallAborted naming this rank); wait up to ABORT_WAIT for its confirmation."""
-        if self._rejoin:
+        call on every rank (CallAborted naming this rank); wait up to ABORT_WAIT for its confirmation. A
+        call that timed out aborts too (its generation is given up already), so a peer that comes late
+        fails naming this rank and why, instead of waiting for a rank that no longer waits."""
+        if self._rejoin and not isinstance(exc, errors.CallTimeout):
             return  # the generation is gone already
         self._rejoin = True
         reason = f"{type(exc).__name__}: {exc}".encode()[:wire.MAX_ABORT_TEXT]

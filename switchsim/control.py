@@ -218,7 +218,7 @@ class ControlPlane:
             job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)),
                                           min(elements or self.max_elements, self.max_elements), now)
         if not self._barrier_complete(job, now):
-            return out + [self._join_wait(job, h, src)]
+            return out + (self._gone_peer(job, h, src) or [self._join_wait(job, h, src)])
         sizes = {r: q.elements for r, q in job.pending.items()}
         if len(set(sizes.values())) > 1:
             stray = [r for r, q in job.pending.items() if now - q.at > CLAIM_ACTIVE and r != h.rank]
@@ -228,6 +228,18 @@ class ControlPlane:
                 return out + [self._join_wait(job, h, src)]
             return out + self._refuse_sizes(job, sizes)
         return out + self._start_generation(job, now)
+
+    def _gone_peer(self, job, h, src):
+        """A member of the last generation re-joining while a peer of that generation left (closed its
+        communicator) and has not joined again: told at once, naming the peer, instead of waiting for it."""
+        m = job.members.get(h.rank)
+        if m is None or m.address != src or m.left:
+            return []
+        gone = [r for r, x in sorted(job.members.items()) if x.left and r not in job.pending]
+        if not gone:
+            return []
+        return self._error(h, src, f"job {h.job}: rank {gone[0]} left the job (closed its communicator) and has "
+                                   f"not joined again", wire.ERR_PEER_DEAD, gone[0])
 
     @staticmethod
     def _barrier_complete(job, now) -> bool:

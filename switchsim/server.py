@@ -250,18 +250,33 @@ def query_stats(address: tuple[str, int], timeout=2.0, per_slot: bool = False) -
     if shm_name(address) is not None:
         data = _query_shm(shm_name(address), request, timeout)
     else:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.settimeout(timeout)
-            s.sendto(request, address)
-            try:
-                data, _ = s.recvfrom(1 << 20)
-            except socket.timeout:
-                raise TimeoutError(f"no stats from {address[0]}:{address[1]} within {timeout:g} s (not a control "
-                                   "host of the switch? see serve --control)") from None
+        data = _query_udp(address, request, timeout)
     h = wire.unpack(data)
     if h.msg_type != wire.MSG_STATS:
         raise RuntimeError(f"switch answered {wire.MSG_NAMES.get(h.msg_type)} to a stats request")
     return json.loads(bytes(data[wire.HEADER_SIZE:]))
+
+
+STATS_RETRY = 0.25  # seconds between a stats request's repeats (a lost request or answer is not an error)
+
+
+def _query_udp(address, request: bytes, timeout: float) -> bytes:
+    """The request, repeated every STATS_RETRY seconds until an answer comes or timeout passes."""
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        while (left := deadline - time.monotonic()) > 0:
+            s.sendto(request, address)
+            s.settimeout(min(STATS_RETRY, left))
+            try:
+                data, _ = s.recvfrom(1 << 20)
+                return data
+            except socket.timeout:
+                continue
+            except ConnectionRefusedError:
+                raise TimeoutError(f"no switch at {address[0]}:{address[1]} (connection refused)") from None
+    raise TimeoutError(f"no stats from {address[0]}:{address[1]} within {timeout:g} s, asked every "
+                       f"{STATS_RETRY:g} s (no switch there, or this host is not one of its control hosts: see "
+                       f"serve --control)")
 
 
 def _query_shm(name: str, request: bytes, timeout: float) -> bytes:
