@@ -51,10 +51,12 @@ MESSAGES = {  # direction, payload
     "update": ("worker → switch", "`count` elements"),
     "result": ("switch → worker", "`count` elements (the aggregate)"),
     "join": ("worker → switch", "join payload below, zero padding to JOIN_SIZE bytes in all"),
-    "join_ack": ("switch → worker", "join_ack payload below; `session` and `boot` in the header"),
-    "join_wait": ("switch → worker", "u64 bitmap of the ranks whose join counts so far"),
-    "error": ("switch → worker", "error payload below; an empty payload (header only, `count` 0) is "
-                                 "not_member"),
+    "join_ack": ("switch → worker", "join_ack payload below; `session` and `boot` in the header, the join's "
+                                    "nonce (low 32 bits) in `packet_id`"),
+    "join_wait": ("switch → worker", "u64 bitmap of the ranks whose join counts so far; the join's nonce (low 32 "
+                                     "bits) in `packet_id`"),
+    "error": ("switch → worker", "error payload below (`count` 0); an empty payload (header only) is "
+                                 "not_member; a join's error echoes its nonce (low 32 bits) in `packet_id`"),
     "stats_req": ("control host → switch", "empty (flag PER_SLOT: per-slot counters in the reply, left out "
                                             f"past {wire.MAX_STATS_REPLY} bytes)"),
     "stats": ("switch → control host", "JSON counters"),
@@ -63,7 +65,9 @@ MESSAGES = {  # direction, payload
     "leave": ("worker → switch", "empty; `session` of the generation it leaves (0: withdraw a pending join)"),
     "abort": ("worker → switch", f"UTF-8 reason, at most {wire.MAX_ABORT_TEXT} bytes; the header names the call "
                                  "(`call`, `call_kind`, `call_len`) that failed on this rank"),
-    "heartbeat": ("worker → switch", "empty: the member is alive (in calls and between them)"),
+    "heartbeat": ("worker ↔ switch", "empty: the member is alive (in calls and between them); the switch answers "
+                                     "a member's heartbeat with one (header only, the member's job, rank and "
+                                     "session): the switch is alive"),
 }
 
 ERRORS = {
@@ -73,7 +77,9 @@ ERRORS = {
     "rank_taken": ("a join for a rank another live address holds, job without a key", "the rank"),
     "call_mismatch": ("the ranks' packets of one round have different call identities", "the later packet's rank"),
     "aborted": ("a member's `abort`", "the aborting rank"),
-    "peer_dead": ("a member silent for PEER_SILENT s, or one that left while others remain", "that rank"),
+    "peer_dead": ("a member silent for PEER_SILENT s, or one that left while others remain; as a join's error (session "
+                  "0): a member of the last generation re-joins while a peer of it left and has not joined again",
+                  "that rank"),
     "dropped": ("a member's packet dropped for its sender's mistake (" + ", ".join(wire.TOLD_DROPS) + "): once per "
                 "(generation, rank, reason), never larger than the packet (its text is cut), a REPLY; "
                 "informational: a worker goes on",
@@ -94,7 +100,8 @@ DROPS = {
     "duplicate": "a repeat into an incomplete round",
     "bad_codes": "an NC code outside the block's range, or 0x80",
     "bad_mac": "a keyed job's join with a wrong MAC",
-    "rate_limited": "control requests or error replies over their rate",
+    "rate_limited": "a non-member's control requests over its source's or all strangers' budget, or error "
+                    "replies over their rate (a member's requests are never rate-limited)",
     "not_control": "a stats request from a host that is not a control host",
     "fragment": "an IP fragment (DPDK loop)",
     "call_mismatch": "a round's packets of different calls: the generation fails",
@@ -118,7 +125,12 @@ def _constants():
             ("MAX_WORKERS", w.MAX_WORKERS, "ranks per job"), ("MAX_ELEMENTS", w.MAX_ELEMENTS, "elements per packet"),
             ("MAX_SLOTS", w.MAX_SLOTS, "slots per job"), ("MAX_CALL_LEN", w.MAX_CALL_LEN, "elements per call"),
             ("switch elements", 1024, "the switch's maximum elements per packet unless `serve --elements-per-packet` "
-                                      "says otherwise: what a join asking 0 gets"),
+                                      "says otherwise: what a join asking 0 gets (so asking 0 and asking the "
+                                      "maximum are the same ask)"),
+            ("switch slots", 512, "slots per job unless `serve --slots` says otherwise: the most window a join gets"),
+            ("hostlib window", "auto", "what hostlib asks by default: 512 KiB of packets in flight (at most half "
+                                       "the 8 MiB socket buffer divided by the world size), 4 to 1024 packets (int32, "
+                                       "2 ranks: 496); every rank then uses the window join_ack agreed"),
             ("hostlib elements", "256 / 1024", "what hostlib asks by default: 256 for int32, fixed (1 KiB of int32), "
                                               "1024 for nc, dither (1 KiB of codes); ranks must ask the same"),
             ("EXP_NONE", w.EXP_NONE, "exponent byte: no data"), ("EXP_NONFINITE", w.EXP_NONFINITE,
@@ -130,19 +142,29 @@ def _constants():
               ("PEER_SILENT", control.PEER_SILENT, "switch: a member silent this long is dead"),
               ("CLAIM_ACTIVE", control.CLAIM_ACTIVE, "switch: a contested pending join repeated this long after is live"),
               ("TAKEN_AFTER", control.TAKEN_AFTER, "switch: a contested live generation heard this long is running"),
-              ("join repeat", 0.1, "worker: a join is sent every 100 ms until acked, and at once after a join_wait"),
+              ("join repeat", 0.1, "worker: a join is sent every 100 ms until acked, and once at once after the "
+                                   "first join_wait"),
               ("HEARTBEAT_EVERY", worker.HEARTBEAT_EVERY, "worker: a heartbeat this often, in calls too, whatever "
-                                                           "else it sends: heartbeats are what makes the switch check "
-                                                           "for silent members"),
+                                                           "else it sends, from a thread that needs no interpreter "
+                                                           "lock: heartbeats are what makes the switch check for silent "
+                                                           "members, and their answers what tells a worker its switch "
+                                                           "lives"),
+              ("SWITCH_SILENT", worker.SWITCH_SILENT, "worker: nothing heard from the switch this long while waiting "
+                                                       "on it (a call or a join it answered before): `SwitchSilent`"),
               ("REFUSED_AFTER", worker.REFUSED_AFTER, "worker: connection refused this long, nothing heard: unreachable"),
               ("ABORT_WAIT", worker.ABORT_WAIT, "worker: an abort is repeated every 100 ms this long at most"),
               ("rto", 0.03, "worker (hostlib's choice; any timer works): retransmission timeout floor; above it "
                             "RFC 6298's SRTT + 4 RTTVAR, each update from the smallest of 16 round-trip samples; "
                             "doubling per retry"),
               ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
+    rates = [("SOURCE_RATE", control.SOURCE_RATE, "switch: a non-member's control requests per source address"),
+             ("CONTROL_RATE", control.CONTROL_RATE, "switch: every non-member's control requests together"),
+             ("ERROR_RATE", control.ERROR_RATE, "switch: join errors sent"),
+             ("STATS_RATE", control.STATS_RATE, "switch: stats replies sent")]
     out = ["| constant | value | meaning |", "|---|---|---|"]
     out += [f"| `{n}` | {v} | {m} |" for n, v, m in rows]
     out += [f"| `{n}` | {v:g} s | {m} |" for n, v, m in timers]
+    out += [f"| `{n}` | {r:g}/s, burst {b} | {m} |" for n, (r, b), m in rates]
     return out
 
 

@@ -397,6 +397,48 @@ def _reached(event, procs, timeout=120) -> bool:
     return False
 
 
+def _stopped_switch_rank(rank, port, address, ready, stopped, queue):
+    """One call through the switch; then, the switch SIGSTOPped by the parent, a call that must end (on gloo)
+    within seconds, not the communicator's 30 s timeout."""
+    try:
+        pg, gloo = _init(rank, port, address)
+        dist.all_reduce(torch.ones(4))
+        dist.barrier(group=gloo)
+        if rank == 0:
+            ready.set()
+        stopped.wait(60)
+        t = torch.arange(1 << 18, dtype=torch.float32)
+        t0 = time.monotonic()
+        dist.all_reduce(t)
+        took = time.monotonic() - t0
+        queue.put((rank, {"took": took, "exact": bool(torch.equal(t, 2 * torch.arange(1 << 18, dtype=torch.float32))),
+                          "stats": pg.ina_stats()}))
+        dist.barrier(group=gloo)
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the test
+        queue.put((rank, traceback.format_exc()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stopped_switch_is_named_and_the_call_ends_on_gloo_within_5_s(backend):
+    """SIGSTOP the switch: the next all_reduce names it (SwitchSilent) and ends on gloo within 5 s, exact."""
+    ctx = mp.get_context("spawn")
+    ready, stopped = ctx.Event(), ctx.Event()
+    sw = SwitchProcess("--workers", 2, backend=backend)
+    try:
+        procs, queue = _start(_stopped_switch_rank, sw.address, ready, stopped)
+        assert _reached(ready, procs)
+        os.kill(sw.proc.pid, signal.SIGSTOP)
+        stopped.set()
+        outs = _results(procs, queue)
+    finally:
+        os.kill(sw.proc.pid, signal.SIGCONT)
+        sw.stop()
+    for out in outs:
+        assert out["exact"] and out["took"] < 5.0, out
+        assert out["stats"]["faults"] >= 1 and out["stats"]["last_fault"].startswith("SwitchSilent"), out["stats"]
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def collectives(request):
     sw = SwitchProcess("--workers", 2, backend=request.param)

@@ -203,6 +203,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.comm: Communicator | None = None
         self._buffers: dict = {}  # (shape, dtype) -> two result buffers, used in turn (_scratch)
         self._kept: tuple[int, torch.Tensor] | None = None  # (call, its sum): the last call through the switch
+        self.last_fault: str | None = None  # the last switch fault, named (ina_stats)
         self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
                          "recovered_results": 0}
         self.paths: dict[str, int] = {}  # "what -> path": calls per kind of call and the path that carried it
@@ -348,7 +349,7 @@ class ProcessGroupINA(dist.ProcessGroup):
     def ina_stats(self) -> dict:
         """Counters: calls through the switch and through gloo (fallback), faults, re-joins, the join votes,
         the recoveries' seconds, which path carried each kind of call, and the live connection's CommStats."""
-        stats = dict(self.counters, paths=dict(self.paths))
+        stats = dict(self.counters, paths=dict(self.paths), last_fault=self.last_fault)
         if self.use_switch:
             stats.update(votes=self.vote.votes, vote_seconds=self.vote.seconds, recoveries=self.recovery.epoch,
                          recovery_seconds=self.recovery.seconds, switch=self.switch, codec=self.codec,
@@ -582,6 +583,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._drop_comm()
         self._kept = None
         self.counters["failed_rejoins" if self._down else "faults"] += 1
+        if error is not None:
+            self.last_fault = f"{type(error).__name__}: {error}"
         self._retry_at = at + self.retry_every
         if self._down:
             return
