@@ -32,10 +32,13 @@ def gso_modes(comm) -> tuple[bool, bool]:
         return False, False
     if mode == "1":
         return True, True
-    try:
-        loopback = comm.sock.getpeername()[0].startswith("127.")
-    except OSError:
-        loopback = False
+    loopback = getattr(comm, "_loopback", None)
+    if loopback is None:  # the peer does not change: asked once per connection
+        try:
+            loopback = comm.sock.getpeername()[0].startswith("127.")
+        except OSError:
+            loopback = False
+        comm._loopback = loopback
     return loopback, True
 
 

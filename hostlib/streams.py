@@ -86,6 +86,12 @@ class CallSlots:
         carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream s. The next call starts
         on the slot after the last lane used."""
         W = self.W
+        if rounds is None and total <= 4:  # a small call (a loss, a metric): a few scalar steps
+            for j in range(total):
+                s = (self.first + j) % W
+                comm._uses[s] = (int(comm._uses[s]) + 1) & wire.PACKET_ID_MASK  # two packets may share a slot
+            comm._next_slot = (self.first + total) % W
+            return
         if rounds is None:
             used = np.full(min(total, W), total // W, dtype=np.int64)  # lanes past total sent nothing
             used[: total % W] += 1

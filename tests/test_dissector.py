@@ -240,7 +240,7 @@ def run_traffic(address: str):
 
 
 def control_traffic(switch):
-    """Job 9's two ranks from two sockets, by hand: joins (waits, then acks), a heartbeat, an abort (the
+    """Job 9's two ranks from two sockets, by hand: joins (waits, then acks), a heartbeat (and its answer), an abort (the
     switch fails the generation: an `aborted` error to both ranks), an update into the failed generation
     (the error again, as a reply), an update with a wrong session (a header-only `not_member` error); and a
     join of an unknown job (a `rejected` error)."""
@@ -263,6 +263,8 @@ def control_traffic(switch):
         session, boot, first_id = h.session, h.boot, wire.JOIN_ACK_PAYLOAD.unpack_from(acks[0], wire.HEADER_SIZE)[4]
         call = dict(call=1, call_kind=wire.call_kind("nc"), call_len=200, boot=boot)
         socks[0].sendto(wire.pack(wire.MSG_HEARTBEAT, 9, 0, session=session, boot=boot), switch)
+        answer = wire.unpack(socks[0].recv(1 << 16))  # the switch answers a member's heartbeat
+        assert (answer.msg_type, answer.session) == (wire.MSG_HEARTBEAT, session)
         socks[1].sendto(wire.pack(wire.MSG_ABORT, 9, 1, session=session, payload=ABORT_REASON.encode(), **call), switch)
         for s in socks:
             assert wire.unpack_error(s.recv(1 << 16))[:2] == (wire.ERR_ABORTED, 1)

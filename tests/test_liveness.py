@@ -18,6 +18,7 @@ import pytest
 
 import hostlib
 from hostlib import errors, wire
+from hostlib.worker import AUTO_WINDOW_MAX, auto_window
 from inabench.harness import SwitchProcess
 from switchsim import control
 from switchsim.server import query_stats
@@ -318,9 +319,10 @@ def raw_int32_worker(address, rank, world, window, n, k=256):
 
 
 @serve_on("python", "c")
-def test_an_independent_worker_with_the_agreed_window_and_hostlib(switch_process):
-    """A doc-only worker asks window 512, hostlib its automatic window: both map slots with the one join_ack
-    agreed, over a call of many rounds, and the sum is exact on both."""
+@pytest.mark.parametrize("hostlib_window", [None, 1024])
+def test_an_independent_worker_with_the_agreed_window_and_hostlib(switch_process, hostlib_window):
+    """A doc-only worker asks window 512, hostlib its automatic window (496 here) or 1024: both map slots with
+    the one join_ack agreed (496, or 512), over a call of many rounds, and the sum is exact on both."""
     sw = switch_process("--workers", 2, "--slots", 1024)
     host, port = sw.address.rsplit(":", 1)
     n = 256 * 1500  # 1500 packets: several rounds of any window
@@ -331,9 +333,10 @@ def test_an_independent_worker_with_the_agreed_window_and_hostlib(switch_process
 
     t = threading.Thread(target=independent, daemon=True)
     t.start()
-    with hostlib.connect(sw.address, 0, 2, codec="int32", timeout=20) as comm:
+    with hostlib.connect(sw.address, 0, 2, codec="int32", timeout=20, window=hostlib_window) as comm:
         res = comm.allreduce(np.ones(n, np.int32))
         window = comm.window
     t.join(30)
     W, raw = got["raw"]
-    assert W == window <= 512 and np.all(res == 3) and np.all(raw == 3)
+    assert W == window == (512 if hostlib_window else auto_window(AUTO_WINDOW_MAX, 256 * 4, 2))
+    assert np.all(res == 3) and np.all(raw == 3)

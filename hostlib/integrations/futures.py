@@ -108,13 +108,18 @@ class CallQueue:
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
+    @staticmethod
+    def on_callers_thread() -> bool:
+        """Whether a call made now may run on the thread that waits for it: made from the main thread, outside
+        backward (whose calls must progress with nobody waiting on them)."""
+        return threading.current_thread() is threading.main_thread() and torch._C._current_autograd_node() is None
+
     def submit(self, fn, *args, wake: bool | None = None) -> "_Call":
         """Queue fn(*args) and return its entry. wake=None: wake the queue's thread for a call made from
         another thread or inside backward (DDP's reducer, FSDP's hooks: the autograd engine runs CPU graphs
         on the caller's thread), which must progress with nobody waiting on it."""
         if wake is None:
-            wake = threading.current_thread() is not threading.main_thread() or \
-                torch._C._current_autograd_node() is not None
+            wake = not self.on_callers_thread()
         entry = _Call(fn, args)
         with self._cv:
             if self._closed:
@@ -123,6 +128,17 @@ class CallQueue:
             if wake:
                 self._cv.notify()
         return entry
+
+    def try_run(self, fn) -> bool:
+        """Run fn on this thread at once when no call is queued or running (a synchronous call from the main
+        thread: nothing to order it after, no future to make); False, and nothing run, otherwise."""
+        with self._cv:
+            if self._tasks or self._running or self._closed:
+                return False
+            self._running = True
+            self.inline += 1
+        self._run(_Call(fn, ()))
+        return True
 
     def wake(self):
         """Let the queue's thread run the queued calls (someone will wait on a call's future, not here)."""

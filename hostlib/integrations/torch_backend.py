@@ -206,7 +206,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.last_fault: str | None = None  # the last switch fault, named (ina_stats)
         self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
                          "recovered_results": 0}
-        self.paths: dict[str, int] = {}  # "what -> path": calls per kind of call and the path that carried it
+        self.paths: dict[tuple, int] = {}  # (what, path): calls per kind of call and the path that carried it
         if not use_switch:
             self._warn_once("subgroup", "process group 'ina': a subgroup runs every collective on gloo (the "
                                         "switch job belongs to the world group)")
@@ -227,6 +227,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         rounding = {"rounding": connect_kwargs["rounding"]} if "rounding" in connect_kwargs else {}
         self._codecs = {"float": get_codec(self.codec, **rounding), "int32": get_codec("int32"),
                         EXACT_SMALL: get_codec("fixed")}
+        self._routes: dict = {}  # (dtype, small) -> (codec, elements per packet, path name): _route
         # the join votes, the recovery and the fallback's gloo are this group's own: the worker thread alone
         # uses them, in call order, so every rank issues the same sequence whatever the caller's thread does
         ina_store = dist.PrefixStore("ina/", store)
@@ -272,7 +273,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         (t,) = tensors
 
         def run():
-            self._finish(t.reshape(-1), self._sum(t.reshape(-1)), op)
+            self._finish(t, self._sum(t.reshape(-1)).view(t.shape), op)  # t itself: it may be a strided view
             return tensors
 
         return self._submit(tensors, run)
@@ -285,7 +286,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         def run():
             total = self._sum(torch.cat([t.reshape(-1) for t in tensors]))
             for t, part in zip(tensors, total.split([t.numel() for t in tensors])):
-                self._finish(t.reshape(-1), part, op)
+                self._finish(t, part.view(t.shape), op)
             return tensors
 
         return self._submit(tensors, run)
@@ -349,7 +350,8 @@ class ProcessGroupINA(dist.ProcessGroup):
     def ina_stats(self) -> dict:
         """Counters: calls through the switch and through gloo (fallback), faults, re-joins, the join votes,
         the recoveries' seconds, which path carried each kind of call, and the live connection's CommStats."""
-        stats = dict(self.counters, paths=dict(self.paths), last_fault=self.last_fault)
+        stats = dict(self.counters, paths={f"{w} -> {p}": n for (w, p), n in self.paths.items()},
+                     last_fault=self.last_fault)
         if self.use_switch:
             stats.update(votes=self.vote.votes, vote_seconds=self.vote.seconds, recoveries=self.recovery.epoch,
                          recovery_seconds=self.recovery.seconds, switch=self.switch, codec=self.codec,
@@ -382,13 +384,17 @@ class ProcessGroupINA(dist.ProcessGroup):
         return False
 
     def _count(self, what: str, path: str):
-        key = f"{what} -> {path}"
+        key = (what, path)
         self.paths[key] = self.paths.get(key, 0) + 1
 
     def _submit(self, tensors, run):
         """run() on the worker thread, after the caller's CUDA stream has produced the tensors; a Work of
         its future at once. An error completes the future with a C++ error (futures.ErrorFuture): DDP's
         reducer, functional collectives, comm hooks and wait() raise it as the exception it is."""
+        if not any(t.is_cuda for t in tensors) and self._worker.on_callers_thread():
+            done = DoneWork()
+            if self._worker.try_run(lambda: done.run(run)):  # synchronous: no future, no queue, no hand-off
+                return done
         fut = futures.ErrorFuture()
         ready = _cuda_event(tensors)
 
@@ -413,12 +419,12 @@ class ProcessGroupINA(dist.ProcessGroup):
         for out, inp in zip(outputs, inputs):
             shard = out.numel()
             start = at + self.rank() * shard
-            self._finish(out.reshape(-1), total[start: start + shard], op)
+            self._finish(out, total[start: start + shard].view(out.shape), op)
             at += inp.numel()
         return outputs
 
     def _finish(self, out: torch.Tensor, total: torch.Tensor, op):
-        """out (a flat view of the caller's tensor) = the sum, divided for AVG as gloo divides; the sum itself
+        """out (the caller's tensor, total of its shape) = the sum, divided for AVG as gloo divides; the sum itself
         stays intact (it is the kept result a recovery may send)."""
         if op == Op.AVG:
             mode = None if total.dtype.is_floating_point else "trunc"
@@ -514,26 +520,29 @@ class ProcessGroupINA(dist.ProcessGroup):
     def _switch_sum(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
         """One allreduce through the switch into a result buffer, and the path's name. The connection was
         joined with the float codec; each call sets its own (every packet carries its call's codec, so one job
-        and one join serve all): int32 tensors int32; floating tensors of at most SMALL_ELEMENTS elements
-        (a loss, a metric) per-element fixed point, accurate to float32 rounding per element whatever the
-        magnitudes; larger ones the group's codec. 16-bit floats travel as float32."""
+        and one join serve all; _route says which). 16-bit floats travel as float32."""
         comm = self.comm
-        if x.dtype == torch.int32:
-            name, k = "int32", None
-        elif x.numel() <= SMALL_ELEMENTS:
-            name, k = EXACT_SMALL, 1
-        else:
-            name, k = "float", None
-        codec = self._codecs[name]
-        comm.codec = codec
-        comm.k = min(k or self.connect_kwargs.get("elements_per_packet") or codec.default_elements, comm.max_elements)
-        path = f"switch ({codec.name}{', per element' if k == 1 else ''})"
+        codec, k, path = self._route(x)
+        comm.codec, comm.k = codec, min(k, comm.max_elements)
         wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
         if wide.is_cuda:
             return comm.allreduce(wide).to(x.dtype), path
         total = self._scratch(wide)
         comm.allreduce(wide.detach().numpy(), out=total.numpy())  # numpy views: hostlib's shortest path
         return (total if total.dtype == x.dtype else total.to(x.dtype)), path
+
+    def _route(self, x: torch.Tensor) -> tuple:
+        """(codec, elements per packet, path name) of a call, per dtype and size class: int32 tensors int32;
+        floating tensors of at most SMALL_ELEMENTS elements (a loss, a metric) per-element fixed point,
+        accurate to float32 rounding per element whatever the magnitudes; larger ones the group's codec."""
+        key = (x.dtype, x.numel() <= SMALL_ELEMENTS)
+        route = self._routes.get(key)
+        if route is None:
+            name = "int32" if x.dtype == torch.int32 else EXACT_SMALL if key[1] else "float"
+            codec = self._codecs[name]
+            k = 1 if name == EXACT_SMALL else self.connect_kwargs.get("elements_per_packet") or codec.default_elements
+            route = self._routes[key] = (codec, k, f"switch ({codec.name}{', per element' if k == 1 else ''})")
+        return route
 
     def _scratch(self, x: torch.Tensor) -> torch.Tensor:
         """A result buffer of x's shape and dtype. Two per size, used in turn, so the last call's sum stays
@@ -664,14 +673,54 @@ class FutureWork(dist.Work):
         return self.future.done()
 
 
+class DoneWork(dist.Work):
+    """The Work of a call already run on the caller's thread (a call from the main thread with nothing
+    queued: c10d's synchronous all_reduce waits on it at once). wait() raises the call's exception; a future
+    is made only if someone asks for one."""
+
+    def __init__(self):
+        super().__init__()
+        self.result, self.error, self._future = None, None, None
+
+    def run(self, fn):
+        try:
+            self.result = fn()
+        except BaseException as e:  # noqa: BLE001 - raised by wait()
+            self.error = e
+
+    def wait(self, timeout=None) -> bool:
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            done = futures.ErrorFuture()
+            if self.error is not None:
+                done.set_exception(self.error)
+            else:
+                done.set_result(self.result)
+            self._future = done.future
+        return self._future
+
+    def is_completed(self) -> bool:
+        return True
+
+
 def _as_list(tensors):
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 def _kind(x: torch.Tensor) -> str:
     """A call's kind for ina_stats' paths: its dtype, and "small" for a loss or metric."""
-    kind = str(x.dtype).replace("torch.", "")
-    return f"{kind} small" if x.dtype.is_floating_point and x.numel() <= SMALL_ELEMENTS else kind
+    small = x.dtype.is_floating_point and x.numel() <= SMALL_ELEMENTS
+    kind = _KINDS.get((x.dtype, small))
+    if kind is None:
+        kind = _KINDS[x.dtype, small] = str(x.dtype).replace("torch.", "") + (" small" if small else "")
+    return kind
+
+
+_KINDS: dict = {}
 
 
 def _reduce_op(opts):
