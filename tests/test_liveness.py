@@ -32,6 +32,24 @@ KEY = b"0123456789abcdef-liveness"
 # ---------------------------------------------------------------- members first (every backend)
 
 
+def each_rank(fn, world=2, timeout=60) -> list:
+    """fn(rank) on a thread per rank; each rank's return value, or the exception it raised."""
+    got = [None] * world
+
+    def run(r):
+        try:
+            got[r] = fn(r)
+        except Exception as e:  # noqa: BLE001 - the caller checks
+            got[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return got
+
+
 def heartbeat(job, rank, session):
     return wire.pack(wire.MSG_HEARTBEAT, job=job, rank=rank, session=session)
 
@@ -150,44 +168,28 @@ def test_a_stopped_switch_is_named_within_5_s(switch_process, fast):
     (the timeout is 30 s); after SIGCONT the call after re-joins and is exact."""
     sw = switch_process("--workers", 2)
     x = np.ones(200_000, np.int32)
-    comms = [None, None]
-    threads = [threading.Thread(target=lambda r=r: comms.__setitem__(r, hostlib.connect(
-        sw.address, r, 2, codec="int32", timeout=30, fast=fast))) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    comms = each_rank(lambda r: hostlib.connect(sw.address, r, 2, codec="int32", timeout=30, fast=fast))
     try:
-        seen = [None, None]
+        os.kill(sw.proc.pid, signal.SIGSTOP)
 
         def call(r):
             t0 = time.monotonic()
             try:
                 comms[r].allreduce(x)
-            except Exception as e:  # noqa: BLE001 - checked below
-                seen[r] = (e, time.monotonic() - t0)
+            except errors.INAError as e:
+                return e, time.monotonic() - t0
 
-        os.kill(sw.proc.pid, signal.SIGSTOP)
-        threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        seen = each_rank(call)
         os.kill(sw.proc.pid, signal.SIGCONT)
         for e, took in seen:
             assert isinstance(e, errors.SwitchSilent), e
             assert took < 5.0 and sw.address in str(e)
-        outs = [None, None]
-        threads = [threading.Thread(target=lambda r=r: outs.__setitem__(r, comms[r].allreduce(x))) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert all(o is not None and np.array_equal(o, 2 * x) for o in outs)
+        outs = each_rank(lambda r: comms[r].allreduce(x))
+        assert all(np.array_equal(o, 2 * x) for o in outs), outs
     finally:
         os.kill(sw.proc.pid, signal.SIGCONT)
         for c in comms:
-            if c is not None:
+            if isinstance(c, hostlib.Communicator):
                 c.close()
 
 
@@ -199,22 +201,14 @@ def test_a_late_rank_is_told_who_gave_up(switch_process):
     """Rank 0 times out waiting for rank 1 (2 s); rank 1 calls after 4 s: it raises CallAborted naming
     rank 0 and saying it timed out, instead of completing alone or blaming itself."""
     sw = switch_process("--workers", 2)
-    seen = {}
 
     def rank(r):
         with hostlib.connect(sw.address, r, 2, codec="int32", timeout=2 if r == 0 else 30) as comm:
             if r == 1:
                 time.sleep(4)
-            try:
-                comm.allreduce(np.ones(100, np.int32))
-            except Exception as e:  # noqa: BLE001 - checked below
-                seen[r] = e
+            comm.allreduce(np.ones(100, np.int32))
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    seen = each_rank(rank)
     assert isinstance(seen[0], errors.CallTimeout), seen
     assert isinstance(seen[1], errors.CallAborted) and seen[1].rank == 0 and "CallTimeout" in str(seen[1]), seen
 
@@ -224,26 +218,8 @@ def test_a_rank_that_left_is_named_at_the_next_join(switch_process):
     """After a call mismatch, rank 1 closes its communicator; rank 0's next call (a re-join) raises PeerDead
     naming rank 1 at once, not a join timeout."""
     sw = switch_process("--workers", 2)
-    comms = [None, None]
-    threads = [threading.Thread(target=lambda r=r: comms.__setitem__(r, hostlib.connect(
-        sw.address, r, 2, codec="int32", timeout=20))) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    seen = [None, None]
-
-    def call(r):
-        try:
-            comms[r].allreduce(np.ones(100 + r, np.int32))
-        except Exception as e:  # noqa: BLE001 - checked below
-            seen[r] = e
-
-    threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    comms = each_rank(lambda r: hostlib.connect(sw.address, r, 2, codec="int32", timeout=20))
+    seen = each_rank(lambda r: comms[r].allreduce(np.ones(100 + r, np.int32)))
     assert all(isinstance(e, errors.CallMismatch) for e in seen), seen
     comms[1].close()
     t0 = time.monotonic()
