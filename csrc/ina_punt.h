@@ -5,8 +5,8 @@
  * strangers, on the monotonic clock: a stranger's flood is dropped here, in C, at the cost of any small
  * datagram, and never crowds out a member's heartbeat. Every request it drops is counted in the core's drops
  * (rate_limited, oversized, punt_overflow), so the switch's packets_in stays the sum of its outcomes.
- * INA_CONTROL_RATE/BURST and INA_SOURCE_RATE/BURST equal control.py's CONTROL_RATE and SOURCE_RATE
- * (tests/test_native.py checks). Header-only, shared by the UDP, shared-memory and DPDK loops. */
+ * INA_CONTROL_RATE/BURST and INA_SOURCE_RATE/BURST come from inaproto/timers.py (ina_wire.h, generated).
+ * Header-only, shared by the UDP, shared-memory and DPDK loops. */
 #ifndef INA_PUNT_H
 #define INA_PUNT_H
 #include <stdint.h>
@@ -15,10 +15,6 @@
 
 #include "ina_core.h"
 
-#define INA_CONTROL_RATE 2000.0
-#define INA_CONTROL_BURST 200
-#define INA_SOURCE_RATE 50.0
-#define INA_SOURCE_BURST 20
 #define INA_SOURCE_BUCKETS 4096 /* per-source budgets, by hash (a collision shares one: never a member's) */
 #define INA_PUNT_MAX_LEN 512 /* longest control request: a join (INA_JOIN_SIZE) */
 #define INA_PUNT_QUEUE 64    /* requests held for the caller between two returns of a loop's run */

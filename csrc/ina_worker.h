@@ -23,7 +23,7 @@
  * switch's process is gone or its segment was removed (ina_shm_switch_gone) */
 #define INA_WK_REFUSED 7
 
-#define INA_WK_REFUSED_AFTER_MS 500 /* worker.REFUSED_AFTER */
+#define INA_WK_REFUSED_AFTER_MS INA_REFUSED_AFTER_MS /* inaproto.timers.REFUSED_AFTER */
 
 #define INA_WK_BATCH 64
 #define INA_WK_ERROR_MAX 256 /* an error is never larger than the join it answers (INA_JOIN_SIZE) */

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import threading
 
-from . import kernels
+from inaproto.timers import HEARTBEAT_EVERY
 
-HEARTBEAT_EVERY = 1.0  # seconds; the switch declares a member dead after PEER_SILENT (3 s) of silence
+from . import kernels
 
 
 class Heartbeat:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inaproto import auth
+from inaproto.timers import ABORT_WAIT, JOIN_REPEAT, REFUSED_AFTER, SWITCH_SILENT
 from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
 from . import fastpath, rng, wire
@@ -45,12 +46,7 @@ from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator,
 # flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
 IN_FLIGHT_BYTES = 512 << 10
 AUTO_WINDOW_MAX = 1024
-# a worker that hears nothing from its switch this long while it waits (in a call or a join), although the
-# switch answers every heartbeat, names it: SwitchSilent (stopped, hung, or the path is cut)
-SWITCH_SILENT = 3.0
 JOIN_ANSWERS = (wire.MSG_JOIN_WAIT, wire.MSG_JOIN_ACK, wire.MSG_ERROR)
-REFUSED_AFTER = 0.5  # seconds of "connection refused" with nothing heard: no switch listens there
-ABORT_WAIT = 1.0  # seconds an abort is repeated (every 0.1 s) until the switch's error confirms it
 
 
 def auto_window(granted: int, payload: int, world_size: int) -> int:
@@ -76,7 +72,7 @@ class CommStats:
     stale_results: int = 0
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
     gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
-    heartbeats: int = 0  # liveness messages to the switch (one a second; not in packets_sent)
+    heartbeats: int = 0  # liveness messages to the switch (HEARTBEAT_EVERY; not in packets_sent)
     switch_drops: int = 0  # the switch told this worker it dropped one of its packets (ERR_DROPPED)
     elements: int = 0
     allreduces: int = 0
@@ -287,7 +283,7 @@ class Communicator:
         self._refused_since = None
         while True:
             self._send(join)
-            until = min(time.monotonic() + 0.1, deadline)
+            until = min(time.monotonic() + JOIN_REPEAT, deadline)
             while time.monotonic() < until:
                 self._wait(until - time.monotonic())
                 while (data := self._recv()) is not None:

@@ -14,7 +14,7 @@ import re
 import struct
 import sys
 
-from . import auth, wire
+from . import auth, timers, wire
 from .gen_c import update
 
 PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "protocol.md")
@@ -114,9 +114,7 @@ STRUCT_TYPES = {"B": "u8", "H": "u16", "I": "u32", "Q": "u64", "b": "i8"}
 
 
 def _constants():
-    from hostlib import worker  # the worker's timers are part of the protocol a client must follow
-    from switchsim import control
-
+    t = timers
     w = wire
     rows = [("VERSION", w.VERSION, "header byte 0"), ("DEFAULT_PORT", w.DEFAULT_PORT, "the switch's UDP port"),
             ("HEADER_SIZE", w.HEADER_SIZE, "bytes"), ("JOIN_SIZE", w.JOIN_SIZE, "a join's size, padding included"),
@@ -137,33 +135,33 @@ def _constants():
                                                                    "exponent byte: NaN/Inf seen"),
             ("BLOCK_NONE", f"{w.BLOCK_NONE:#x}", "no block"), ("NO_RANK", f"{w.NO_RANK:#x}", "an error naming no rank"),
             ("NC_BIAS", w.NC_BIAS, "NC code m is 2^(m − NC_BIAS)"), ("NC_SPAN", w.NC_SPAN, "NC levels in a block")]
-    timers = [("JOIN_EXPIRY", control.JOIN_EXPIRY, "switch: a pending join not repeated this long expires"),
-              ("MEMBER_IDLE", control.MEMBER_IDLE, "switch: a silent member's rank may be taken (keyless)"),
-              ("PEER_SILENT", control.PEER_SILENT, "switch: a member silent this long is dead"),
-              ("CLAIM_ACTIVE", control.CLAIM_ACTIVE, "switch: a contested pending join repeated this long after is live"),
-              ("TAKEN_AFTER", control.TAKEN_AFTER, "switch: a contested live generation heard this long is running"),
-              ("join repeat", 0.1, "worker: a join is sent every 100 ms until acked, and once at once after the "
-                                   "first join_wait"),
-              ("HEARTBEAT_EVERY", worker.HEARTBEAT_EVERY, "worker: a heartbeat this often, in calls too, whatever "
-                                                           "else it sends, from a thread that needs no interpreter "
-                                                           "lock: heartbeats are what makes the switch check for silent "
-                                                           "members, and their answers what tells a worker its switch "
-                                                           "lives"),
-              ("SWITCH_SILENT", worker.SWITCH_SILENT, "worker: nothing heard from the switch this long while waiting "
-                                                       "on it (a call or a join it answered before): `SwitchSilent`"),
-              ("REFUSED_AFTER", worker.REFUSED_AFTER, "worker: connection refused this long, nothing heard: unreachable"),
-              ("ABORT_WAIT", worker.ABORT_WAIT, "worker: an abort is repeated every 100 ms this long at most"),
-              ("rto", 0.03, "worker (hostlib's choice; any timer works): retransmission timeout floor; above it "
-                            "RFC 6298's SRTT + 4 RTTVAR, each update from the smallest of 16 round-trip samples; "
-                            "doubling per retry"),
-              ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
-    rates = [("SOURCE_RATE", control.SOURCE_RATE, "switch: a non-member's control requests per source address"),
-             ("CONTROL_RATE", control.CONTROL_RATE, "switch: every non-member's control requests together"),
-             ("ERROR_RATE", control.ERROR_RATE, "switch: join errors sent"),
-             ("STATS_RATE", control.STATS_RATE, "switch: stats replies sent")]
+    timers_ = [("JOIN_EXPIRY", t.JOIN_EXPIRY, "switch: a pending join not repeated this long expires"),
+               ("MEMBER_IDLE", t.MEMBER_IDLE, "switch: a silent member's rank may be taken (keyless)"),
+               ("PEER_SILENT", t.PEER_SILENT, "switch: a member silent this long is dead"),
+               ("CLAIM_ACTIVE", t.CLAIM_ACTIVE, "switch: a contested pending join repeated this long after is live"),
+               ("TAKEN_AFTER", t.TAKEN_AFTER, "switch: a contested live generation heard this long is running"),
+               ("JOIN_REPEAT", t.JOIN_REPEAT, "worker: a join is sent this often until acked, and once at once "
+                                              "after the first join_wait"),
+               ("HEARTBEAT_EVERY", t.HEARTBEAT_EVERY, "worker: a heartbeat this often, in calls too, whatever else "
+                                                      "it sends, from a thread that needs no interpreter lock: "
+                                                      "heartbeats are what makes the switch check for silent "
+                                                      "members, and their answers what tells a worker its switch "
+                                                      "lives"),
+               ("SWITCH_SILENT", t.SWITCH_SILENT, "worker: nothing heard from the switch this long while waiting on "
+                                                  "it (a call or a join it answered before): `SwitchSilent`"),
+               ("REFUSED_AFTER", t.REFUSED_AFTER, "worker: connection refused this long, nothing heard: unreachable"),
+               ("ABORT_WAIT", t.ABORT_WAIT, "worker: an abort is repeated every 100 ms this long at most"),
+               ("rto", 0.03, "worker (hostlib's choice; any timer works): retransmission timeout floor; above it "
+                             "RFC 6298's SRTT + 4 RTTVAR, each update from the smallest of 16 round-trip samples; "
+                             "doubling per retry"),
+               ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
+    rates = [("SOURCE_RATE", t.SOURCE_RATE, "switch: a non-member's control requests per source address"),
+             ("CONTROL_RATE", t.CONTROL_RATE, "switch: every non-member's control requests together"),
+             ("ERROR_RATE", t.ERROR_RATE, "switch: join errors sent"),
+             ("STATS_RATE", t.STATS_RATE, "switch: stats replies sent")]
     out = ["| constant | value | meaning |", "|---|---|---|"]
     out += [f"| `{n}` | {v} | {m} |" for n, v, m in rows]
-    out += [f"| `{n}` | {v:g} s | {m} |" for n, v, m in timers]
+    out += [f"| `{n}` | {v:g} s | {m} |" for n, v, m in timers_]
     out += [f"| `{n}` | {r:g}/s, burst {b} | {m} |" for n, (r, b), m in rates]
     return out
 

@@ -224,10 +224,8 @@ class BMv2Server:
         # 0: strangers' control requests; 1: failed jobs' data packets (answered from here); 2: members' requests
         for cell, (rate, burst) in enumerate((CONTROL_RATE, CONTROL_RATE, MEMBER_RATE)):
             sh.MeterEntry("punt_meter")(index=cell, cir=int(rate), cburst=burst, pir=int(rate), pburst=burst).modify()
-        rate, burst = SOURCE_RATE
-        for cell in range(gen_p4.SOURCE_CELLS):
-            sh.MeterEntry("source_meter")(index=cell, cir=int(rate), cburst=burst, pir=int(rate),
-                                          pburst=burst).modify()
+        rate, burst = SOURCE_RATE  # every cell in one request
+        self.sw.set_meter("source_meter", range(gen_p4.SOURCE_CELLS), int(rate), burst, int(rate), burst)
 
     def _write_switch_config(self):
         from p4runtime_sh import shell as sh

@@ -29,26 +29,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from collections import OrderedDict
-
 from inaproto import auth, net, rng, wire
-
-JOIN_EXPIRY = 3.0  # seconds a pending join lives without being repeated (workers repeat it every 100 ms)
-MEMBER_IDLE = 3.0  # seconds without a packet after which a member's rank may be taken over (no key)
-# A member silent this long (no data packet, no heartbeat: workers send one every HEARTBEAT_EVERY seconds,
-# in calls and between them) is dead: its generation fails and the other members are told, naming it.
-PEER_SILENT = 3.0
-HEARTBEAT_EVERY = 1.0  # the worker library's interval (hostlib.worker), for the texts
-CLAIM_ACTIVE = 0.3  # a claim repeated this long after another address asked is a live process's (repeats: 100 ms)
-TAKEN_AFTER = 1.5  # a rank held by a live generation is refused once every member was heard this long after
-CONTROL_RATE = (2000.0, 200)  # requests of non-members handled per second (all sources together), burst
-MEMBER_RATE = (20000.0, 2000)  # where a data plane meters every punt (P4): members' requests, all together
-SOURCE_RATE = (50.0, 20)  # requests of non-members handled per second and source address, burst
-SOURCES_KEPT = 4096  # source addresses whose budget is remembered (the least recently heard are forgotten)
-ERROR_RATE = (50.0, 50)  # error replies per second, burst
-STATS_RATE = (20.0, 20)  # stats replies per second, burst
+# the timers and rates (inaproto.timers), importable from here as before
+from inaproto.timers import (CLAIM_ACTIVE, CONTROL_RATE, ERROR_RATE, HEARTBEAT_EVERY, JOIN_EXPIRY,  # noqa: F401
+                             MEMBER_IDLE, MEMBER_RATE, PEER_SILENT, SOURCE_RATE, SOURCES_KEPT, STATS_RATE,
+                             TAKEN_AFTER)
 
 
 class TokenBucket:

@@ -520,13 +520,18 @@ class Switch:
         return {e.counter_entry.index.index: (e.counter_entry.data.byte_count, e.counter_entry.data.packet_count)
                 for e in self.read(*cells)}
 
-    def set_meter(self, name: str, index: int, cir: int, cburst: int, pir: int, pburst: int):
-        """Configure one cell of an indirect meter (two-rate three-colour: rates in units per second, bursts
-        in units; units = packets or bytes as the program declares). Meter cells exist, so this is a modify."""
-        entry = p4runtime_pb2.MeterEntry(meter_id=self._info().meter_id(name))
-        entry.index.index = index
-        entry.config.cir, entry.config.cburst, entry.config.pir, entry.config.pburst = cir, cburst, pir, pburst
-        self.modify(entry)
+    def set_meter(self, name: str, index, cir: int, cburst: int, pir: int, pburst: int):
+        """Configure cells of an indirect meter (two-rate three-colour: rates in units per second, bursts
+        in units; units = packets or bytes as the program declares); index: one cell, or an iterable of them,
+        written in one request. Meter cells exist, so this is a modify."""
+        mid = self._info().meter_id(name)
+        entries = []
+        for i in ([index] if isinstance(index, int) else index):
+            entry = p4runtime_pb2.MeterEntry(meter_id=mid)
+            entry.index.index = i
+            entry.config.cir, entry.config.cburst, entry.config.pir, entry.config.pburst = cir, cburst, pir, pburst
+            entries.append(entry)
+        self.modify(*entries)
 
     def _stream_closed(self) -> bool:
         return self.client is None or not self.client.stream_recv_thread.is_alive()

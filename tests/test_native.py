@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from hostlib import kernels, wire
-from inaproto import auth
+from inaproto import auth, timers
 from hostlib.codecs import fixed, natural
-from switchsim import native
-from switchsim import control
+from switchsim import control, native
 from switchsim.model import Switch
 
 from .conftest import ROOT
@@ -65,11 +64,11 @@ def test_c_wire_constants_match_wire_py():
     assert pkt[d["INA_OFF_CALL_LEN"]:][:4] == b"\x19\x1a\x1b\x1c" and pkt[d["INA_OFF_BOOT"]:][:4] == b"\x1d\x1e\x1f\x20"
     assert pkt[d["INA_OFF_VERSION"]] == wire.VERSION and pkt[d["INA_OFF_MSG_TYPE"]] == wire.MSG_JOIN_WAIT
     assert pkt[d["INA_OFF_SESSION"]:][:4] == b"\x10\x11\x12\x13"
-    # the C loops' control-request bucket is the control plane's
-    b = c_defines("ina_punt.h") | {m[1]: float(m[2]) for m in re.finditer(
-        r"#define (INA_(?:CONTROL|SOURCE)_RATE) ([\d.]+)", open(os.path.join(CSRC, "ina_punt.h")).read())}
-    assert (b["INA_CONTROL_RATE"], b["INA_CONTROL_BURST"]) == control.CONTROL_RATE
-    assert (b["INA_SOURCE_RATE"], b["INA_SOURCE_BURST"]) == control.SOURCE_RATE
+    # the C loops' control-request budgets are the control plane's (inaproto.timers, generated)
+    assert (d["INA_CONTROL_RATE"], d["INA_CONTROL_BURST"]) == control.CONTROL_RATE
+    assert (d["INA_SOURCE_RATE"], d["INA_SOURCE_BURST"]) == control.SOURCE_RATE
+    assert d["INA_REFUSED_AFTER_MS"] == round(timers.REFUSED_AFTER * 1000)
+    assert "#define INA_CONTROL_RATE" not in open(os.path.join(CSRC, "ina_punt.h")).read()  # defined once
     assert pkt[d["INA_OFF_CODEC"]] == 12 and pkt[d["INA_OFF_FLAGS"]] == 15 and pkt[d["INA_OFF_RANK"]] == 3
     assert pkt[d["INA_OFF_JOB"]:][:2] == b"\x01\x02" and pkt[d["INA_OFF_PACKET_ID"]:][:4] == b"\x04\x05\x06\x07"
     assert pkt[d["INA_OFF_POOL"]:][:2] == b"\x88\x09" and pkt[d["INA_OFF_COUNT"]:][:2] == b"\x0a\x0b"

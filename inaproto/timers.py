@@ -1,0 +1,30 @@
+"""The protocol's timers and rate limits, defined once: the switch's control plane (switchsim/control.py),
+the worker (hostlib), the C loops' header (csrc/ina_wire.h, `python -m inaproto.gen_c`) and the constants
+table of docs/protocol.md (`python -m inaproto.gen_doc`) take them from here. Seconds unless said.
+"""
+from __future__ import annotations
+
+# ---------------------------------------------------------------- the worker
+JOIN_REPEAT = 0.1  # a join is sent this often until acked (and once at once after the first join_wait)
+# a heartbeat this often, in calls and between them, from a thread that needs no interpreter lock; six fall
+# in PEER_SILENT and in SWITCH_SILENT, so a few lost datagrams (5 % loss each way) never look like silence
+HEARTBEAT_EVERY = 0.5
+# nothing heard from the switch this long while waiting on it (a call, or a join it answered): SwitchSilent
+SWITCH_SILENT = 3.0
+REFUSED_AFTER = 0.5  # "connection refused" this long with nothing heard: no switch listens there
+ABORT_WAIT = 1.0  # an abort is repeated every 100 ms at most this long, until the switch's error confirms it
+
+# ---------------------------------------------------------------- the switch
+JOIN_EXPIRY = 3.0  # a pending join lives this long without being repeated
+MEMBER_IDLE = 3.0  # a keyless job's member silent this long (no packet) may have its rank taken over
+PEER_SILENT = 3.0  # a member silent this long (no data packet, no heartbeat) is dead: its generation fails
+CLAIM_ACTIVE = 0.3  # a claim repeated this long after another address asked is a live process's
+TAKEN_AFTER = 1.5  # a rank held by a live generation is refused once every member was heard this long after
+
+# rate limits: (per second, burst)
+CONTROL_RATE = (2000.0, 200)  # requests of non-members handled, all sources together
+SOURCE_RATE = (50.0, 20)  # requests of non-members handled per source address
+MEMBER_RATE = (20000.0, 2000)  # members' requests, where a data plane meters every punt (the P4 program)
+ERROR_RATE = (50.0, 50)  # join errors sent
+STATS_RATE = (20.0, 20)  # stats replies sent
+SOURCES_KEPT = 4096  # source addresses whose budget the control plane remembers (least recently heard go)
