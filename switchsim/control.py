@@ -38,6 +38,8 @@ from inaproto.timers import (CLAIM_ACTIVE, CONTROL_RATE, ERROR_RATE, HEARTBEAT_E
                              MEMBER_IDLE, MEMBER_RATE, PEER_SILENT, SOURCE_RATE, SOURCES_KEPT, STATS_RATE,
                              TAKEN_AFTER)
 
+SATURATED = 0.25  # a transport that has not found its receive queue empty for this long is behind it
+
 
 class TokenBucket:
     """`rate` events per second with bursts of `burst`: take() says whether one more may happen now."""
@@ -122,6 +124,11 @@ class ControlPlane:
         self.stats_replies = TokenBucket(*STATS_RATE, self.clock)
         self.boot = (secrets.randbits(32) or 1) if boot is None else boot
         dataplane.set_boot(self.boot)
+        # silence is judged only while the switch keeps up with its queue: a transport that says when it
+        # found its receive queue empty (drained) marks the times it did not (the kernel may have dropped a
+        # member's heartbeat there); None: a transport that always keeps up (the C loops)
+        self.drained_at: float | None = None
+        self.saturated_at = float("-inf")
 
     def handle(self, h: wire.Header, data, src) -> list[tuple[bytes, object]]:
         """Answer one control request (already parsed); returns the packets to send. Members first: a
@@ -335,14 +342,24 @@ class ControlPlane:
         job.failed = True
         return self.dataplane.fail(job.job_id, code, rank, text)
 
+    def drained(self):
+        """The transport found its receive queue empty: it hears everything sent to it now."""
+        self.drained_at = self.clock()
+
     def check_members(self, job_id: int):
         """A member of a running generation silent for peer_silent seconds (no data packet, no heartbeat)
         is dead: fail the generation naming it. Run on every heartbeat and join of the job, so it happens
-        while some member is alive to be told."""
+        while some member is alive to be told. Silence counts only since the switch last fell behind its
+        queue (SATURATED without draining it): a flood the switch cannot keep up with makes the kernel drop
+        members' packets too, and that is the switch's deafness, not the member's death."""
         job = self.jobs[job_id]
         if not job.generation or self._failed(job):
             return []
         now = self.clock()
+        if self.drained_at is not None and now - self.drained_at > SATURATED:
+            self.saturated_at = now
+        if now - self.saturated_at < self.peer_silent:
+            return []
         for r, m in job.members.items():
             if not m.left and not self._live(job, r, m, now, self.peer_silent):
                 return self.fail(job, wire.ERR_PEER_DEAD, r,

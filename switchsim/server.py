@@ -175,9 +175,11 @@ class UDPServer:
         view = memoryview(buf)
         sock = self.sock
         sock.setblocking(False)
+        control = self.backend.control
         while not self.stop_event.is_set():
             ready, _, _ = select.select([sock], [], [], poll_interval)
             if not ready:  # idle: release any packet held back for reordering
+                control.drained()
                 for d, s in self.rx.flush():
                     self._emit(self.backend.process(d, s))
                 self._send(self.tx.flush())
@@ -186,6 +188,7 @@ class UDPServer:
                 try:
                     n, src = sock.recvfrom_into(buf)
                 except BlockingIOError:
+                    control.drained()  # it keeps up: a member's silence is the member's (check_members)
                     break
                 except OSError:
                     continue

@@ -91,6 +91,30 @@ def test_many_strangers_share_one_budget_and_a_member_goes_first():
     assert [wire.unpack(d).msg_type for d, _ in sw.process(heartbeat(1, 1, session), 1)] == [wire.MSG_HEARTBEAT]
 
 
+def test_a_switch_behind_its_queue_names_no_silent_member():
+    """The control plane alone, on a fake clock: while the transport has not found its receive queue empty
+    (a flood it cannot keep up with: the kernel drops members' packets too) a silent member is not dead;
+    once the switch keeps up again, PEER_SILENT of silence from then on names it."""
+    from switchsim.model import Switch
+
+    now = [0.0]
+    sw = Switch({1: 2}, first_packet_id=0, clock=lambda: now[0])
+    acks = [sw.process(wire.pack_join(1, r, 5 + r, 2, 64), r) for r in (0, 1, 0, 1)]
+    session = wire.unpack(acks[-1][0][0]).session
+    sw.control.drained()
+    now[0] = 0.5  # behind its queue from here (no drained() for more than SATURATED)
+    for t in (1.0, 2.0, 4.0, 6.0):
+        now[0] = t
+        out = sw.process(heartbeat(1, 0, session), 0)  # rank 1 is silent
+        assert [d[1] for d, _ in out] == [wire.MSG_HEARTBEAT], t
+    for t in (6.1, 7.0, 8.0, 9.05):  # keeping up again
+        now[0] = t
+        sw.control.drained()
+        out = sw.process(heartbeat(1, 0, session), 0)
+    errors_ = [wire.unpack_error(d) for d, _ in out if d[1] == wire.MSG_ERROR]
+    assert errors_ and errors_[0][:2] == (wire.ERR_PEER_DEAD, 1)
+
+
 def test_join_answers_echo_the_nonce(switch_backend):
     """join_wait, join_ack and a join's error carry the low 32 bits of its nonce in packet_id."""
     sw = switch_backend({1: 2}, join=False, slots=2, max_elements=64)
