@@ -32,7 +32,7 @@ def gso_modes(comm) -> tuple[bool, bool]:
         return False, False
     if mode == "1":
         return True, True
-    loopback = getattr(comm, "_loopback", None)
+    loopback = comm._loopback
     if loopback is None:  # the peer does not change: asked once per connection
         try:
             loopback = comm.sock.getpeername()[0].startswith("127.")

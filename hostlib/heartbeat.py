@@ -20,20 +20,14 @@ class Heartbeat:
 
     def __init__(self, sock, every: float = HEARTBEAT_EVERY):
         self.sock, self.every = sock, every
-        self._native, self._sent = None, 0
+        self._native, self._sent, self._packet, self._stop = None, 0, None, threading.Event()
         lib, ffi = kernels.lib, kernels.ffi
         if lib is not None and os.environ.get("INA_NATIVE_HEARTBEAT", "1") != "0":
             shm = getattr(sock, "handle", None) or ffi.NULL
             beat = lib.ina_beat_start(sock.fileno() if shm == ffi.NULL else -1, shm, int(every * 1000))
             self._native = beat if beat != ffi.NULL else None
         if self._native is None:
-            self._packet, self._stop = None, threading.Event()
-            self._thread = threading.Thread(target=self._run, name="ina-heartbeat", daemon=True)
-            self._thread.start()
-
-    @property
-    def native(self) -> bool:
-        return self._native is not None
+            threading.Thread(target=self._run, name="ina-heartbeat", daemon=True).start()
 
     def set(self, packet: bytes | None):
         """The datagram to send from now on (a generation's heartbeat); None: nothing. Sent at once."""
@@ -53,8 +47,7 @@ class Heartbeat:
             beat, self._native = self._native, None
             self._sent = int(kernels.lib.ina_beat_sent(beat))
             kernels.lib.ina_beat_stop(beat)
-        elif hasattr(self, "_stop"):
-            self._stop.set()
+        self._stop.set()
 
     def _send(self):
         packet = self._packet

@@ -150,6 +150,7 @@ class Communicator:
         self._refused_since: float | None = None
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._heard_at = time.monotonic()  # when the switch was last heard (SWITCH_SILENT)
+        self._loopback: bool | None = None  # whether the switch is on loopback (fastpath.gso_modes asks once)
         self.drop_notes: list[str] = []  # what the switch said of this worker's dropped packets (the last few)
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
@@ -257,11 +258,6 @@ class Communicator:
                 f"rank {self.rank}: job {self.job}: nothing heard from switch {self.switch} for {silent:.1f} s "
                 f"while waiting on it (its heartbeat answers stopped): it is stopped, hung, or the path to it is "
                 f"cut; the next call re-joins", switch=self.switch, job=self.job)
-
-    @property
-    def heartbeats(self) -> int:
-        """Heartbeats sent (not in packets_sent/bytes_sent: those count the calls' traffic)."""
-        return self._heartbeat.sent()
 
     def _wait(self, seconds: float):
         if isinstance(self.sock, ShmSocket):

@@ -146,12 +146,11 @@ class ControlPlane:
         return self._stats(src, bool(h.flags & wire.FLAG_PER_SLOT))
 
     def known(self, h, src) -> bool:
-        """Whether a request comes from a member of its job's generation (failed or not: a re-join) or a
-        pending joiner, from the address that rank joined from."""
+        """Whether a request comes from a member of its job's generation (failed or not: a re-join), from
+        the address that rank joined from: the same test as the C core's ina_switch_is_member and the P4
+        program's member table (a pending joiner is not one: anyone can make itself one)."""
         job = self.jobs.get(h.job)
-        if job is None:
-            return False
-        m = job.members.get(h.rank) or job.pending.get(h.rank)
+        m = job.members.get(h.rank) if job is not None else None
         return m is not None and m.address == src
 
     def _source_budget(self, src) -> TokenBucket:
