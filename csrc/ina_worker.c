@@ -542,17 +542,19 @@ static int on_dropped(ina_wk *w, const uint8_t *d, size_t len)
 static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
 {
     header h;
+    p->refused_since = 0; /* something listens */
+    if (parse(d, len, &h) == 0 && h.msg_type == INA_MSG_HEARTBEAT) {
+        w->heartbeat_answers++; /* the switch is alive; not a call's traffic (as heartbeats are not sent packets) */
+        return INA_WK_AGAIN;
+    }
     w->packets_received++;
     w->bytes_received += len;
-    p->refused_since = 0; /* something listens */
     if (parse(d, len, &h))
         return INA_WK_AGAIN;
     if (h.job != w->job || h.session != w->session) {
         w->stale_results++; /* not of this job's generation (an error of another session too) */
         return INA_WK_AGAIN;
     }
-    if (h.msg_type == INA_MSG_HEARTBEAT)
-        return INA_WK_AGAIN; /* the switch's answer to a heartbeat: it is alive (the caller sees packets_received) */
     if (h.msg_type == INA_MSG_ERROR && len >= INA_HEADER_SIZE + INA_ERROR_PAYLOAD_SIZE &&
         d[INA_HEADER_SIZE] == INA_ERR_DROPPED)
         return on_dropped(w, d, len);

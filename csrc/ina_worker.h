@@ -70,6 +70,7 @@ typedef struct {
     uint32_t nb, D, total, ndone; /* sparse: ndone counts the blocks received */
     uint32_t streams, streams_done;
     uint64_t packets_sent, bytes_sent, packets_received, bytes_received;
+    uint64_t heartbeat_answers; /* the switch's answers to this worker's heartbeats (not in packets_received) */
     uint64_t retransmissions, duplicate_results, stale_results;
     int overflow;
     uint32_t timeout_pid, timeout_slot, timeout_tries;

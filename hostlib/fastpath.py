@@ -118,8 +118,8 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
     try:
         reported = received = 0
         while True:
-            if w.packets_received != received:  # anything at all (a result, a heartbeat's answer) is the switch
-                received, comm._heard_at = w.packets_received, time.monotonic()
+            if w.packets_received + w.heartbeat_answers != received:  # anything at all is the switch
+                received, comm._heard_at = w.packets_received + w.heartbeat_answers, time.monotonic()
             comm.check_silence()
             rc = lib.ina_wk_run(w, RUN_MS)
             if progress is not None and w.ndone != reported:
@@ -136,6 +136,7 @@ def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progre
         s.bytes_sent += w.bytes_sent
         s.packets_received += w.packets_received
         s.bytes_received += w.bytes_received
+        s.heartbeat_answers += w.heartbeat_answers
         s.retransmissions += w.retransmissions
         s.duplicate_results += w.duplicate_results
         s.stale_results += w.stale_results

@@ -73,6 +73,7 @@ class CommStats:
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
     gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
     heartbeats: int = 0  # liveness messages to the switch (HEARTBEAT_EVERY; not in packets_sent)
+    heartbeat_answers: int = 0  # the switch's answers to them (not in packets_received)
     switch_drops: int = 0  # the switch told this worker it dropped one of its packets (ERR_DROPPED)
     elements: int = 0
     allreduces: int = 0
@@ -223,8 +224,11 @@ class Communicator:
             return b""  # ICMP port unreachable: the switch is not there (yet)
         self._refused_since = None
         self._heard_at = time.monotonic()
-        self.stats.packets_received += 1
-        self.stats.bytes_received += n
+        if n == wire.HEADER_SIZE and self._view[1] == wire.MSG_HEARTBEAT:
+            self.stats.heartbeat_answers += 1  # a heartbeat's answer is not a call's traffic (as heartbeats)
+        else:
+            self.stats.packets_received += 1
+            self.stats.bytes_received += n
         return bytes(self._view[:n])
 
     def _refused(self):

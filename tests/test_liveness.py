@@ -217,6 +217,30 @@ def test_a_stopped_switch_is_named_within_5_s(switch_process, fast):
                 c.close()
 
 
+@serve_on("c")
+@pytest.mark.parametrize("fast", LOOPS)
+def test_heartbeat_answers_are_counted_apart_from_a_calls_traffic(switch_process, fast):
+    """A call's packets_received and bytes_received are its results only, whenever a heartbeat's answer
+    lands (as heartbeats are not in packets_sent): two equal calls, one after an idle second, count the same."""
+    sw = switch_process("--workers", 1)
+    x = np.arange(5000, dtype=np.int32)
+
+    def received(comm):
+        return comm.stats.packets_received, comm.stats.bytes_received
+
+    with hostlib.connect(sw.address, 0, 1, codec="int32", fast=fast) as comm:
+        comm.allreduce(x)  # the join's answers come with the first call
+        joined = received(comm)
+        comm.allreduce(x)
+        once = received(comm)
+        time.sleep(3 * hostlib.worker.HEARTBEAT_EVERY)
+        comm.allreduce(x)
+        stats = comm.stats
+    assert once[0] > joined[0]
+    assert received(comm) == (2 * once[0] - joined[0], 2 * once[1] - joined[1])
+    assert stats.heartbeat_answers >= 2 and stats.heartbeats >= stats.heartbeat_answers
+
+
 # ---------------------------------------------------------------- blame
 
 
