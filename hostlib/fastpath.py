@@ -6,15 +6,15 @@ per-packet path. Communicator uses it when the kernels are built and the input h
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 
 from inaproto import wire
 
 from . import kernels
-from . import errors
 from .codecs import natural
+from .generation import Outcome
+from .shm import ShmSocket
 
 RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C), progress callbacks and silence checks are served
 
@@ -32,14 +32,13 @@ def gso_modes(comm) -> tuple[bool, bool]:
         return False, False
     if mode == "1":
         return True, True
-    loopback = comm._loopback
-    if loopback is None:  # the peer does not change: asked once per connection
+    link = comm.link
+    if link.loopback is None:  # the peer does not change: asked once per connection
         try:
-            loopback = comm.sock.getpeername()[0].startswith("127.")
+            link.loopback = comm.sock.getpeername()[0].startswith("127.")
         except OSError:
-            loopback = False
-        comm._loopback = loopback
-    return loopback, True
+            link.loopback = False
+    return link.loopback, True
 
 
 def kind(codec, flat: np.ndarray):
@@ -53,133 +52,134 @@ def out_dtype(kind_: int):
     return np.int32 if kind_ == kernels.lib.INA_WK_INT32 else np.float32
 
 
-def allreduce(comm, kind_: int, flat: np.ndarray, exps, seed: int, slots, progress, held=None, out=None):
-    """Run one allreduce's packet stream on `slots` (streams.CallSlots); returns (result, agreed exponents,
-    overflow flag) and moves the communicator's slot counters on.
+# the C loop's counters, added by name to the Communicator's CommStats after each call
+COUNTERS = ("packets_sent", "bytes_sent", "packets_received", "bytes_received", "heartbeat_answers",
+            "retransmissions", "duplicate_results", "stale_results", "gso_sends", "gro_segments", "switch_drops")
+STATUS = {"INA_WK_DONE": "done", "INA_WK_SWITCH_ERROR": "switch_error", "INA_WK_TIMEOUT": "timeout",
+          "INA_WK_REFUSED": "refused", "INA_WK_ENCODE_ERROR": "encode_error", "INA_WK_BAD_RESULT": "bad_result",
+          "INA_WK_SYSTEM_ERROR": "system_error"}
 
-    result holds native int32 sums (int32, fixed) or NC codes per element; with out (contiguous, of
-    out_dtype(kind_), possibly flat itself) the loop decodes each result into out instead and returns it.
-    Every packet carries the call's identity (comm._call, comm._call_kind, comm._call_len: set by the
-    Communicator's _begin_call) and the join_ack's boot (comm.boot); results of another call are stale.
-    Between the C loop's chunks (RUN_MS) comm.check_silence() raises SwitchSilent when nothing came for
-    SWITCH_SILENT seconds (the heartbeat thread beats meanwhile; the switch answers each).
-    Raises errors.CallTimeout when a packet gets no result within comm.timeout, comm.error_from_datagram(error)
-    when the switch sends an error of this session that ends the call (worker.py _results: not a member, or
-    the answer to a packet in flight; a failure's multicast becomes comm._pending if the call still completes),
-    and comm.refused_error() when no switch is there (its UDP port refused for INA_WK_REFUSED_AFTER_MS, or the
-    shared-memory switch is gone). held (a bool per block: this worker's block is non-zero) makes it the
-    block-sparse allreduce."""
+
+def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=None, out=None) -> Outcome:
+    """Run one call's packet stream (call: generation.Call, started) in the C loop; its Outcome. Done, the
+    Outcome holds the result (native int32 sums for int32 and fixed, NC codes per element; with out,
+    contiguous of out_dtype(kind_) and possibly flat itself, the loop decodes each result into out instead),
+    the agreed exponents and the overflow flag, and the call's generation has moved its slots on. Otherwise
+    it says what stopped the stream, for Communicator.failure. Every packet carries the call's identity;
+    results of another call are stale. Between the C loop's chunks (RUN_MS) comm.check_silence() raises
+    SwitchSilent when nothing came for SWITCH_SILENT seconds (the heartbeat thread beats meanwhile; the
+    switch answers each). held (a bool per block: this worker's block is non-zero): block-sparse."""
+    lib = kernels.lib
+    w, keep = _loop_args(comm, call, kind_, flat, exps, held, out)
+    rc = lib.ina_wk_start(w)
+    if rc == lib.INA_WK_NO_MEMORY:
+        raise MemoryError(f"native worker loop: no memory for a window of {w.window} x {w.k} elements")
+    if rc != 0:
+        raise ValueError(f"native worker loop: bad parameters (window {w.window}, k {w.k}, world {w.world}, "
+                         f"kind {w.kind}, exponents {'given' if exps is not None else 'none'})")
+    try:
+        rc = _run(comm, w, flat.size, progress)
+    finally:
+        lib.ina_wk_finish(w)
+        _collect(comm, w)
+    return _outcome(comm, call, w, rc, keep, held is not None)
+
+
+def _loop_args(comm, call, kind_, flat, exps, held, out):
+    """The C loop's arguments (ina_wk), and the arrays it points into (kept alive by the caller)."""
     ffi, lib = kernels.ffi, kernels.lib
-    n, k = flat.size, comm.k
-    src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
+    n, k, gen = flat.size, call.k, call.gen
+    keep = {"src": np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)}
     nb = -(-n // k)
-    agreed = np.full(nb, -128, dtype=np.int8)
+    keep["agreed"] = np.full(nb, -128, dtype=np.int8)
     if out is not None:
         if out.dtype != out_dtype(kind_) or out.size != n or not out.flags.c_contiguous:
             raise ValueError(f"native worker loop: out must be {n} contiguous {np.dtype(out_dtype(kind_))}")
-        result = out
+        keep["result"] = out
     else:
-        result = np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)
-    total_max = nb + min(comm.window, nb)
-    done = np.zeros(total_max, dtype=np.uint8)
-    exps_c = np.ascontiguousarray(exps, dtype=np.int8) if exps is not None else None
+        keep["result"] = np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)
+    keep["done"] = np.zeros(nb + min(gen.window, nb), dtype=np.uint8)
+    keep["uses"] = np.ascontiguousarray(call.slots.uses, dtype=np.uint32)
+    keep["rounds"] = np.zeros(gen.window, dtype=np.uint32)
     w = ffi.new("ina_wk *")
-    w.fd, w.job, w.rank, w.world, w.session = comm.sock.fileno(), comm.job, comm.rank, comm.world_size, comm.session
-    w.call, w.call_kind, w.call_len = comm._call & 0xFFFF, comm._call_kind, comm._call_len
-    w.boot = comm.boot
-    w.shm = getattr(comm.sock, "handle", None) or ffi.NULL  # hostlib.shm: rings instead of the socket
-    w.window, w.k, w.kind = comm.window, k, kind_
-    uses = np.ascontiguousarray(slots.uses, dtype=np.uint32)
-    rounds = np.zeros(comm.window, dtype=np.uint32)
-    w.first_slot, w.slot_uses, w.stream_rounds = slots.first, ffi.from_buffer("uint32_t[]", uses), ffi.from_buffer(
-        "uint32_t[]", rounds)
-    w.deterministic = int(getattr(comm.codec, "deterministic", False))
-    w.seed = seed & kernels.MASK64
-    w.src, w.n = ffi.from_buffer(src), n
-    w.exps = ffi.from_buffer("int8_t[]", exps_c) if exps_c is not None else ffi.NULL
-    w.agreed, w.result, w.done = ffi.from_buffer("int8_t[]", agreed), ffi.from_buffer(result), ffi.from_buffer(done)
+    w.fd, w.job, w.rank, w.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
+    w.session, w.call_kind, w.call, w.call_len, w.boot = call.fields()
+    w.shm = comm.sock.handle if isinstance(comm.sock, ShmSocket) else ffi.NULL  # rings instead of the socket
+    w.window, w.k, w.kind = gen.window, k, kind_
+    w.first_slot = call.slots.first
+    w.slot_uses, w.stream_rounds = ffi.from_buffer("uint32_t[]", keep["uses"]), ffi.from_buffer("uint32_t[]",
+                                                                                               keep["rounds"])
+    w.deterministic = int(getattr(call.codec, "deterministic", False))
+    w.seed = call.seed & kernels.MASK64
+    w.src, w.n = ffi.from_buffer(keep["src"]), n
+    if exps is not None:
+        keep["exps"] = np.ascontiguousarray(exps, dtype=np.int8)
+        w.exps = ffi.from_buffer("int8_t[]", keep["exps"])
+    w.agreed, w.result = ffi.from_buffer("int8_t[]", keep["agreed"]), ffi.from_buffer(keep["result"])
+    w.done = ffi.from_buffer(keep["done"])
     w.out = ffi.from_buffer(out) if out is not None else ffi.NULL
     rtt = comm.rtt  # the estimate carries over between the C and the Python loop
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
     # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
     gso, gro = gso_modes(comm)
-    w.gso, w.gro = gso and getattr(comm, "_gso_ok", True), gro and getattr(comm, "_gro_ok", True)
+    w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
     w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
     if held is not None:
-        held_c = np.ascontiguousarray(held, dtype=np.uint8)
-        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", held_c)
-    rc = lib.ina_wk_start(w)
-    if rc == lib.INA_WK_NO_MEMORY:
-        raise MemoryError(f"native worker loop: no memory for a window of {comm.window} x {k} elements")
-    if rc != 0:
-        raise ValueError(f"native worker loop: bad parameters (window {w.window}, k {w.k}, world {w.world}, "
-                         f"kind {w.kind}, exponents {'given' if exps is not None else 'none'})")
-    try:
-        reported = received = 0
-        while True:
-            if w.packets_received + w.heartbeat_answers != received:  # anything at all is the switch
-                received, comm._heard_at = w.packets_received + w.heartbeat_answers, time.monotonic()
-            comm.check_silence()
-            rc = lib.ina_wk_run(w, RUN_MS)
-            if progress is not None and w.ndone != reported:
-                reported = w.ndone
-                progress(min(n, max(0, w.ndone - w.D) * k))  # sparse: blocks received
-            if rc != lib.INA_WK_AGAIN:
-                break
-        if rc == lib.INA_WK_DONE and progress is not None:
-            progress(n)
-    finally:
-        lib.ina_wk_finish(w)
-        s = comm.stats
-        s.packets_sent += w.packets_sent
-        s.bytes_sent += w.bytes_sent
-        s.packets_received += w.packets_received
-        s.bytes_received += w.bytes_received
-        s.heartbeat_answers += w.heartbeat_answers
-        s.retransmissions += w.retransmissions
-        s.duplicate_results += w.duplicate_results
-        s.stale_results += w.stale_results
-        s.gso_sends += w.gso_sends
-        s.gro_segments += w.gro_segments
-        s.switch_drops += w.switch_drops
-        if w.dropped_len:  # the last ERR_DROPPED's words, for a timeout's message (as worker.py _dropped_note)
-            _, reason, text = wire.unpack_error(bytes(ffi.buffer(w.dropped, w.dropped_len)))
-            name = wire.DROP_REASONS[reason] if reason < len(wire.DROP_REASONS) else f"drop reason {reason}"
-            comm.drop_notes = (getattr(comm, "drop_notes", []) + [text or name])[-4:]
-        if gso:
-            comm._gso_ok = bool(w.gso)
-        if gro:
-            comm._gro_ok = bool(w.gro)
-        if w.have_srtt:
-            rtt.srtt, rtt.rttvar, rtt.rto = w.srtt, w.rttvar, w.rto
+        keep["held"] = np.ascontiguousarray(held, dtype=np.uint8)
+        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", keep["held"])
+    return w, keep
+
+
+def _run(comm, w, n: int, progress) -> int:
+    """The C loop in RUN_MS chunks until it ends; its status. Between chunks: silence, progress."""
+    lib = kernels.lib
+    reported = heard = 0
+    while True:
+        if w.packets_received + w.heartbeat_answers != heard:  # anything at all is the switch
+            heard = w.packets_received + w.heartbeat_answers
+            comm.link.heard()
+        comm.check_silence()
+        rc = lib.ina_wk_run(w, RUN_MS)
+        if progress is not None and w.ndone != reported:
+            reported = w.ndone
+            progress(min(n, max(0, w.ndone - w.D) * w.k))  # sparse: blocks received
+        if rc != lib.INA_WK_AGAIN:
+            break
+    if rc == lib.INA_WK_DONE and progress is not None:
+        progress(n)
+    return rc
+
+
+def _collect(comm, w):
+    """What the C loop counted and learned, into the Communicator: counters, drop notes, offloads, RTT."""
+    ffi, s = kernels.ffi, comm.stats
+    for name in COUNTERS:
+        setattr(s, name, getattr(s, name) + getattr(w, name))
+    if w.dropped_len:  # the last ERR_DROPPED's words, for a timeout's message (as worker.py _dropped_note)
+        _, reason, text = wire.unpack_error(bytes(ffi.buffer(w.dropped, w.dropped_len)))
+        comm.gen.note_drop(text or wire.drop_reason(reason))
+    comm.link.gso_ok, comm.link.gro_ok = comm.link.gso_ok and bool(w.gso), comm.link.gro_ok and bool(w.gro)
+    if w.have_srtt:
+        comm.rtt.srtt, comm.rtt.rttvar, comm.rtt.rto = w.srtt, w.rttvar, w.rto
+
+
+def _outcome(comm, call, w, rc: int, keep: dict, sparse: bool) -> Outcome:
+    """The C loop's status as an Outcome; done, the call's slots move on."""
+    ffi, lib = kernels.ffi, kernels.lib
+    status = next(v for k, v in STATUS.items() if getattr(lib, k) == rc)
     error = bytes(ffi.buffer(w.error, w.error_len)) if w.error_len else None
-    if rc == lib.INA_WK_SWITCH_ERROR:
-        raise comm.error_from_datagram(error)
-    if error is not None and comm._pending is None:
-        # the failure's multicast came while every round could still complete (worker.py _results): the
-        # call goes on to its end; the next call raises it
-        comm._pending = comm.error_from_datagram(error)
-    if rc == lib.INA_WK_TIMEOUT:
-        comm._rejoin = True
-        raise errors.CallTimeout(comm.timeout_message(w.timeout_pid, w.timeout_slot, w.timeout_tries),
-                                 switch=comm.switch, job=comm.job)
-    if rc == lib.INA_WK_REFUSED:
-        if w.shm == ffi.NULL and getattr(comm, "_refused_since", None) is None:
-            comm._refused_since = time.monotonic()  # the Python loop's state: refused_error words it "refused"
-        raise comm.refused_error()
-    if rc == lib.INA_WK_ENCODE_ERROR:
-        raise ValueError(f"codec {comm.codec.name!r}: kernel status {w.sys_errno} while encoding")
-    if rc == lib.INA_WK_BAD_RESULT:
-        comm.mark_broken("corrupt result")
-        raise ValueError(natural.BAD_CODE_MESSAGE)
-    if rc == lib.INA_WK_SYSTEM_ERROR:
-        raise OSError(w.sys_errno, f"worker socket: {os.strerror(w.sys_errno)}")
-    if held is not None:
-        slots.commit(comm, rounds=rounds[:w.streams].tolist())
+    if status == "refused" and w.shm == ffi.NULL:
+        comm.link.refused()  # the Python loop's state: refused_error words it "refused"
+    if status != "done":
+        return Outcome(status, error=error if status == "switch_error" else None,
+                       where=(w.timeout_pid, w.timeout_slot, w.timeout_tries), errno=w.sys_errno,
+                       pending=error if status != "switch_error" else None)
+    if sparse:
+        call.gen.advance(call.slots, rounds=keep["rounds"][:w.streams].tolist())
     else:
-        slots.commit(comm, total=w.total)
-    return result, agreed, bool(w.overflow)
+        call.gen.advance(call.slots, total=w.total)
+    return Outcome("done", pending=error, result=keep["result"], agreed=keep["agreed"], overflow=bool(w.overflow))
 
 
 def decode(kind_: int, result: np.ndarray, agreed: np.ndarray, world_size: int, k: int, dtype) -> np.ndarray:

@@ -81,34 +81,34 @@ class CallSlots:
             return self.W, wire.PACKET_ID_MASK + 1
         return (h.slot - self.first) % self.W, (h.packet_id - int(self.uses[h.slot])) & wire.PACKET_ID_MASK
 
-    def commit(self, comm, total: int | None = None, rounds=None):
-        """After the call, move comm's slot counters on: a dense call sent packets 0..total-1 (lane j
-        carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream s. The next call starts
-        on the slot after the last lane used."""
-        W = self.W
+    def commit(self, total: int | None = None, rounds=None) -> tuple[np.ndarray, int]:
+        """After the call: (every slot's next packet id, the slot the next call starts on). A dense call sent
+        packets 0..total-1 (lane j carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream
+        s. The next call starts on the slot after the last lane used."""
+        W, uses = self.W, self.uses  # uses: this call's own copy
         if rounds is None and total <= 4:  # a small call (a loss, a metric): a few scalar steps
             for j in range(total):
                 s = (self.first + j) % W
-                comm._uses[s] = (int(comm._uses[s]) + 1) & wire.PACKET_ID_MASK  # two packets may share a slot
-            comm._next_slot = (self.first + total) % W
-            return
+                uses[s] = (int(uses[s]) + 1) & wire.PACKET_ID_MASK  # two packets may share a slot
+            return uses, (self.first + total) % W
         if rounds is None:
             used = np.full(min(total, W), total // W, dtype=np.int64)  # lanes past total sent nothing
             used[: total % W] += 1
         else:
             used = np.asarray(rounds, dtype=np.int64)
         slots = (self.first + np.arange(used.size)) % W  # one vector step: a window has hundreds of lanes
-        comm._uses[slots] = ((self.uses[slots].astype(np.int64) + used) & wire.PACKET_ID_MASK).astype(np.uint32)
-        comm._next_slot = (self.first + (len(rounds) if rounds is not None else total)) % W
+        uses[slots] = ((uses[slots].astype(np.int64) + used) & wire.PACKET_ID_MASK).astype(np.uint32)
+        return uses, (self.first + (len(rounds) if rounds is not None else total)) % W
 
 
 class Stream:
     """What both kinds of stream share: the call's context and its output (result, agreed exponents,
     overflow), filled from accepted results."""
 
-    def __init__(self, comm, flat: np.ndarray, exps, seed: int, slots):
-        self.comm, self.flat, self.exps, self.seed, self.slots = comm, flat, exps, seed, slots
-        self.codec, self.k, self.W, self.n = comm.codec, comm.k, comm.window, comm.world_size
+    def __init__(self, comm, call, flat: np.ndarray, exps):
+        """call: generation.Call (started: its seed and slots are set)."""
+        self.comm, self.call, self.flat, self.exps, self.seed, self.slots = comm, call, flat, exps, call.seed, call.slots
+        self.codec, self.k, self.W, self.n = call.codec, call.k, call.gen.window, comm.world_size
         self.N = flat.size
         self.nb = -(-self.N // self.k)
         self.agreed = np.full(self.nb, wire.EXP_NONE, dtype=np.int16)
@@ -134,8 +134,8 @@ class DenseStream(Stream):
     (same slot) and q - D (its exponent) are done. Lanes run on their own, as SwitchML's slots do: a lane
     waiting for a lost packet holds back only itself, not the lanes behind it."""
 
-    def __init__(self, comm, flat, exps, seed, slots):
-        super().__init__(comm, flat, exps, seed, slots)
+    def __init__(self, comm, call, flat, exps):
+        super().__init__(comm, call, flat, exps)
         self.D = min(self.W, self.nb) if exps is not None else 0
         self.total = max(1, self.nb + self.D)  # an empty call still sends one empty packet: its identity is checked
         self.done = np.zeros(self.total, dtype=bool)
@@ -161,7 +161,7 @@ class DenseStream(Stream):
             exp_cur = int(self.agreed[q - self.D]) if exps is not None else 0
             payload, count = self.encode(q - self.D, exp_cur)
         return wire.pack(wire.MSG_UPDATE, *self.comm.addressing(), pid, slot, pid & 1, count, self.codec.wire_codec,
-                         exp_cur, exp_next, 0, payload, *self.comm.call_fields())
+                         exp_cur, exp_next, 0, payload, *self.call.fields())
 
     def on_result(self, h, data, stats) -> int | None:
         j, i = self.slots.locate(h)
@@ -200,7 +200,7 @@ class DenseStream(Stream):
         return min(self.N, self.ndone * self.k) if self.ndone % self.report_every == 0 else None
 
     def commit(self):
-        self.slots.commit(self.comm, total=self.total)
+        self.call.gen.advance(self.slots, total=self.total)
 
 
 class SparseStream(Stream):
@@ -216,8 +216,8 @@ class SparseStream(Stream):
     any loss. Streams end on an even round (one padding round if needed: a protocol-v1 rule that kept sets
     alternating; with per-slot packet ids it is no longer needed)."""
 
-    def __init__(self, comm, flat, exps, seed, slots, held: np.ndarray):
-        super().__init__(comm, flat, exps, seed, slots)
+    def __init__(self, comm, call, flat, exps, held: np.ndarray):
+        super().__init__(comm, call, flat, exps)
         S = self.S = min(self.W, self.nb)
         nonzero = np.flatnonzero(held)
         self.mine = [nonzero[nonzero % S == s].tolist() for s in range(S)]
@@ -258,7 +258,7 @@ class SparseStream(Stream):
             nxt, exp_next = self.upcoming(s, 0)
         return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, *self.comm.addressing(), pid, slot, pid & 1, count,
                                 self.codec.wire_codec, exp_cur, exp_next, 0, block, nxt, payload,
-                                *self.comm.call_fields())
+                                *self.call.fields())
 
     def plausible(self, s: int, h) -> bool:
         """Whether a result can be the answer to stream s's current round: anything else is never accepted."""
@@ -312,4 +312,4 @@ class SparseStream(Stream):
         return min(self.N, self.emitted * self.k) if self.last_real else None
 
     def commit(self):
-        self.slots.commit(self.comm, rounds=self.rounds)
+        self.call.gen.advance(self.slots, rounds=self.rounds)

@@ -19,6 +19,7 @@ HEARTBEAT_EVERY seconds, in calls and between them, lets the switch tell a dead 
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 import select
 import socket
@@ -36,9 +37,10 @@ from . import fastpath, rng, wire
 from .codecs import get_codec
 from . import errors
 from .errors import INAError
+from .generation import Generation, Link, Outcome
 from .heartbeat import HEARTBEAT_EVERY, Heartbeat  # noqa: F401 - HEARTBEAT_EVERY: public name
 from .shm import ShmSocket
-from .streams import SCAN_EVERY, CallSlots, DenseStream, InFlight, RttEstimator, SparseStream
+from .streams import SCAN_EVERY, DenseStream, InFlight, RttEstimator, SparseStream
 
 
 # Bytes of packets one worker keeps in flight by default, measured (issue 16): 64 MiB fixed-point allreduces,
@@ -122,17 +124,8 @@ class Communicator:
             ValueError: rank, world_size, job or window out of range (checked before anything is sent).
             TimeoutError, INAError: as in `hostlib.connect`.
         """
-        if not 1 <= world_size <= wire.MAX_WORKERS:
-            raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
-        if not 0 <= job <= 0xFFFF:
-            raise ValueError("job id must be in 0..65535")
-        auto = window is None
-        if auto:
-            window = AUTO_WINDOW_MAX
-        if window < 1:
-            raise ValueError("window must be >= 1")
+        _check_args(rank, world_size, job, window)
+        auto, window = window is None, AUTO_WINDOW_MAX if window is None else window
         shm = shm_name(switch)
         self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
@@ -145,23 +138,13 @@ class Communicator:
         self.stats = CommStats()
         self.switch = switch if isinstance(switch, str) else f"{self.address[0]}:{self.address[1]}"
         self._calls = 0  # calls ever made: the RNG streams' counter (never reset)
-        self._broken: str | None = None
-        self._pending: INAError | None = None  # the generation failed: the next call raises this
-        self._rejoin = False  # the generation is gone: the next call joins a new one first
-        self._refused_since: float | None = None
+        self.broken: str | None = None  # a corrupt result: every later call raises until reconnect
+        self.gen: Generation | None = None  # the join's state (set by _start_generation)
+        self.link = Link()  # what this worker hears of the switch
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
-        self._heard_at = time.monotonic()  # when the switch was last heard (SWITCH_SILENT)
-        self._loopback: bool | None = None  # whether the switch is on loopback (fastpath.gso_modes asks once)
-        self.drop_notes: list[str] = []  # what the switch said of this worker's dropped packets (the last few)
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
-        if shm is not None:
-            self.sock = ShmSocket(shm)
-        else:
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            size_buffers(self.sock)
-            self.sock.connect(self.address)
-            self.sock.setblocking(False)
+        self.sock = _open_socket(shm, self.address)
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
         self._sock_closed = False
@@ -180,34 +163,50 @@ class Communicator:
         elements = elements_per_packet or self.codec.default_elements
         if auto:  # every rank asks the same (same codec, packet size, world): the switch grants their minimum
             window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size)
-        self._join(window, self._join_timeout, elements)
-        self.k = self.max_elements  # what every rank asked, capped by the switch: the job's packet size
-        if not 1 <= self.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
-            raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {self.window}, "
+        gen = self._join(window, self._join_timeout, elements)
+        if not 1 <= gen.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
+            raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {gen.window}, "
                                       f"this worker asked {window}", switch=self.switch, job=self.job)
-        # per slot: its uses since the join (the next packet id on it, mod 2^32); the slot the next call starts on
-        self._uses = np.full(self.window, self._first_id, dtype=np.uint32)
-        self._next_slot = 0
-        self._call = 0  # the call number on the wire: calls since this join
-        self._call_kind = self._call_len = 0
-        self._pending, self._rejoin = None, False
-        self._heartbeat.set(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=self.session,
-                                      boot=self.boot))
+        self.gen = gen
+        self._heartbeat.set(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=gen.session,
+                                      boot=gen.boot))
+
+    # ------------------------------------------------------------------ the generation's, by name
+    @property
+    def session(self) -> int:
+        return self.gen.session
+
+    @property
+    def boot(self) -> int:
+        return self.gen.boot
+
+    @property
+    def window(self) -> int:
+        """The agreed window (join_ack): slots in use at once."""
+        return self.gen.window
+
+    @property
+    def max_elements(self) -> int:
+        """Elements per packet: what every rank asked, capped by the switch (a call may use fewer)."""
+        return self.gen.max_elements
+
+    k = max_elements
+
+    @property
+    def drop_notes(self) -> list[str]:
+        """What the switch said of this generation's dropped packets (the last few)."""
+        return self.gen.drop_notes if self.gen is not None else []
 
     # ------------------------------------------------------------------ helpers
     def addressing(self) -> tuple[int, int]:
         """(job, rank) as every packet of this worker carries them."""
         return self.job, self.rank
 
-    def call_fields(self) -> tuple[int, int, int, int, int]:
-        """(session, call_kind, call, call_len, boot) of the current call, in wire.pack's argument order."""
-        return self.session, self._call_kind, self._call, self._call_len, self.boot
-
     def _send(self, data: bytes):
         try:
             self.sock.send(data)
         except ConnectionRefusedError:
-            self._refused()
+            self.link.refused()
         except (BlockingIOError, PermissionError):
             pass  # counted as sent (a full buffer, a firewall's drop): the protocol recovers by timeout like any loss
         self.stats.packets_sent += 1
@@ -220,10 +219,9 @@ class Communicator:
         except (BlockingIOError, InterruptedError):
             return None
         except ConnectionRefusedError:
-            self._refused()
+            self.link.refused()
             return b""  # ICMP port unreachable: the switch is not there (yet)
-        self._refused_since = None
-        self._heard_at = time.monotonic()
+        self.link.heard()
         if n == wire.HEADER_SIZE and self._view[1] == wire.MSG_HEARTBEAT:
             self.stats.heartbeat_answers += 1  # a heartbeat's answer is not a call's traffic (as heartbeats)
         else:
@@ -231,37 +229,38 @@ class Communicator:
             self.stats.bytes_received += n
         return bytes(self._view[:n])
 
-    def _refused(self):
-        if self._refused_since is None:
-            self._refused_since = time.monotonic()
-
     def check_switch(self):
         """Raise SwitchUnreachable when the switch's port has refused for REFUSED_AFTER seconds with nothing
         heard since (UDP), or the shared-memory switch's process is gone."""
-        gone = getattr(self.sock, "switch_gone", None)
-        since = self._refused_since
-        if (since is not None and time.monotonic() - since >= REFUSED_AFTER) or (gone is not None and gone()):
+        gone = self.sock.switch_gone() if isinstance(self.sock, ShmSocket) else False
+        since = self.link.refused_since
+        if (since is not None and time.monotonic() - since >= REFUSED_AFTER) or gone:
             raise self.refused_error()
 
     def refused_error(self) -> INAError:
         """The error for a switch that is not there (the C loop's INA_WK_REFUSED too)."""
-        self._rejoin = True
+        self._end()
         return errors.SwitchUnreachable(
             f"rank {self.rank}: job {self.job}: no switch at {self.switch} (connection refused"
-            f"{'' if self._refused_since is not None else '; its process exited'}): it died or was never started",
+            f"{'' if self.link.refused_since is not None else '; its process exited'}): it died or was never started",
             switch=self.switch, job=self.job)
 
     def check_silence(self):
         """Raise SwitchSilent when nothing came from the switch for SWITCH_SILENT seconds while this worker
         waits on it (the loops call this; silence is counted from the start of the call or join): the switch
         answers every heartbeat, so a live switch is never silent that long."""
-        silent = time.monotonic() - self._heard_at
+        silent = self.link.silent_for()
         if silent >= SWITCH_SILENT:
-            self._rejoin = True
+            self._end()
             raise errors.SwitchSilent(
                 f"rank {self.rank}: job {self.job}: nothing heard from switch {self.switch} for {silent:.1f} s "
                 f"while waiting on it (its heartbeat answers stopped): it is stopped, hung, or the path to it is "
                 f"cut; the next call re-joins", switch=self.switch, job=self.job)
+
+    def _end(self):
+        """The generation is gone: the next call joins a new one."""
+        if self.gen is not None:
+            self.gen.end()
 
     def _wait(self, seconds: float):
         if isinstance(self.sock, ShmSocket):
@@ -270,8 +269,9 @@ class Communicator:
             select.select([self.sock], [], [], max(0.0, seconds))
 
     # ------------------------------------------------------------------ join barrier
-    def _join(self, window: int, timeout: float, elements: int = 0):
-        """The join barrier; elements: per packet (0: the switch's maximum), the same on every rank."""
+    def _join(self, window: int, timeout: float, elements: int = 0) -> Generation:
+        """The join barrier; elements: per packet (0: the switch's maximum), the same on every rank. Returns
+        the generation the switch's join_ack gives."""
         nonce = secrets.randbits(64)
         window, elements = min(window, 0xFFFF), min(elements, 0xFFFF)
         mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window, elements) if self.key
@@ -280,7 +280,7 @@ class Communicator:
         echo = nonce & wire.PACKET_ID_MASK  # the switch's answers to this join carry it (others are not ours)
         deadline = time.monotonic() + timeout
         joined, heard, refused, confirmed = 0, False, False, False
-        self._refused_since = None
+        self.link.refused_since = None
         while True:
             self._send(join)
             until = min(time.monotonic() + JOIN_REPEAT, deadline)
@@ -296,7 +296,8 @@ class Communicator:
                         continue
                     if h.job != self.job or h.packet_id != echo or h.msg_type not in JOIN_ANSWERS:
                         continue  # not an answer to this join: a late one to an earlier join, or a forged join's
-                    heard, self._heard_at = True, time.monotonic()
+                    heard = True
+                    self.link.heard()
                     if h.msg_type == wire.MSG_ERROR and h.session == 0:
                         raise self._join_error(data)
                     if h.msg_type == wire.MSG_JOIN_WAIT:
@@ -305,10 +306,7 @@ class Communicator:
                             confirmed = True
                             self._send(join)
                     if h.msg_type == wire.MSG_JOIN_ACK:
-                        self.generation, self.slots, self.max_elements, self.window, self._first_id = (
-                            wire.JOIN_ACK_PAYLOAD.unpack_from(data, wire.HEADER_SIZE))
-                        self.session, self.boot = h.session, h.boot
-                        return
+                        return Generation(h, data)
             if not heard:
                 self.check_switch()
             else:  # a switch that answered this join and then stopped answering is named, not waited for
@@ -339,7 +337,7 @@ class Communicator:
         if len(data) == wire.HEADER_SIZE or code != wire.ERR_DROPPED:
             return False
         self.stats.switch_drops += 1
-        self.drop_notes = (self.drop_notes + [text or wire.DROP_REASONS[reason]])[-4:]
+        self.gen.note_drop(text or wire.drop_reason(reason))
         return True
 
     def _join_error(self, data) -> INAError:
@@ -359,7 +357,7 @@ class Communicator:
             A CollectiveError (mismatch, abort, dead peer: every rank gets it) or a SwitchFault (restarted,
             not a member).
         """
-        self._rejoin = True
+        self._end()
         h = wire.unpack(data)
         code, subject, text = wire.unpack_error(data)
         rank = None if subject == wire.NO_RANK else subject
@@ -370,7 +368,7 @@ class Communicator:
                 f"{self.boot:#010x}) and lost job {self.job}'s state; the next call re-joins", **kw)
         if len(data) == wire.HEADER_SIZE:
             return errors.NotMember(
-                f"rank {self.rank}: switch {self.switch} no longer has generation {self.generation} of job "
+                f"rank {self.rank}: switch {self.switch} no longer has generation {self.gen.number} of job "
                 f"{self.job}: the job re-formed without this worker; the next call re-joins", **kw)
         cls = errors.ERROR_CLASSES.get(wire.ERROR_NAMES.get(code, ""), INAError)
         if code == wire.ERR_PEER_DEAD and rank == self.rank:  # this process was stopped or starved meanwhile
@@ -378,7 +376,7 @@ class Communicator:
         return cls(f"rank {self.rank}: switch {self.switch}: {text}", **kw)
 
     # ------------------------------------------------------------------ allreduce
-    def allreduce(self, x, progress=None, sparse: bool = False, out=None):
+    def allreduce(self, x, progress=None, sparse: bool = False, out=None, codec=None, elements: int | None = None):
         """Sum x over all workers of the job.
 
         Args:
@@ -392,6 +390,9 @@ class Communicator:
                 in-place allreduce (as torch.distributed.all_reduce). The C loop writes each result into a
                 contiguous out as it arrives, so no pass over the tensor and no fresh pages follow the
                 last result; after an error its content is undefined.
+            codec: this call's codec (a name or a Codec; default the connection's): part of the call's
+                identity, so every rank must pass the same; one join serves every codec.
+            elements: this call's elements per packet (default and at most the joined max_elements).
         Returns:
             The sum, of x's type, shape and dtype, the same on every worker (out, when given).
         Raises:
@@ -409,41 +410,41 @@ class Communicator:
                 every rank raises the same).
             RuntimeError: a corrupt result earlier: reconnect.
         """
+        codec = self.codec if codec is None else get_codec(codec) if isinstance(codec, str) else codec
         with self._lock:
             self._enter_call()
-            self._call_kind = wire.call_kind(self.codec.name, sparse)
-            self._call_len = _numel(x)
-            self._call_done = False
+            call = self.gen.call(wire.call_kind(codec.name, sparse), _numel(x), codec,
+                                 elements or self.gen.max_elements)
             try:
-                if self._call_len > wire.MAX_CALL_LEN:
-                    raise ValueError(f"allreduce of {self._call_len} elements: at most {wire.MAX_CALL_LEN} per "
+                if call.length > wire.MAX_CALL_LEN:
+                    raise ValueError(f"allreduce of {call.length} elements: at most {wire.MAX_CALL_LEN} per "
                                      f"call (split the tensor)")
-                return self._allreduce(x, progress, sparse, out)
+                return self._allreduce(call, x, progress, sparse, out)
             except BaseException as e:
                 if isinstance(e, errors.CallTimeout):
-                    self._abort(e)  # a late peer's call then fails naming this rank, which gave up waiting
+                    self._abort(e, call)  # a late peer's call then fails naming this rank, which gave up waiting
                 if isinstance(e, INAError):
-                    self._pending = None  # this call reported the generation's failure
-                elif not self._call_done:
-                    self._abort(e)
+                    call.gen.take_pending()  # this call reported the generation's failure
+                elif not call.done:
+                    self._abort(e, call)
                 raise
             finally:
-                self._call = (self._call + 1) & wire.CALL_NUMBER_MASK
+                call.gen.called()
 
     def _enter_call(self):
         """Before a call: an error the switch sent since the last call fails this one (it failed on the
         peers too); a generation that is gone is joined again."""
-        if self._broken:
-            raise RuntimeError(f"communicator unusable after an earlier failure ({self._broken}); reconnect")
-        if self._pending is None and not self._rejoin:
+        if self.broken:
+            raise RuntimeError(f"communicator unusable after an earlier failure ({self.broken}); reconnect")
+        gen = self.gen
+        if gen.pending is None and not gen.ended:
             self._drain()
-        if self._pending is not None:
-            e, self._pending = self._pending, None
+        if (e := gen.take_pending()) is not None:
             raise e
-        if self._rejoin:  # this rank raised the generation's failure already: what waits is stale
+        if gen.ended:  # this rank raised the generation's failure already: what waits is stale
             self._drain(stale=True)
             self._start_generation()
-        self._heard_at = time.monotonic()  # silence counts from here (SWITCH_SILENT)
+        self.link.start_waiting()  # silence counts from here (SWITCH_SILENT)
 
     def _drain(self, stale: bool = False):
         """Take what waits on the socket between calls: an error of this generation becomes pending; the
@@ -454,24 +455,24 @@ class Communicator:
                                   h.msg_type == wire.MSG_ERROR and self._dropped_note(data)):
                 continue
             if (not stale and h is not None and h.msg_type == wire.MSG_ERROR and h.job == self.job
-                    and h.session == self.session):
-                if self._pending is None:
-                    self._pending = self.error_from_datagram(data)
+                    and h.session == self.gen.session):
+                self.gen.fail_later(self.error_from_datagram(data))
             elif data:
                 self.stats.stale_results += 1
 
-    def _abort(self, exc: BaseException):
+    def _abort(self, exc: BaseException, call):
         """This rank's call failed on its own (its input, an interrupt): tell the switch, which fails the
         call on every rank (CallAborted naming this rank); wait up to ABORT_WAIT for its confirmation. A
         call that timed out aborts too (its generation is given up already), so a peer that comes late
         fails naming this rank and why, instead of waiting for a rank that no longer waits."""
-        if self._rejoin and not isinstance(exc, errors.CallTimeout):
+        gen = call.gen
+        if gen.ended and not isinstance(exc, errors.CallTimeout):
             return  # the generation is gone already
-        self._rejoin = True
+        gen.end()
         reason = f"{type(exc).__name__}: {exc}".encode()[:wire.MAX_ABORT_TEXT]
-        abort = wire.pack(wire.MSG_ABORT, job=self.job, rank=self.rank, session=self.session, payload=reason,
-                          call_kind=self._call_kind, call=self._call, call_len=self._call_len & wire.MAX_CALL_LEN,
-                          boot=self.boot)
+        session, kind, number, length, boot = call.fields()
+        abort = wire.pack(wire.MSG_ABORT, job=self.job, rank=self.rank, session=session, payload=reason,
+                          call_kind=kind, call=number, call_len=length, boot=boot)
         deadline = time.monotonic() + ABORT_WAIT
         while time.monotonic() < deadline:
             self._send(abort)
@@ -480,23 +481,23 @@ class Communicator:
                 self._wait(until - time.monotonic())
                 while (data := self._recv()) is not None:
                     h = _parse(data)
-                    if h is not None and h.msg_type == wire.MSG_ERROR and h.session == self.session:
+                    if h is not None and h.msg_type == wire.MSG_ERROR and h.session == session:
                         return  # the switch failed the generation: every member is told
-                if self._refused_since is not None:
+                if self.link.refused_since is not None:
                     return
 
-    def _allreduce(self, x, progress, sparse, out):
+    def _allreduce(self, call, x, progress, sparse, out):
         torch_like = type(x).__module__.startswith("torch")
-        if torch_like and not sparse and x.numel() and _on_gpu_path(self.codec, x):
-            return self._timed(functools.partial(self._allreduce_cuda, x, progress), x.numel())
+        if torch_like and not sparse and x.numel() and _on_gpu_path(call.codec, x):
+            return self._timed(functools.partial(self._allreduce_cuda, call, x, progress), x.numel())
         arr = _to_numpy(x) if torch_like else np.asarray(x)
         flat = np.ascontiguousarray(arr).reshape(-1)
-        self.codec.check_input(flat)
+        call.codec.check_input(flat)
         dst = _out_view(out, x, arr) if out is not None else None
         if sparse and flat.size:
-            run = functools.partial(self._allreduce_sparse, flat, progress)
+            run = functools.partial(self._allreduce_sparse, call, flat, progress)
         else:
-            run = functools.partial(self._allreduce_flat, flat, progress, dst)
+            run = functools.partial(self._allreduce_flat, call, flat, progress, dst)
         res = self._timed(run, flat.size)
         if out is None:
             res = res.reshape(arr.shape)
@@ -515,38 +516,39 @@ class Communicator:
         self.stats.elements += elements
         return out
 
-    def _allreduce_cuda(self, x, progress):
+    def _allreduce_cuda(self, call, x, progress):
         """A CUDA tensor with nc/dither (hostlib.cuda): exponents and codes made on the GPU, each block with
         the floor of this worker's own exponent; the Python loop sends each block's codes with the floor
         raised to the agreed exponent's; the result codes are decoded on the GPU into x's dtype and shape."""
         from . import cuda
 
         flat = x.detach().reshape(-1)
-        exps_dev, exps = cuda.own_exponents(flat, self.k)
-        exps = self.codec.check_exponents(exps)
-        slots, seed, _ = self._begin_call(None)
-        codes = cuda.precode(flat, exps_dev, self.codec, self.k, seed)
-        stream = DenseStream(self, codes, exps, seed, slots)
-        stream.codec = cuda.PrecodedNC(self.codec)
+        exps_dev, exps = cuda.own_exponents(flat, call.k)
+        exps = call.codec.check_exponents(exps)
+        self._start(call, None)
+        codes = cuda.precode(flat, exps_dev, call.codec, call.k, call.seed)
+        stream = DenseStream(self, call, codes, exps)
+        stream.codec = cuda.PrecodedNC(call.codec)  # the stream sends the codes as they are
         self._drive(stream, progress)
         return cuda.decode_like(stream.result[:stream.N], x)
 
-    def _allreduce_flat(self, flat: np.ndarray, progress, dst=None):
-        exps = self.codec.flat_exponents(flat, self.k) if self.codec.negotiates_exponent else None
-        slots, seed, kind = self._begin_call(flat)
+    def _allreduce_flat(self, call, flat: np.ndarray, progress, dst=None):
+        codec = call.codec
+        exps = codec.flat_exponents(flat, call.k) if codec.negotiates_exponent else None
+        kind = self._start(call, flat)
         if kind is not None:
-            return self._run_c_loop(kind, flat, exps, seed, slots, progress, dst=dst)
-        return self._window_loop(DenseStream(self, flat, exps, seed, slots), progress)
+            return self._run_c_loop(call, kind, flat, exps, progress, dst=dst)
+        return self._window_loop(DenseStream(self, call, flat, exps), progress)
 
-    def _allreduce_sparse(self, flat: np.ndarray, progress):
+    def _allreduce_sparse(self, call, flat: np.ndarray, progress):
         """Block-sparse allreduce (streams.SparseStream says how): blocks of k elements, only the non-zero
         ones carry data."""
-        k, N = self.k, flat.size
+        k, N = call.k, flat.size
         nb = -(-N // k)
         if nb >= wire.BLOCK_NONE - 1:
             raise ValueError(f"sparse allreduce: {nb} blocks of {k} elements; block ids are 32-bit")
-        if self.codec.negotiates_exponent:
-            exps = self.codec.flat_exponents(flat, k)
+        if call.codec.negotiates_exponent:
+            exps = call.codec.flat_exponents(flat, k)
             held = exps != wire.EXP_NONE
         else:
             exps = None
@@ -555,15 +557,15 @@ class Communicator:
             held[:whole] = flat[:whole * k].reshape(whole, k).any(axis=1)
             if whole < nb:
                 held[whole] = flat[whole * k:].any()
-        slots, seed, kind = self._begin_call(flat)
+        kind = self._start(call, flat)
         if kind is not None:
-            return self._run_c_loop(kind, flat, exps, seed, slots, progress, held)
-        return self._window_loop(SparseStream(self, flat, exps, seed, slots, held), progress)
+            return self._run_c_loop(call, kind, flat, exps, progress, held)
+        return self._window_loop(SparseStream(self, call, flat, exps, held), progress)
 
     def _window_loop(self, stream, progress) -> np.ndarray:
         """Drive a stream to the end and decode its result."""
         self._drive(stream, progress)
-        values = self.codec.decode(stream.result, stream.agreed, self.world_size, self.k)[:stream.N]
+        values = stream.codec.decode(stream.result, stream.agreed, self.world_size, stream.k)[:stream.N]
         return values.astype(stream.flat.dtype, copy=False)
 
     def _drive(self, stream, progress):
@@ -571,12 +573,12 @@ class Communicator:
         then raise what the agreed exponents or the OVERFLOW flag say."""
         inflight: dict[int, InFlight] = {}
         next_scan = 0.0
+        gen = stream.call.gen
         while not stream.finished():
             now = time.monotonic()
             for key in stream.ready():
-                if self._pending is not None:  # a new round in a failed generation can never complete
-                    e, self._pending = self._pending, None
-                    raise e
+                if gen.pending is not None:  # a new round in a failed generation can never complete
+                    raise gen.take_pending()
                 self._send(stream.build(key))
                 inflight[key] = InFlight(now, now + self.rtt.rto, self.rtt.rto)
             self._wait(SCAN_EVERY if inflight else 0.0)
@@ -597,7 +599,7 @@ class Communicator:
         stream.commit()
         if progress is not None:
             progress(stream.N)
-        self._check_result(stream.exps, stream.agreed, stream.overflow)
+        self._check_result(stream.call, stream.exps, stream.agreed, stream.overflow)
 
     def _scan(self, stream, inflight: dict, now: float):
         """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout."""
@@ -605,36 +607,58 @@ class Communicator:
             if now < rec.deadline:
                 continue
             if now - rec.first_sent > self.timeout:
-                self._rejoin = True
-                raise errors.CallTimeout(self.timeout_message(*stream.where(key), rec.tries), switch=self.switch,
-                                         job=self.job)
+                pid, slot = stream.where(key)
+                raise self.failure(Outcome("timeout", where=(pid, slot, rec.tries)), stream.call)
             self._send(stream.build(key))
             self.stats.retransmissions += 1
             rec.rto = min(rec.rto * 2, self.rtt.max_rto)
             rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
 
-    def _begin_call(self, flat: np.ndarray | None):
-        """This call's slots (CallSlots), RNG seed, and the C loop's kind for flat (None: the Python loop,
-        always for flat None)."""
-        seed = rng.derive_seed(self.seed, self.job, self.rank, self._calls)
+    def _start(self, call, flat: np.ndarray | None):
+        """The call starts: its RNG seed and slots; returns the C loop's kind for flat (None: the Python
+        loop, always for flat None)."""
+        call.start(rng.derive_seed(self.seed, self.job, self.rank, self._calls))
         self._calls += 1
         use_c = self.fast is not False and flat is not None and flat.size > 0
-        kind = fastpath.kind(self.codec, flat) if use_c else None
-        return CallSlots(self._next_slot, self._uses), seed, kind
+        return fastpath.kind(call.codec, flat) if use_c else None
 
-    def _run_c_loop(self, kind, flat, exps, seed: int, slots, progress, held=None, dst=None) -> np.ndarray:
+    def _run_c_loop(self, call, kind, flat, exps, progress, held=None, dst=None) -> np.ndarray:
         """The C loop; dense, it decodes each result into dst (the caller's out, where its dtype is the
         loop's) or a fresh array as it arrives."""
+        if held is None and (dst is None or dst.dtype != fastpath.out_dtype(kind)):
+            dst = np.empty(flat.size, fastpath.out_dtype(kind))
+        outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held, out=None if held is not None else dst)
+        if outcome.pending is not None:  # the call completed; the next one raises the failure (_results)
+            call.gen.fail_later(self.error_from_datagram(outcome.pending))
+        if outcome.status != "done":
+            raise self.failure(outcome, call)
+        self._check_result(call, exps, outcome.agreed, outcome.overflow)
         if held is not None:
-            result, agreed, overflow = fastpath.allreduce(self, kind, flat, exps, seed, slots, progress, held)
-            self._check_result(exps, agreed, overflow)
-            return fastpath.decode(kind, result, agreed, self.world_size, self.k, flat.dtype)
-        native = fastpath.out_dtype(kind)
-        if dst is None or dst.dtype != native:
-            dst = np.empty(flat.size, native)
-        _, agreed, overflow = fastpath.allreduce(self, kind, flat, exps, seed, slots, progress, out=dst)
-        self._check_result(exps, agreed, overflow)
+            return fastpath.decode(kind, outcome.result, outcome.agreed, self.world_size, call.k, flat.dtype)
         return dst.astype(flat.dtype, copy=False)
+
+    def failure(self, outcome: Outcome, call) -> BaseException:
+        """The exception for a call's stream that stopped (either loop), after the transition it makes: the
+        generation ends (a switch's error, a timeout, no switch) or the connection is unusable (a corrupt
+        result)."""
+        status = outcome.status
+        if status == "switch_error":
+            return self.error_from_datagram(outcome.error)
+        if status == "timeout":
+            call.gen.end()
+            return errors.CallTimeout(self.timeout_message(*outcome.where), switch=self.switch, job=self.job)
+        if status == "refused":
+            return self.refused_error()
+        if status == "bad_result":
+            self.broken = "corrupt result"
+            from .codecs import natural
+
+            return ValueError(natural.BAD_CODE_MESSAGE)
+        if status == "encode_error":
+            return ValueError(f"codec {call.codec.name!r}: kernel status {outcome.errno} while encoding")
+        if status == "system_error":
+            return OSError(outcome.errno, f"worker socket: {os.strerror(outcome.errno)}")
+        return RuntimeError(f"allreduce: unknown outcome {outcome}")
 
     def _results(self, stream, inflight: dict):
         """Parsed datagrams waiting on the socket. A switch's error of this generation ends the call when
@@ -642,11 +666,12 @@ class Communicator:
         in flight; otherwise (the failure's multicast) it is pending and every packet in flight is resent
         at once: rounds that completed answer with their result, so a call that completed on the peers
         completes here too, and the next call raises."""
+        gen = stream.call.gen
         while (data := self._recv()) is not None:
             h = _parse(data)
             if h is None:
                 continue
-            if h.job != self.job or h.session != self.session:
+            if h.job != self.job or h.session != gen.session:
                 self.stats.stale_results += 1  # not of this job's generation
                 continue
             if h.msg_type == wire.MSG_HEARTBEAT:
@@ -654,23 +679,14 @@ class Communicator:
             if h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
                 continue
             if h.msg_type == wire.MSG_ERROR:
-                e = self.error_from_datagram(data)
                 answered = h.flags & wire.FLAG_REPLY and any(stream.where(k) == (h.packet_id, h.slot) for k in inflight)
                 if len(data) == wire.HEADER_SIZE or answered:
-                    raise e
-                self._pending = self._pending or e
+                    raise self.failure(Outcome("switch_error", error=data), stream.call)
+                gen.fail_later(self.error_from_datagram(data))
                 for rec in inflight.values():
                     rec.deadline = 0.0
                 continue
             yield h, data
-
-    def mark_broken(self, reason: str):
-        """After a timeout or a switch error the job's state is unknown: later calls raise until reconnect.
-
-        Args:
-            reason: what went wrong, repeated in the RuntimeError of every later call.
-        """
-        self._broken = reason
 
     def timeout_message(self, pid: int, slot: int, tries: int) -> str:
         """One wording of "gave up" for the Python and the C loop, listing the likely causes.
@@ -682,18 +698,19 @@ class Communicator:
         Returns:
             The TimeoutError's message.
         """
-        told = f"; the switch dropped packets of this rank: {' | '.join(self.drop_notes)}" if self.drop_notes else ""
+        notes = self.drop_notes
+        told = f"; the switch dropped packets of this rank: {' | '.join(notes)}" if notes else ""
         return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
                 f"retransmissions in {self.timeout:g} s, although the switch at {self.switch} and the peers "
                 f"seem alive (a peer that heartbeats but never makes this call?){told}; the next call re-joins")
 
-    def _check_result(self, exps, agreed, overflow):
+    def _check_result(self, call, exps, agreed, overflow):
         """The call is complete on the wire: what it raises now, every rank raises (no abort)."""
-        self._call_done = True
+        call.done = True
         if exps is not None and np.any(agreed == wire.EXP_NONFINITE):
             raise ValueError("allreduce input contains NaN or Inf (on at least one worker)")
         if overflow:
-            raise OverflowError(f"allreduce result overflows codec {self.codec.name!r}")
+            raise OverflowError(f"allreduce result overflows codec {call.codec.name!r}")
 
     # ------------------------------------------------------------------ lifetime
     def close(self):
@@ -720,6 +737,29 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _check_args(rank: int, world_size: int, job: int, window: int | None):
+    """Raise ValueError before anything is sent."""
+    if not 1 <= world_size <= wire.MAX_WORKERS:
+        raise ValueError(f"world_size must be in 1..{wire.MAX_WORKERS}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+    if not 0 <= job <= 0xFFFF:
+        raise ValueError("job id must be in 0..65535")
+    if window is not None and window < 1:
+        raise ValueError("window must be >= 1")
+
+
+def _open_socket(shm: str | None, address):
+    """The shared-memory port of switch `shm`, or a non-blocking UDP socket connected to address."""
+    if shm is not None:
+        return ShmSocket(shm)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    size_buffers(sock)
+    sock.connect(address)
+    sock.setblocking(False)
+    return sock
 
 
 def _parse(data):

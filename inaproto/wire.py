@@ -153,6 +153,11 @@ DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "spoofed", "wrong_
 SLOT_COUNTERS = ("received", "multicast", "resent", "dropped")
 
 
+def drop_reason(index: int) -> str:
+    """A drop reason's name (ERR_DROPPED's subject byte), or its number from a newer switch."""
+    return DROP_REASONS[index] if index < len(DROP_REASONS) else f"drop reason {index}"
+
+
 class WireError(ValueError):
     """A packet that does not follow the wire format."""
 

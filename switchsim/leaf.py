@@ -27,6 +27,7 @@ import socket
 
 import numpy as np
 
+from hostlib.generation import Link
 from hostlib.worker import CommStats, Communicator
 from inaproto import nc, rng, wire
 
@@ -44,9 +45,9 @@ class Uplink(Communicator):
         self.sock, self.address = sock, root
         self.switch = f"{root[0]}:{root[1]}"  # how the worker's errors name the switch (the root)
         self.rank, self.world_size, self.job, self.key = rank, leaves, job, key
-        self.stats = CommStats()
+        self.stats, self.link, self.gen = CommStats(), Link(), None
         self._buf = bytearray(65536)
-        self._join(window, timeout)  # sets generation, slots, max_elements, window, _first_id, session
+        self.gen = self._join(window, timeout)  # its session, window, elements per packet, first packet id
 
     def _send(self, data: bytes):
         self.sock.sendto(data, self.address)
@@ -83,7 +84,7 @@ class LeafSwitch(Switch):
         return super().process(data, src)
 
     def _up_id(self, job, packet_id: int) -> int:
-        return (packet_id - job.first_id + self.uplink._first_id) & wire.PACKET_ID_MASK
+        return (packet_id - job.first_id + self.uplink.gen.first_id) & wire.PACKET_ID_MASK
 
     def _update(self, h, data, src):
         if h.msg_type == wire.MSG_SPARSE_UPDATE:

@@ -296,11 +296,11 @@ def test_packet_ids_wrap_past_2_32_with_any_window(switch_process, fast):
     def work(r):
         try:
             with hostlib.connect(sw.address, r, n, window=12, elements_per_packet=64, timeout=10, fast=fast) as c:
-                assert np.all(c._uses == 2**32 - 10)
-                c._next_slot = 5
+                assert np.all(c.gen.uses == 2**32 - 10)
+                c.gen.next_slot = 5
                 for flag in (False, True, False, True):
                     outs[r] = c.allreduce(xs[r], sparse=flag)
-                assert np.all(c._uses < 1000)  # every slot went past the wrap
+                assert np.all(c.gen.uses < 1000)  # every slot went past the wrap
         except Exception as e:  # noqa: BLE001 - reported to the test
             errors[r] = e
 

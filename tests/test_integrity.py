@@ -357,8 +357,9 @@ def test_packet_sizes_are_agreed_at_the_join(switch_process):
         t.join(30)
     try:
         assert [c.k for c in box] == [100, 100]
-        big = wire.pack(wire.MSG_UPDATE, 1, 0, box[0]._first_id, 0, 0, 101, wire.CODEC_INT32, 0, wire.EXP_NONE, 0,
-                        bytes(404), *box[0].call_fields())
+        gen = box[0].gen
+        big = wire.pack(wire.MSG_UPDATE, 1, 0, gen.first_id, 0, 0, 101, wire.CODEC_INT32, 0, wire.EXP_NONE, 0,
+                        bytes(404), gen.session, 0, 0, 0, gen.boot)
         box[0].sock.send(big)
         x = np.arange(1000, dtype=np.int32)
         res = ranks_on(box, [x, x])

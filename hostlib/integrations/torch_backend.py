@@ -519,16 +519,15 @@ class ProcessGroupINA(dist.ProcessGroup):
 
     def _switch_sum(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
         """One allreduce through the switch into a result buffer, and the path's name. The connection was
-        joined with the float codec; each call sets its own (every packet carries its call's codec, so one job
-        and one join serve all; _route says which). 16-bit floats travel as float32."""
-        comm = self.comm
+        joined with the float codec; each call passes its own (every packet carries its call's codec, so one
+        job and one join serve all; _route says which). 16-bit floats travel as float32."""
         codec, k, path = self._route(x)
-        comm.codec, comm.k = codec, min(k, comm.max_elements)
         wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
         if wide.is_cuda:
-            return comm.allreduce(wide).to(x.dtype), path
+            return self.comm.allreduce(wide, codec=codec, elements=k).to(x.dtype), path
         total = self._scratch(wide)
-        comm.allreduce(wide.detach().numpy(), out=total.numpy())  # numpy views: hostlib's shortest path
+        # numpy views: hostlib's shortest path
+        self.comm.allreduce(wide.detach().numpy(), out=total.numpy(), codec=codec, elements=k)
         return (total if total.dtype == x.dtype else total.to(x.dtype)), path
 
     def _route(self, x: torch.Tensor) -> tuple:

@@ -22,7 +22,7 @@ def main():
     size = int(sys.argv[5]) if len(sys.argv) > 5 else 1000
     timeout = float(sys.argv[6]) if len(sys.argv) > 6 else 60.0
     comm = hostlib.connect(address, rank, world, codec="int32", timeout=timeout, join_timeout=timeout)
-    print(json.dumps({"joined": rank, "generation": comm.generation}), flush=True)
+    print(json.dumps({"joined": rank, "generation": comm.gen.number}), flush=True)
     hold = int(os.environ.get("HOLD_GIL", "0"))
     for i in range(calls + int(os.environ.get("LINGER_CALL", "0"))):
         if hold and i:
