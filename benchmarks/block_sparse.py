@@ -4,7 +4,7 @@ blocksparse`; arguments pass through, e.g. `python benchmarks/block_sparse.py --
 --backends c --codecs int32,fixed,nc --densities 0.001,0.01,0.1,1`."""
 import sys
 
-from switchsim.cli import main
+from inacli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "blocksparse", *sys.argv[1:]]))

@@ -21,7 +21,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from inabench.bench import table  # noqa: E402
+from inabench.report import table  # noqa: E402
 from inabench.harness import SwitchProcess  # noqa: E402
 
 

@@ -24,6 +24,8 @@ from hostlib import wire
 import os
 if os.path.exists("switchsim/bench.py"):  # a tree from before inabench (cwd is the tree)
     from switchsim import bench
+elif os.path.exists("inabench/micro.py"):  # a tree after bench.py's split
+    from inabench import micro as bench
 else:
     from inabench import bench
 packets, workers, repeat = (int(a) for a in sys.argv[1:4])

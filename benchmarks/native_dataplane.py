@@ -4,7 +4,7 @@ through (none: every benchmark; `BENCHMARK [its flags]`: one, see `switchsim ben
 `python benchmarks/native_dataplane.py allreduce --sizes 1,16,64,256 --plot bench.png`."""
 import sys
 
-from switchsim.cli import main
+from inacli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

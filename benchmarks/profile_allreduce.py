@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from inabench.bench import parse_size  # noqa: E402
+from inabench.allreduce import parse_size  # noqa: E402
 from inabench.harness import SwitchProcess, free_port  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

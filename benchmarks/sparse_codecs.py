@@ -2,7 +2,7 @@
 synthetic top-1 % of d = 25.5 M (bytes, encode/decode time, error). Same as `switchsim bench sparse`."""
 import sys
 
-from switchsim.cli import main
+from inacli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "sparse", *sys.argv[1:]]))

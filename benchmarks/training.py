@@ -4,7 +4,7 @@ against gloo. Same as `switchsim bench train|allreduce`, e.g.
 `python benchmarks/training.py --workers 4 --epochs 30 --plot train.png` (train is the default)."""
 import sys
 
-from switchsim.cli import main
+from inacli import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -254,8 +254,8 @@ def bench_bmv2(rates=(), seconds: float = 1.0, repeats: int = 3, window: int = 2
     `window` packets in flight, alternately (the order reversed every other repeat); a row per program with
     the median packets/s, its min, max and spread, the loss, and the ratio to the bare add's and to
     forwarding's medians. `rates`: then each program at each offered rate (paced, no window), a row each
-    with its loss. `core`: a last row with the C core's packet rate on one core (inabench.bench)."""
-    from . import bench
+    with its loss. `core`: a last row with the C core's packet rate on one core (inabench.micro)."""
+    from .micro import bench_core
 
     with tempfile.TemporaryDirectory() as tmp:
         switches = []
@@ -289,7 +289,7 @@ def bench_bmv2(rates=(), seconds: float = 1.0, repeats: int = 3, window: int = 2
     rows[0]["INA drops"] = ", ".join(f"{k} {v}" for k, v in drops.items()) if drops else "none"
     rows += paced
     if core:
-        for r in bench.bench_switch(20_000, 2):
+        for r in bench_core(20_000, 2):
             if r["what"].startswith("C core, one core") and "int32" in r["what"]:
                 rows.append({"what": r["what"], "mode": "in memory", "packets/s": round(r["packets/s"]),
                              "x bare add": round(r["packets/s"] / base[BARE_ADD], 1)})

@@ -114,7 +114,7 @@ def run(workers: int = 4, modes=MODES, epochs: int = 30, lr: float = 0.05, batch
 
 
 def plot(result: dict, path: str):
-    from .bench import pyplot
+    from .report import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))

@@ -1,5 +1,5 @@
 """`switchsim model` (the projection: INA against ring and tree for a cluster) and `switchsim bench model`
-(the projection against this emulator on namespace links). switchsim/cli.py adds both."""
+(the projection against this emulator on namespace links). inacli adds both."""
 from __future__ import annotations
 
 import json
@@ -41,7 +41,7 @@ def add_bench(sp, csv):
 
 
 def _print(rows, as_json, title):
-    from inabench.bench import table
+    from inabench.report import table
 
     print(json.dumps({title: rows}, indent=2) if as_json else f"\n== {title}\n{table(rows)}")
 

@@ -191,7 +191,7 @@ def with_calibration(s: Setting, calibration: dict) -> Setting:
 
 def plot(rows: list[dict], path: str):
     """Time vs workers for INA, ring and tree (project()'s rows), log-log."""
-    from .bench import pyplot
+    from .report import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))

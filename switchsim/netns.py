@@ -101,7 +101,7 @@ class Topology:
       the packet on the wire, and a switch's end cannot filter either (BMv2 and DPDK read their ports through
       packet sockets, which see frames before netfilter). The egress hook needs Linux >= 5.16.
     - Delay (per direction): this kernel has no netem (and no fq for timestamp pacing), so the link is cut
-      in two on its far end's host and a user-space forwarding stage (topologies/delay.py, AF_PACKET sockets)
+      in two on its far end's host and a user-space forwarding stage (switchsim/delay.py, AF_PACKET sockets)
       holds every frame `delay_ms` before passing it on. The link's veths then compute checksums and
       segment in software (ethtool -K ... off): a frame leaves the stage as it will be read.
 
@@ -219,7 +219,7 @@ class Topology:
 
     def start_stages(self):
         """The delay stages, one process per host that holds cut links (after the links are up)."""
-        from topologies import delay
+        from . import delay
 
         for ns, pairs in self.stages.items():
             p = self.popen(ns, [sys.executable, delay.__file__, "--delay-ms", self.delay_ms, *pairs],

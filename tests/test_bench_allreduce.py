@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hostlib.codecs import natural
-from inabench import bench
+from inabench import allreduce as bench, report
 from inabench.demo import make_input
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,11 +44,11 @@ def test_table_has_nccl_columns_and_one_row_per_configuration_and_size():
     rows = _rows()
     assert rows[0]["time"] == pytest.approx(200.0)  # mean over ranks, in us
     assert rows[1]["#wrong"] == 3 and rows[0]["algbw"] == pytest.approx(4096 / 2e-4 / 1e9)
-    text = bench.nccl_table(rows)
+    text = report.nccl_table(rows)
     headers = [line.split() for line in text.splitlines() if line.startswith("#") and "redop" in line]
-    assert headers == [["#", *bench.NCCL_COLUMNS]] * 2
+    assert headers == [["#", *report.NCCL_COLUMNS]] * 2
     data = [line.split() for line in text.splitlines() if line and not line.startswith("#")]
-    assert len(data) == 4 and all(len(d) == len(bench.NCCL_COLUMNS) for d in data)
+    assert len(data) == 4 and all(len(d) == len(report.NCCL_COLUMNS) for d in data)
     assert [d[0] for d in data] == ["4096", "65536"] * 2 and data[1][-1] == "3"
     assert "out of place" in text and "in place" in text
 
@@ -141,7 +141,6 @@ def test_repeat_reports_medians_spread_and_ratio_to_gloos_median(monkeypatch):
     """--repeat R: every configuration runs R times in alternating order; a row is the median of its runs,
     with their min and max, and x gloo divides by gloo's median. Measured here with stand-in runs whose
     times are known, so the arithmetic and the order are checked, not the machine."""
-    from inabench import bench
 
     order, times = [], {"gloo": [30.0, 10.0, 20.0], "ina": [5.0, 7.0, 6.0]}
 
@@ -160,7 +159,7 @@ def test_repeat_reports_medians_spread_and_ratio_to_gloos_median(monkeypatch):
     assert (rows["gloo"]["time"], rows["gloo"]["min us"], rows["gloo"]["max us"]) == (20.0, 10.0, 30.0)
     assert (rows["ina"]["time"], rows["ina"]["min us"], rows["ina"]["max us"]) == (6.0, 5.0, 7.0)
     assert rows["ina"]["x gloo"] == pytest.approx(6.0 / 20.0) and rows["ina"]["repeat"] == 3
-    assert "min" in bench.nccl_table(list(rows.values())) and "x gloo" in bench.nccl_table(list(rows.values()))
+    assert "min" in report.nccl_table(list(rows.values())) and "x gloo" in report.nccl_table(list(rows.values()))
 
 
 def test_profile_allreduce_reports_cpu_per_process_and_sorts_samples():

@@ -56,11 +56,11 @@ def test_bench_subcommands_take_only_their_flags(monkeypatch):
     takes; `bench` and `bench all` run every benchmark with its defaults, as `bench` always did."""
     import inspect
 
-    from inabench import bench, bench_sparse, convergence
-    from switchsim import cli
+    import inacli as cli
+    from inabench import allreduce, bench, bench_sparse, convergence, micro
 
-    functions = {"codecs": bench.bench_codecs, "switch": bench.bench_switch, "allreduce": bench.bench_allreduce,
-                 "blocksparse": bench.bench_block_sparse, "sparse": bench_sparse.bench_sparse,
+    functions = {"codecs": micro.bench_codecs, "switch": bench.bench_switch, "allreduce": allreduce.bench_allreduce,
+                 "blocksparse": allreduce.bench_block_sparse, "sparse": bench_sparse.bench_sparse,
                  "sparcml": bench_sparse.bench_sparcml, "train": convergence.run}
     calls = []
     monkeypatch.setattr(bench, "run_benchmarks", lambda runs, **kw: calls.append((runs, kw)) or 0)

@@ -26,7 +26,7 @@ from hostlib.codecs import natural
 from inabench.harness import SwitchProcess
 from inaproto import gen_lua, wire
 from inaproto.scapy_layer import INA, INAAbort, INABlock, INAError, INAInt32, INANC8
-from switchsim import cli
+import inacli as cli
 from switchsim.server import query_stats
 from tests.test_e2e import run_workers
 

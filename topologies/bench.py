@@ -67,7 +67,7 @@ def bench_topo(workers: int = 4, size: int = 1 << 18, rates=(10, 100, 1000, 1000
 
 
 def plot(rows: list[dict], path: str):
-    from inabench.bench import pyplot
+    from inabench.report import pyplot
 
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))

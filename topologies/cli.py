@@ -1,4 +1,4 @@
-"""`switchsim topo run|up|down|status|exec`: the topologies' command line (switchsim/cli.py adds it)."""
+"""`switchsim topo run|up|down|status|exec`: the topologies' command line (inacli adds it)."""
 from __future__ import annotations
 
 import json
@@ -172,7 +172,7 @@ def _exec(args) -> int:
 
 
 def add_bench(sp, csv):
-    """`switchsim bench topo`'s flags (sp: its sub-parser, made by switchsim/cli.py's bench_parser)."""
+    """`switchsim bench topo`'s flags (sp: its sub-parser, made by inabench/cli.py's bench_parser)."""
     sp.add_argument("--workers", type=int, default=4)
     sp.add_argument("--size", type=int, default=1 << 18, help="float32 elements per worker (default %(default)s)")
     sp.add_argument("--rates", type=csv(float), default="10,100,1000,10000", metavar="LIST",
@@ -187,7 +187,7 @@ def add_bench(sp, csv):
 
 
 def cmd_bench_topo(args) -> int:
-    from inabench.bench import table
+    from inabench.report import table
     from topologies.bench import bench_topo, plot
 
     as_json = getattr(args, "json", False)

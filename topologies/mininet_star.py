@@ -50,7 +50,8 @@ def impair(host, loss: float, delay_ms: float, python: str):
             host.cmd(cmd)
         for d in (dev, f"{dev}-a", f"{dev}-b"):
             host.cmd(f"ethtool -K {d} tx off tso off gso off gro off")
-        stage = spawn(host, [python, os.path.join(HERE, "delay.py"), "--delay-ms", str(delay_ms), f"{dev}-b:{dev}"],
+        stage_py = os.path.join(os.path.dirname(HERE), "switchsim", "delay.py")
+        stage = spawn(host, [python, stage_py, "--delay-ms", str(delay_ms), f"{dev}-b:{dev}"],
                            stdout=-1, stderr=-1, text=True)
         if not stage.stdout.readline().startswith("ready"):
             raise RuntimeError(f"delay stage in {host.name}: {stage.stderr.read()[-1000:]}")

@@ -77,7 +77,7 @@ def validate(workers=(2, 3, 4, 6, 8), codecs=("int32", "fixed", "nc"), losses=(0
 
 
 def plot(rows: list[dict], path: str):
-    from inabench.bench import pyplot
+    from inabench.report import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 5))

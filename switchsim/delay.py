@@ -1,7 +1,7 @@
 """The delay stage of a link (this kernel has no netem): frames cross from one interface to its partner
 `delay_ms` later, both ways, through AF_PACKET sockets in the host (namespace) that holds both.
 
-    python topologies/delay.py --delay-ms D A:B [C:D ...]
+    python -m switchsim.delay --delay-ms D A:B [C:D ...]
 
 prints "ready" once every socket is bound, then forwards until SIGTERM and prints its counters as JSON.
 A constant delay keeps each direction first-in first-out, so one deque per direction is the whole queue.
