@@ -1,5 +1,5 @@
-"""`switchsim model` (the projection: INA against ring and tree for a cluster) and `switchsim bench model`
-(the projection against this emulator on namespace links). inacli adds both."""
+"""`switchsim model`: the projection, INA against ring and tree for a cluster (inacli adds it; `switchsim
+bench model`, the projection against this emulator on namespace links, is topologies.cli's)."""
 from __future__ import annotations
 
 import json
@@ -31,15 +31,6 @@ def add_parser(sub, csv):
     m.set_defaults(func=cmd_model)
 
 
-def add_bench(sp, csv):
-    sp.add_argument("--workers", type=csv(int), default="2,3,4,6,8", metavar="LIST")
-    sp.add_argument("--codecs", type=csv(str), default="int32,fixed,nc", metavar="LIST")
-    sp.add_argument("--losses", type=csv(float), default="0,0.05", metavar="LIST")
-    sp.add_argument("--size", type=int, default=1 << 18, help="float32 elements per worker")
-    sp.add_argument("--bw", type=float, default=100.0, help="link rate, Mbit/s")
-    sp.set_defaults(func=cmd_bench_model)
-
-
 def _print(rows, as_json, title):
     from inabench.report import table
 
@@ -65,23 +56,4 @@ def cmd_model(args) -> int:
     _print(rows, args.json, "switchml" if args.switchml else "model")
     if args.plot:
         projection.plot(rows, args.plot)
-    return 0
-
-
-def cmd_bench_model(args) -> int:
-    from topologies import validate
-
-    as_json = getattr(args, "json", False)
-    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
-    try:
-        rows = validate.validate(args.workers, args.codecs, args.losses, args.size, args.bw, progress=progress)
-    except (RuntimeError, ValueError, OSError) as e:
-        print(f"switchsim bench model: {e}", file=sys.stderr)
-        return 2
-    worst = max(rows, key=lambda r: abs(r["error"]))
-    _print(rows, as_json, "model vs emulator")
-    if not as_json:
-        print(f"worst: {worst['error']:+.1%} ({worst['codec']}, loss {worst['loss']}, {worst['workers']} workers)")
-    if getattr(args, "plot", None):
-        validate.plot(rows, args.plot)
     return 0

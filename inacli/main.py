@@ -20,9 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     topo_cli.add_bench(bench_parser("topo", "allreduce time on emulated links (namespaces, root): INA against "
                                             "gloo's ring over the same links, vs link rate and loss (not in `all`)"),
                        csv)
-    model_cli.add_bench(bench_parser("model", "the projection model (switchsim model) against this emulator on "
-                                              "rate-limited namespace links: predicted vs measured (not in `all`)"),
-                        csv)
+    topo_cli.add_model_bench(bench_parser("model", "the projection model (switchsim model) against this emulator on "
+                                                    "rate-limited namespace links: predicted vs measured (not in "
+                                                    "`all`)"), csv)
     model_cli.add_parser(sub, csv)
     return p
 

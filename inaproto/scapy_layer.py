@@ -1,6 +1,6 @@
 """scapy layer for the INA header (protocol v3), built from the constants in wire.py, bound to the UDP port.
 
-    from hostlib.scapy_layer import INA
+    from inaproto.scapy_layer import INA
     pkt = IP(dst="127.0.0.1") / UDP(dport=INA_PORT) / INA(msg_type="update", count=2) / INAInt32(values=[1, 2])
     sparse = INA(msg_type="sparse_update", count=2) / INABlock(block=4, next_block=9) / INAInt32(values=[1, 2])
     error = INA(job=1, boot=0xB007) / INAError(code="aborted", rank=1, text=b"rank 1 aborted call 3")

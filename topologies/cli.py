@@ -202,3 +202,35 @@ def cmd_bench_topo(args) -> int:
     if getattr(args, "plot", None):
         plot(rows, args.plot)
     return 0
+
+
+def add_model_bench(sp, csv):
+    """`switchsim bench model`'s flags (sp: its sub-parser, made by inabench/cli.py's bench_parser)."""
+    sp.add_argument("--workers", type=csv(int), default="2,3,4,6,8", metavar="LIST")
+    sp.add_argument("--codecs", type=csv(str), default="int32,fixed,nc", metavar="LIST")
+    sp.add_argument("--losses", type=csv(float), default="0,0.05", metavar="LIST")
+    sp.add_argument("--size", type=int, default=1 << 18, help="float32 elements per worker")
+    sp.add_argument("--bw", type=float, default=100.0, help="link rate, Mbit/s")
+    sp.set_defaults(func=cmd_bench_model)
+
+
+def cmd_bench_model(args) -> int:
+    from . import validate
+
+    from inabench.report import table
+
+    as_json = getattr(args, "json", False)
+    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
+    try:
+        rows = validate.validate(args.workers, args.codecs, args.losses, args.size, args.bw, progress=progress)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"switchsim bench model: {e}", file=sys.stderr)
+        return 2
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    print(json.dumps({"model vs emulator": rows}, indent=2) if as_json else
+          f"\n== model vs emulator\n{table(rows)}")
+    if not as_json:
+        print(f"worst: {worst['error']:+.1%} ({worst['codec']}, loss {worst['loss']}, {worst['workers']} workers)")
+    if getattr(args, "plot", None):
+        validate.plot(rows, args.plot)
+    return 0
