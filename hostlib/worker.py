@@ -96,6 +96,11 @@ class CommStats:
         return d
 
 
+def _of_generation(name: str, doc: str) -> property:
+    """A read-only attribute of the current generation, by the name users know."""
+    return property(lambda self: getattr(self.gen, name), doc=doc)
+
+
 class Communicator:
     """One worker's connection to an INA switch for one job. Use `hostlib.connect(...)`."""
 
@@ -172,24 +177,11 @@ class Communicator:
                                       boot=gen.boot))
 
     # ------------------------------------------------------------------ the generation's, by name
-    @property
-    def session(self) -> int:
-        return self.gen.session
-
-    @property
-    def boot(self) -> int:
-        return self.gen.boot
-
-    @property
-    def window(self) -> int:
-        """The agreed window (join_ack): slots in use at once."""
-        return self.gen.window
-
-    @property
-    def max_elements(self) -> int:
-        """Elements per packet: what every rank asked, capped by the switch (a call may use fewer)."""
-        return self.gen.max_elements
-
+    session = _of_generation("session", "The session every packet of this generation carries.")
+    boot = _of_generation("boot", "The switch's boot id, from the join_ack.")
+    window = _of_generation("window", "The agreed window (join_ack): slots in use at once.")
+    max_elements = _of_generation("max_elements", "Elements per packet: what every rank asked, capped by the "
+                                                  "switch (a call may use fewer).")
     k = max_elements
 
     @property

@@ -1,7 +1,8 @@
 """The wire format, defined once. Both sides (hostlib, switchsim), the scapy layer, the generated C header
 (csrc/ina_wire.h, `python -m inaproto.gen_c`) and the tests take it from here.
 
-docs/protocol.md describes the same bytes for people; tests/test_wire.py keeps the two honest.
+docs/protocol.md describes the same bytes for people; its tables are generated from here
+(`python -m inaproto.gen_doc`, and `--check` in tests/test_protocol_doc.py keeps the two honest).
 All multi-byte fields are big-endian (network order).
 """
 from __future__ import annotations
