@@ -164,10 +164,20 @@ def _collect(comm, w):
         comm.rtt.srtt, comm.rtt.rttvar, comm.rtt.rto = w.srtt, w.rttvar, w.rto
 
 
+def _status_of(rc: int) -> str:
+    """The Outcome status of the C loop's return code (the table made once)."""
+    if not _BY_RC:
+        _BY_RC.update({getattr(kernels.lib, name): status for name, status in STATUS.items()})
+    return _BY_RC[rc]
+
+
+_BY_RC: dict = {}
+
+
 def _outcome(comm, call, w, rc: int, keep: dict, sparse: bool) -> Outcome:
     """The C loop's status as an Outcome; done, the call's slots move on."""
     ffi, lib = kernels.ffi, kernels.lib
-    status = next(v for k, v in STATUS.items() if getattr(lib, k) == rc)
+    status = _status_of(rc)
     error = bytes(ffi.buffer(w.error, w.error_len)) if w.error_len else None
     if status == "refused" and w.shm == ffi.NULL:
         comm.link.refused()  # the Python loop's state: refused_error words it "refused"

@@ -431,8 +431,8 @@ class Communicator:
         gen = self.gen
         if gen.pending is None and not gen.ended:
             self._drain()
-        if (e := gen.take_pending()) is not None:
-            raise e
+        if gen.pending is not None:
+            raise gen.take_pending()
         if gen.ended:  # this rank raised the generation's failure already: what waits is stale
             self._drain(stale=True)
             self._start_generation()

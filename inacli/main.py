@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     topo_cli.add_model_bench(bench_parser("model", "the projection model (switchsim model) against this emulator on "
                                                     "rate-limited namespace links: predicted vs measured (not in "
                                                     "`all`)"), csv)
+    topo_cli.add_ddp_bench(bench_parser("ddp", "DDP training steps (sec/iter p50-p95, examples/s) per world size "
+                                               "and gradient path, on loopback or --topo links; --tta: time to "
+                                               "accuracy; --diff A B (not in `all`)"), csv)
     model_cli.add_parser(sub, csv)
     return p
 

@@ -234,3 +234,79 @@ def cmd_bench_model(args) -> int:
     if getattr(args, "plot", None):
         validate.plot(rows, args.plot)
     return 0
+
+
+def add_ddp_bench(sp, csv):
+    """`switchsim bench ddp`'s flags (sp: its sub-parser, made by inabench/cli.py's bench_parser)."""
+    sp.add_argument("--workers", type=csv(int), default="2,4", metavar="LIST", help="world sizes (default %(default)s)")
+    sp.add_argument("--paths", type=csv(str), default="gloo,ina:fixed,ina:nc,hook:fixed,hook:nc", metavar="LIST",
+                    help="gradient paths: gloo, ina:CODEC (init_process_group('ina')), hook:CODEC (the DDP comm "
+                         "hook on gloo); CODEC fixed or nc (hook: int32 too) (default %(default)s)")
+    sp.add_argument("--model", choices=("wide", "cnn", "mlp"), default="wide",
+                    help="wide: an MLP with 8.4 MB of gradients; cnn: 4.3 MB; mlp: the digits MLP (default %(default)s)")
+    sp.add_argument("--batch", type=int, default=32, help="examples per rank and step")
+    sp.add_argument("--iters", type=int, default=20, help="timed steps per run")
+    sp.add_argument("--warmup", type=int, default=5, help="steps before the timed ones")
+    sp.add_argument("--repeat", type=int, default=3, help="runs of every configuration, alternating; medians")
+    sp.add_argument("--bucket-mb", type=float, default=2.0, help="DDP's bucket_cap_mb (several buckets per step)")
+    sp.add_argument("--straggler", metavar="R:MS", type=lambda t: [int(t.split(":")[0]), float(t.split(":")[1])],
+                    help="rank R sleeps MS ms in every step (a slow host)")
+    sp.add_argument("--backend", choices=("python", "c", "bmv2"), default="c", help="the INA switch")
+    sp.add_argument("--topo", action="store_true",
+                    help="ranks on namespace hosts of a star (root): --bw, --delay, --loss on every link; gloo's "
+                         "ring over the same links; the projection model beside each row")
+    sp.add_argument("--bw", type=float, default=100.0, help="--topo: link rate, Mbit/s (default %(default)s)")
+    sp.add_argument("--delay", type=_ms, default=1.0, metavar="D", help="--topo: every link's delay each way (ms)")
+    sp.add_argument("--loss", type=float, default=0.0, help="--topo: per packet and direction")
+    sp.add_argument("--tta", action="store_true",
+                    help="time to accuracy instead: the digits MLP for --epochs, epochs and seconds to --target")
+    sp.add_argument("--target", type=float, default=0.95, help="--tta: test accuracy (default %(default)s)")
+    sp.add_argument("--epochs", type=int, default=30, help="--tta: epochs (default %(default)s)")
+    sp.add_argument("--diff", nargs=2, metavar=("A.json", "B.json"),
+                    help="compare two `bench ddp --json` outputs (p50 and p95, B / A) instead of running")
+    sp.set_defaults(func=cmd_bench_ddp)
+
+
+def cmd_bench_ddp(args) -> int:
+    from inabench import ddp
+    from inabench.report import table
+
+    as_json = getattr(args, "json", False)
+    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
+    try:
+        if args.diff:
+            a, b = (json.load(open(p)) for p in args.diff)
+            out = {"diff": ddp.diff(a, b)}
+        elif args.tta:
+            place = _ddp_hosts(args)(args.workers[-1]) if args.topo else None
+            res = ddp.bench_tta(args.workers[-1], args.paths, args.epochs, args.target, args.batch, args.backend,
+                                place=place, progress=progress)
+            out = {"tta": res["rows"], "curves": res["curves"]}
+        else:
+            rows = ddp.bench_ddp(args.workers, args.paths, args.model, args.batch, args.iters, args.warmup,
+                                 args.repeat, args.straggler, args.bucket_mb, args.backend,
+                                 place_for=_ddp_hosts(args) if args.topo else None, progress=progress)
+            if args.topo:
+                from .ddp import with_projection
+
+                rows = with_projection(rows, args.bw, args.delay, args.loss)
+            out = {"ddp": rows}
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"switchsim bench ddp: {e}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        for key, rows in out.items():
+            if key != "curves":
+                print(f"\n== ddp {key}\n{table(rows)}")
+    if getattr(args, "plot", None) and not args.diff:
+        (ddp.plot_tta({"rows": out["tta"], "curves": out["curves"]}, args.plot) if args.tta
+         else ddp.plot_steps(out["ddp"], args.plot))
+    return 0
+
+
+def _ddp_hosts(args):
+    from .ddp import Hosts
+
+    return lambda world: Hosts(world, args.backend, args.bw, args.delay, args.loss)

@@ -1,0 +1,74 @@
+"""`switchsim bench ddp`: DDP steps per gradient path as PyTorch's DDP benchmark reports them, on loopback
+and on namespace hosts; every run checks the ranks' parameters are bit-identical."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="torch (the torch extra) is not installed")
+
+from inabench import ddp  # noqa: E402
+from inabench.harness import ROOT  # noqa: E402
+from switchsim.netns import Topology  # noqa: E402
+
+
+def test_every_path_trains_the_same_parameters_on_every_rank_and_reports_percentiles():
+    rows = ddp.bench_ddp(workers=(2,), paths=("gloo", "ina:fixed", "ina:nc", "hook:nc"), model="mlp", iters=4,
+                         warmup=1, repeat=1)
+    assert [(r["path"], r["workers"]) for r in rows] == [("local", 1), ("gloo", 2), ("ina:fixed", 2), ("ina:nc", 2),
+                                                          ("hook:nc", 2)]
+    for r in rows:
+        assert r["params equal"] is True, r
+        assert 0 < r["sec/iter p50"] <= r["sec/iter p75"] <= r["sec/iter p90"] <= r["sec/iter p95"]
+        assert r["examples/s p50"] == pytest.approx(32 * r["workers"] / r["sec/iter p50"], rel=0.01)
+    by = {r["path"]: r for r in rows}
+    assert by["gloo"]["x gloo"] == 1.0 and by["gloo"]["INA MB/rank/step"] is None
+    # NC sends a byte per element where fixed sends four: the switch carried the gradients
+    assert 0 < by["ina:nc"]["INA MB/rank/step"] < by["ina:fixed"]["INA MB/rank/step"]
+    assert by["hook:nc"]["INA MB/rank/step"] > 0
+
+
+def test_a_straggler_slows_every_rank_by_its_lag():
+    rows = ddp.bench_ddp(workers=(2,), paths=("gloo",), model="mlp", iters=3, warmup=1, repeat=1,
+                         straggler=[1, 80.0])
+    assert rows[1]["sec/iter p50"] >= 0.08 > rows[0]["sec/iter p50"]
+
+
+def test_time_to_accuracy_and_diff():
+    assert ddp.time_to_accuracy([[1.0, 0.5], [2.0, 0.96], [3.0, 0.97]], 0.95) == (2, 2.0)
+    assert ddp.time_to_accuracy([[1.0, 0.5]], 0.95) == (None, None)
+    row = {"model": "wide", "workers": 4, "path": "ina:nc", "sec/iter p50": 0.2, "sec/iter p95": 0.4}
+    out = ddp.diff({"ddp": [row]}, {"ddp": [{**row, "sec/iter p50": 0.1, "sec/iter p95": 0.5}]})
+    assert out == [{"model": "wide", "workers": 4, "path": "ina:nc", "p50 a": 0.2, "p50 b": 0.1, "p50 b/a": 0.5,
+                    "p95 a": 0.4, "p95 b": 0.5, "p95 b/a": 1.25}]
+
+
+def test_the_command_prints_json_and_diffs_it(tmp_path):
+    cmd = [sys.executable, "-m", "switchsim", "bench", "ddp", "--json", "--workers", "2", "--paths", "gloo",
+           "--model", "mlp", "--iters", "2", "--warmup", "1", "--repeat", "1"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["ddp"]
+    assert [r["path"] for r in rows] == ["local", "gloo"]
+    (tmp_path / "a.json").write_text(out.stdout)
+    d = subprocess.run([sys.executable, "-m", "switchsim", "bench", "ddp", "--json", "--diff", tmp_path / "a.json",
+                        tmp_path / "a.json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert d.returncode == 0, d.stderr
+    assert [r["p50 b/a"] for r in json.loads(d.stdout)["diff"]] == [1.0, 1.0]
+
+
+@pytest.mark.skipif(bool(Topology.why_not(0.0, 1.0)), reason=Topology.why_not(0.0, 1.0) or "-")
+def test_two_namespace_hosts_train_ddp_through_the_switch_and_gloo_over_the_same_links():
+    from topologies.ddp import Hosts, with_projection
+
+    rows = ddp.bench_ddp(workers=(2,), paths=("gloo", "ina:nc"), model="mlp", iters=3, warmup=1, repeat=1,
+                         place_for=lambda world: Hosts(world, "c", bw=100, delay_ms=1.0))
+    rows = with_projection(rows, 100, 1.0, 0.0)
+    for r in rows:
+        assert r["params equal"] is True, r
+    gloo, ina = rows[1], rows[2]
+    assert gloo["link MB/step"] > 0 and ina["link MB/step"] > 0  # the worker links carried the steps
+    assert gloo["model s/iter"] > 0 and ina["model s/iter"] > 0

@@ -1,0 +1,63 @@
+"""`switchsim bench ddp --topo`: the DDP ranks on namespace hosts of a star (switchsim.netns through
+topologies.run's Deployment), every link at --bw, --delay and --loss, the INA switch on its own host and
+gloo's ring over the same links (the star's bridge); next to each row, the projection model's step time
+for the same links (compute measured by the 1-rank row, allreduce from inabench.projection)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+from inabench import projection
+from inabench.harness import ROOT, free_port
+
+from .run import Deployment, Spec
+
+GLOO_PORT = 29500
+
+
+class Hosts:
+    """A Placement (inabench.ddp) on a star of `world` hosts around a switch of `backend`."""
+
+    def __init__(self, world: int, backend: str = "c", bw: float | None = None, delay_ms: float = 0.0,
+                 loss: float = 0.0):
+        self._logs = tempfile.TemporaryDirectory()
+        self.dep = Deployment(Spec(world, backend, bw, delay_ms, loss), self._logs.name)
+        self.world = world
+
+    def master(self) -> str:
+        return f"{self.dep.topo.worker_ips[0]}:{GLOO_PORT + free_port() % 1000}"
+
+    def switch(self, world: int) -> str:
+        if world != self.world:
+            raise ValueError(f"this topology has {self.world} worker hosts, not {world}")
+        return self.dep.members[0].switch
+
+    def popen(self, rank: int, argv: list, env=None, **kw) -> subprocess.Popen:
+        env = {**(env or os.environ), "GLOO_SOCKET_IFNAME": self.dep.topo.worker_ifs[rank]}
+        return self.dep.topo.popen(self.dep.members[rank].host, argv, cwd=ROOT, env=env, **kw)
+
+    def link_bytes(self) -> list[dict]:
+        return self.dep.topo.link_bytes()[:self.world]
+
+    def close(self):
+        try:
+            self.dep.close()
+        finally:
+            self._logs.cleanup()
+
+
+def with_projection(rows: list[dict], bw: float, delay_ms: float, loss: float) -> list[dict]:
+    """Each multi-rank row gets "model s/iter": the 1-rank row's p50 (compute) plus the projected allreduce
+    of the gradient (ring for gloo, INA with the path's codec), and "model err" against the measured p50."""
+    local = next((r for r in rows if r["path"] == "local"), None)
+    for r in rows:
+        if r["workers"] < 2 or local is None or not bw:
+            continue
+        kind, _, codec = r["path"].partition(":")
+        s = projection.Setting(r["workers"], r["grad MB"] * 1e6, bw * 1e6, codec=codec or "int32",
+                               latency=delay_ms / 1000, loss=loss, alpha=2 * delay_ms / 1000)
+        comm = projection.ring(s) if kind == "gloo" else projection.ina(s)
+        r["model s/iter"] = round(local["sec/iter p50"] + comm["time_s"], 5)
+        r["model err"] = round(r["sec/iter p50"] / r["model s/iter"] - 1, 3)
+    return rows
