@@ -23,6 +23,7 @@ import os
 import secrets
 import select
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ class Communicator:
         self.broken: str | None = None  # a corrupt result: every later call raises until reconnect
         self.gen: Generation | None = None  # the join's state (set by _start_generation)
         self.link = Link()  # what this worker hears of the switch
+        self._results: dict = {}  # (size, dtype) -> the last result allreduce(x) returned (_result_buffer)
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
@@ -616,9 +618,9 @@ class Communicator:
 
     def _run_c_loop(self, call, kind, flat, exps, progress, held=None, dst=None) -> np.ndarray:
         """The C loop; dense, it decodes each result into dst (the caller's out, where its dtype is the
-        loop's) or a fresh array as it arrives."""
+        loop's) or a result buffer as it arrives."""
         if held is None and (dst is None or dst.dtype != fastpath.out_dtype(kind)):
-            dst = np.empty(flat.size, fastpath.out_dtype(kind))
+            dst = self._result_buffer(flat.size, fastpath.out_dtype(kind))
         outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held, out=None if held is not None else dst)
         if outcome.pending is not None:  # the call completed; the next one raises the failure (_results)
             call.gen.fail_later(self.error_from_datagram(outcome.pending))
@@ -628,6 +630,20 @@ class Communicator:
         if held is not None:
             return fastpath.decode(kind, outcome.result, outcome.agreed, self.world_size, call.k, flat.dtype)
         return dst.astype(flat.dtype, copy=False)
+
+    def _result_buffer(self, n: int, dtype) -> np.ndarray:
+        """Where allreduce(x) without out decodes: one of the arrays earlier calls of this size returned that
+        nobody holds (nor a view of it) any more, else a new one; two are kept, so `y = allreduce(x)` in a
+        loop (the last y still held during the call) takes turns between two. A fresh 64 MiB array costs
+        its page faults inside the call."""
+        key = (n, np.dtype(dtype))
+        kept = self._results.get(key, [])
+        for buf in kept:
+            if sys.getrefcount(buf) == 3:  # the list, the loop variable, getrefcount's argument: no one else
+                return buf
+        buf = np.empty(n, dtype)
+        self._results = {key: (kept + [buf])[-2:]}  # one size kept: a job's calls mostly repeat theirs
+        return buf
 
     def failure(self, outcome: Outcome, call) -> BaseException:
         """The exception for a call's stream that stopped (either loop), after the transition it makes: the

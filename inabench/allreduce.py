@@ -176,10 +176,11 @@ def count_wrong(codec: str, inputs, out, k: int) -> int | None:
     return None
 
 
-def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_iters, out):
+def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_iters, plain, out):
     """One INA rank: per count, warm-up then timed allreduces on one connection, out of place into one
-    preallocated buffer (nccl-tests' recvbuff: no fresh pages per call); rank 0 checks the last result of
-    each size after the loop (checking in between would delay the next size's first call)."""
+    preallocated buffer (nccl-tests' recvbuff: no fresh pages per call), or with plain as users call it,
+    `y = allreduce(x)`; rank 0 checks the last result of each size after the loop (checking in between
+    would delay the next size's first call)."""
     import hostlib
 
     from .demo import make_input
@@ -190,12 +191,16 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_
         for count in counts:
             x = make_input(codec, count, rank)
             res = np.empty_like(x)
+
+            def call():
+                return comm.allreduce(x) if plain else comm.allreduce(x, out=res)
+
             warm, iters = _iterations(4 * count, n_iters)
             for _ in range(warm):
-                comm.allreduce(x, out=res)
+                res = call()
             t0 = time.perf_counter()
             for _ in range(iters):
-                comm.allreduce(x, out=res)
+                res = call()  # plain: the last result is held during the call, as in a user's loop
             times.append((time.perf_counter() - t0) / iters)
             last.append(res if rank == 0 else None)
     wrong = [count_wrong(codec, [make_input(codec, c, r) for r in range(n)], res, elements) if rank == 0 else None
@@ -311,18 +316,18 @@ def _rows(config: dict, sizes, reports, n: int, dtype: str, in_place: bool) -> l
     return rows
 
 
-def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None) -> list[dict]:
+def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None, plain=False) -> list[dict]:
     """One INA configuration over every size: one switch, one connection per rank (window None: the
-    connection's default, hostlib.worker.auto_window)."""
+    connection's default, hostlib.worker.auto_window); plain: `y = allreduce(x)` instead of out=."""
     elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
-    config = {"config": f"{backend}/{codec} x{workers} {payload} B" + (f" W={window}" if window else ""),
+    config = {"config": f"{backend}/{codec} x{workers} {payload} B" + (f" W={window}" if window else "")
+              + (" plain" if plain else ""),
               "backend": backend, "codec": codec, "workers": workers, "payload B": payload, "window": window}
     sw = None
     try:  # a switch that does not start (dpdk without root) or ranks that die: error rows, the run goes on
         sw = SwitchProcess("--workers", workers, "--elements-per-packet", max(elements, 1024), backend=backend)
         reports = run_ranks(_ina_sizes_rank, workers, (sw.address, codec, elements, [s // 4 for s in sizes], window,
-                                                             iters),
-                            expect=workers)
+                                                       iters, plain), expect=workers)
     except RuntimeError as e:
         return [{**config, "size": s, "error": " ".join(str(e).split())[:200]} for s in sizes]
     finally:
@@ -337,7 +342,7 @@ def _gloo_config(workers, sizes, iters=None) -> list[dict]:
     return _rows(config, sizes, reports, workers, "float", in_place=True)
 
 
-def _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torch_ina):
+def _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torch_ina, plain=False):
     """Every configuration of one worker count as (progress label, a function that measures it once)."""
     runs = [(f"gloo x{workers}", functools.partial(_gloo_config, workers, sizes, iters))] if gloo else []
     for backend, codec, payload in itertools.product(backends, codecs, payloads) if gloo and torch_ina else ():
@@ -346,6 +351,10 @@ def _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torc
     for backend, codec, payload, window in itertools.product(backends, codecs, payloads, windows or (None,)):
         runs.append((f"{backend}/{codec} x{workers} {payload} B/packet" + (f", window {window}" if window else ""),
                      functools.partial(_ina_config, backend, codec, workers, payload, sizes, window, iters)))
+        if plain:
+            runs.append((f"{backend}/{codec} x{workers} {payload} B/packet, y = allreduce(x)" +
+                         (f", window {window}" if window else ""),
+                         functools.partial(_ina_config, backend, codec, workers, payload, sizes, window, iters, True)))
     return runs
 
 
@@ -368,7 +377,7 @@ def _median_rows(rounds: list[list[dict]], n: int) -> list[dict]:
 
 
 def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), gloo=True, progress=None,
-                    windows=(None,), iters=None, torch_ina=True, repeat: int = 1) -> list[dict]:
+                    windows=(None,), iters=None, torch_ina=True, repeat: int = 1, plain: bool = False) -> list[dict]:
     """nccl-tests-style rows (see NCCL_COLUMNS) per configuration (backend x codec x workers x payload x
     window, and gloo x workers) and size, plus np.copyto of each size (backend "memory") as the memory-bound line.
     With gloo and torch_ina, the "ina" torch.distributed backend per backend x codec x workers x payload too
@@ -376,12 +385,12 @@ def bench_allreduce(sizes, workers_list, backends, codecs, payloads=(1024,), glo
     runs R times, the order reversed every other round (so no configuration always runs first or after the
     same one), and a row is the median of its R runs with their min and max; each run warms up apart (its
     warm-up calls never land in a row). "x gloo" is the time over gloo's (median) at the same size and
-    worker count."""
+    worker count. plain: each INA configuration also as users call it, `y = allreduce(x)` (" plain")."""
     rows = [{"config": "np.copyto", "backend": "memory", "codec": "float32", "workers": 1, "size": s,
              "count": s // 4, "type": "float", "time": t * 1e6, "algbw": s / t / 1e9}
             for s, t in ((s, copyto_seconds(s)) for s in sizes)]
     for workers in workers_list:
-        runs = _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torch_ina)
+        runs = _runs(workers, backends, codecs, payloads, sizes, gloo, windows, iters, torch_ina, plain)
         measured: dict[str, list] = {label: [] for label, _ in runs}
         for r in range(max(1, repeat)):
             for label, run in runs if r % 2 == 0 else runs[::-1]:

@@ -147,6 +147,9 @@ def _add_sweeps(bench_parser):
     sp.add_argument("--windows", type=csv(int), default=None, metavar="LIST",
                     help="worker windows in packets to sweep (comma list; default: connect's own, "
                          "hostlib.worker.auto_window)")
+    sp.add_argument("--plain", action="store_true",
+                    help="each INA configuration also as users call it, y = allreduce(x) (rows \"plain\"), next to "
+                         "allreduce(x, out=y)")
     sp.add_argument("--payloads", type=csv(int), default="1024", metavar="LIST",
                     help="payload bytes per packet (comma list, default %(default)s; 1024 = 256 int32 or 1024 NC codes, SwitchML's "
                          "large packets; loopback carries up to 64 KiB)")

@@ -440,3 +440,34 @@ def test_c_loop_under_address_sanitizer(tmp_path):
     assert "runtime error" not in run.stderr and "ERROR" not in run.stderr, run.stderr[-4000:]
     # int32, fixed, nc, dense and block-sparse; six error runs; a refused port
     assert run.stderr.count("-> ok") == 13 and "BAD" not in run.stderr, run.stderr[-4000:]
+
+
+def test_allreduce_without_out_reuses_a_result_only_once_nobody_holds_it(recording_server):
+    """allreduce(x) decodes into the last call's result array when the caller dropped it (no page faults),
+    and never into one the caller still holds, directly or through a view or a tensor."""
+    x = np.arange(4096, dtype=np.float32)
+    _, address = recording_server()
+    with hostlib.connect(address, 0, 1, codec="fixed") as comm:
+        first = comm.allreduce(x)
+        where = first.__array_interface__["data"][0]
+        second = comm.allreduce(2 * x)
+        assert second.__array_interface__["data"][0] != where  # first is held: a new array
+        np.testing.assert_allclose(first, x, rtol=1e-6)
+        view = second[::2]
+        del second
+        third = comm.allreduce(3 * x)
+        np.testing.assert_allclose(view, 2 * x[::2], rtol=1e-6)  # a view keeps its memory
+        del first, view
+        fourth = comm.allreduce(4 * x)
+        np.testing.assert_allclose(third, 3 * x, rtol=1e-6)
+        np.testing.assert_allclose(fourth, 4 * x, rtol=1e-6)
+        reused = fourth.__array_interface__["data"][0]
+        del fourth
+        fifth = comm.allreduce(5 * x)
+        assert fifth.__array_interface__["data"][0] == reused  # dropped: its pages reused
+        seen = set()
+        for i in range(6):  # the user's loop: the last y is held during the next call, so two take turns
+            fifth = comm.allreduce(i * x)
+            np.testing.assert_allclose(fifth, i * x, rtol=1e-6)
+            seen.add(fifth.__array_interface__["data"][0])
+        assert len(seen) == 2
