@@ -57,7 +57,8 @@ class Loopback:
 
 
 def run_config(place, path: str, world: int, model: str, batch: int, warmup: int, iters: int,
-               straggler=None, bucket_mb: float = 2.0, epochs: int = 0, timeout: float = 600) -> list[dict]:
+               straggler=None, bucket_mb: float = 2.0, epochs: int = 0, timeout: float = 600,
+               window: int | None = None) -> list[dict]:
     """One run of a path ("gloo", "ina:CODEC", "hook:CODEC", "local") with `world` ranks; each rank's report."""
     kind, _, codec = path.partition(":")
     switch = place.switch(world) if kind in ("ina", "hook") else None
@@ -69,7 +70,7 @@ def run_config(place, path: str, world: int, model: str, batch: int, warmup: int
         for rank in range(world):
             spec = {"rank": rank, "world": world, "master": master, "path": kind, "codec": codec or "fixed",
                     "switch": switch, "model": model, "batch": batch, "warmup": warmup, "iters": iters,
-                    "bucket_mb": bucket_mb, "straggler": straggler, "epochs": epochs,
+                    "bucket_mb": bucket_mb, "straggler": straggler, "epochs": epochs, "window": window,
                     "out": os.path.join(tmp, f"out{rank}.json")}
             with open(os.path.join(tmp, f"spec{rank}.json"), "w") as f:
                 json.dump(spec, f)
@@ -130,7 +131,7 @@ def row_of(path: str, world: int, model: str, batch: int, repeats: list[list[dic
 
 def bench_ddp(workers=(2, 4), paths=PATHS, model: str = "wide", batch: int = 32, iters: int = 20, warmup: int = 5,
               repeat: int = 3, straggler=None, bucket_mb: float = 2.0, backend: str = "c", place_for=None,
-              progress=None) -> list[dict]:
+              progress=None, window: int | None = None) -> list[dict]:
     """Rows: the model alone (1 rank, no DDP), then per world size every path, each with its time as a
     multiple of gloo's ("x gloo"). The configurations run in turn, `repeat` times (alternating, so a slow
     spell of the machine touches every one). place_for(world): where the ranks of a world size run (default
@@ -146,7 +147,7 @@ def bench_ddp(workers=(2, 4), paths=PATHS, model: str = "wide", batch: int = 32,
                     if progress:
                         progress(f"repeat {i + 1}/{repeat}: {path} x{world}")
                     got[path, world].append(run_config(place, path, world, model, batch, warmup, iters,
-                                                       straggler if world > 1 else None, bucket_mb))
+                                                       straggler if world > 1 else None, bucket_mb, window=window))
             finally:
                 place.close()
     rows = [row_of(p, w, model, batch, got[p, w], warmup + iters) for w, ps in groups for p in ps]
@@ -165,7 +166,8 @@ def time_to_accuracy(curve: list, target: float) -> tuple:
 
 
 def bench_tta(workers: int = 4, paths=("gloo", "ina:fixed", "ina:nc", "hook:nc"), epochs: int = 30,
-              target: float = 0.95, batch: int = 32, backend: str = "c", place=None, progress=None) -> dict:
+              target: float = 0.95, batch: int = 32, backend: str = "c", place=None, progress=None,
+              window: int | None = None) -> dict:
     """Time to accuracy on digits (the MLP): per path, the epochs and seconds to `target` test accuracy
     (rank 0's model; every rank's parameters are checked equal), the final accuracy, and the curve."""
     place = place or Loopback(backend)
@@ -174,7 +176,7 @@ def bench_tta(workers: int = 4, paths=("gloo", "ina:fixed", "ina:nc", "hook:nc")
         for path in paths:
             if progress:
                 progress(f"time to accuracy: {path} x{workers}")
-            reps = run_config(place, path, workers, "mlp", batch, 0, 0, epochs=epochs)
+            reps = run_config(place, path, workers, "mlp", batch, 0, 0, epochs=epochs, window=window)
             curve = reps[0]["curve"]
             ep, sec = time_to_accuracy(curve, target)
             rows.append({"path": path, "workers": workers, "target": target, "epochs to target": ep,

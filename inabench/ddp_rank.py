@@ -4,8 +4,8 @@
 
 SPEC (written by inabench/ddp.py): rank, world, master (HOST:PORT of the rendezvous), path ("local": no
 DDP, one process; "gloo"; "ina": init_process_group("ina"); "hook": gloo with the INA DDP comm hook), codec,
-switch, model, batch, warmup, iters, bucket_mb, straggler ([rank, ms] or null), epochs and target (time to
-accuracy), out (where the JSON report goes). The report: every timed step's seconds, the parameters'
+switch, window (INA slots per worker; null: hostlib's default), model, batch, warmup, iters, bucket_mb,
+straggler ([rank, ms] or null), epochs and target (time to accuracy), out (where the JSON report goes). The report: every timed step's seconds, the parameters'
 checksum (equal on every rank, or the run is wrong), bytes this rank's INA connection sent, and for a
 time-to-accuracy run the test accuracy after each epoch with its time.
 """
@@ -47,8 +47,10 @@ def _group(spec: dict):
     init = f"tcp://{spec['master']}"
     if path == "ina":
         os.environ["INA_SWITCH"] = spec["switch"]
-        dist.init_process_group("ina", init_method=init, rank=spec["rank"], world_size=world,
-                                pg_options={"codec": spec["codec"], "strict": True})
+        options = {"codec": spec["codec"], "strict": True}
+        if spec.get("window"):
+            options["window"] = spec["window"]
+        dist.init_process_group("ina", init_method=init, rank=spec["rank"], world_size=world, pg_options=options)
     else:
         dist.init_process_group("gloo", init_method=init, rank=spec["rank"], world_size=world)
     return dist.group.WORLD
@@ -65,7 +67,8 @@ def _wrap(model, spec: dict):
         return ddp, None
     from hostlib.integrations.torch import INAHookState, ina_hook
 
-    state = INAHookState(switch=spec["switch"], codec=spec["codec"], job=spec.get("job", 1))
+    window = {"window": spec["window"]} if spec.get("window") else {}
+    state = INAHookState(switch=spec["switch"], codec=spec["codec"], job=spec.get("job", 1), **window)
     ddp.register_comm_hook(state, ina_hook)
     return ddp, state
 

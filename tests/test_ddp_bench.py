@@ -72,3 +72,9 @@ def test_two_namespace_hosts_train_ddp_through_the_switch_and_gloo_over_the_same
     gloo, ina = rows[1], rows[2]
     assert gloo["link MB/step"] > 0 and ina["link MB/step"] > 0  # the worker links carried the steps
     assert gloo["model s/iter"] > 0 and ina["model s/iter"] > 0
+
+
+def test_the_topology_window_is_about_ten_ms_of_the_link():
+    from topologies.cli import topo_window
+
+    assert topo_window(100) == 117 and topo_window(1000) == 1024 and topo_window(1) == 16
