@@ -146,14 +146,21 @@ def bench_ddp(workers=(2, 4), paths=PATHS, model: str = "wide", batch: int = 32,
                 for path in group:
                     if progress:
                         progress(f"repeat {i + 1}/{repeat}: {path} x{world}")
-                    got[path, world].append(run_config(place, path, world, model, batch, warmup, iters,
-                                                       straggler if world > 1 else None, bucket_mb, window=window))
+                    try:
+                        got[path, world].append(run_config(place, path, world, model, batch, warmup, iters,
+                                                           straggler if world > 1 else None, bucket_mb,
+                                                           window=window))
+                    except RuntimeError as e:  # this configuration's row says why; the others still run
+                        got[path, world].append(" ".join(str(e).split())[-300:])
             finally:
                 place.close()
-    rows = [row_of(p, w, model, batch, got[p, w], warmup + iters) for w, ps in groups for p in ps]
+    rows = [row_of(p, w, model, batch, got[p, w], warmup + iters) if not any(isinstance(g, str) for g in got[p, w])
+            else {"model": model, "workers": w, "path": p, "error": next(g for g in got[p, w] if isinstance(g, str))}
+            for w, ps in groups for p in ps]
     for r in rows:
-        base = next((b for b in rows if b["path"] == "gloo" and b["workers"] == r["workers"]), None)
-        r["x gloo"] = round(r["sec/iter p50"] / base["sec/iter p50"], 3) if base else None
+        base = next((b for b in rows if b["path"] == "gloo" and b["workers"] == r["workers"] and "error" not in b),
+                    None)
+        r["x gloo"] = round(r["sec/iter p50"] / base["sec/iter p50"], 3) if base and "error" not in r else None
     return rows
 
 
@@ -231,6 +238,7 @@ def plot_steps(rows: list[dict], path: str):
     from .report import pyplot
 
     plt = pyplot()
+    rows = [r for r in rows if "error" not in r]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = [f"{r['path']} x{r['workers']}" for r in rows]
     p50 = [r["sec/iter p50"] for r in rows]

@@ -31,6 +31,11 @@ def test_every_path_trains_the_same_parameters_on_every_rank_and_reports_percent
     assert by["hook:nc"]["INA MB/rank/step"] > 0
 
 
+def test_a_configuration_that_fails_is_a_row_with_its_error():
+    rows = ddp.bench_ddp(workers=(2,), paths=("hook:int32", "gloo"), model="mlp", iters=2, warmup=1, repeat=1)
+    assert "integer gradients" in rows[1]["error"] and rows[2]["params equal"] is True
+
+
 def test_a_straggler_slows_every_rank_by_its_lag():
     rows = ddp.bench_ddp(workers=(2,), paths=("gloo",), model="mlp", iters=3, warmup=1, repeat=1,
                          straggler=[1, 80.0])

@@ -241,7 +241,7 @@ def add_ddp_bench(sp, csv):
     sp.add_argument("--workers", type=csv(int), default="2,4", metavar="LIST", help="world sizes (default %(default)s)")
     sp.add_argument("--paths", type=csv(str), default="gloo,ina:fixed,ina:nc,hook:fixed,hook:nc", metavar="LIST",
                     help="gradient paths: gloo, ina:CODEC (init_process_group('ina')), hook:CODEC (the DDP comm "
-                         "hook on gloo); CODEC fixed or nc (hook: int32 too) (default %(default)s)")
+                         "hook on gloo); CODEC fixed or nc (default %(default)s)")
     sp.add_argument("--model", choices=("wide", "cnn", "mlp"), default="wide",
                     help="wide: an MLP with 8.4 MB of gradients; cnn: 4.3 MB; mlp: the digits MLP (default %(default)s)")
     sp.add_argument("--batch", type=int, default=32, help="examples per rank and step")
@@ -251,7 +251,10 @@ def add_ddp_bench(sp, csv):
     sp.add_argument("--bucket-mb", type=float, default=2.0, help="DDP's bucket_cap_mb (several buckets per step)")
     sp.add_argument("--straggler", metavar="R:MS", type=lambda t: [int(t.split(":")[0]), float(t.split(":")[1])],
                     help="rank R sleeps MS ms in every step (a slow host)")
-    sp.add_argument("--backend", choices=("python", "c", "bmv2"), default="c", help="the INA switch")
+    sp.add_argument("--backend", choices=("python", "c"), default="c",
+                    help="the INA switch (with --topo: python or c, whose stars bridge the workers' links: DDP's "
+                         "rendezvous store and gloo need worker to worker paths, which the bmv2 and dpdk stars "
+                         "do not have)")
     sp.add_argument("--window", type=int, default=None,
                     help="INA slots per worker (default: hostlib's, sized for loopback; with --topo, 10 ms of the "
                          "link's rate in 1 KiB packets: more only queues at the link and draws spurious "

@@ -50,9 +50,9 @@ class Hosts:
 def with_projection(rows: list[dict], bw: float, delay_ms: float, loss: float) -> list[dict]:
     """Each multi-rank row gets "model s/iter": the 1-rank row's p50 (compute) plus the projected allreduce
     of the gradient (ring for gloo, INA with the path's codec), and "model err" against the measured p50."""
-    local = next((r for r in rows if r["path"] == "local"), None)
+    local = next((r for r in rows if r["path"] == "local" and "error" not in r), None)
     for r in rows:
-        if r["workers"] < 2 or local is None or not bw:
+        if r["workers"] < 2 or local is None or not bw or "error" in r:
             continue
         kind, _, codec = r["path"].partition(":")
         s = projection.Setting(r["workers"], r["grad MB"] * 1e6, bw * 1e6, codec=codec or "int32",
