@@ -147,7 +147,7 @@ class Communicator:
         self.broken: str | None = None  # a corrupt result: every later call raises until reconnect
         self.gen: Generation | None = None  # the join's state (set by _start_generation)
         self.link = Link()  # what this worker hears of the switch
-        self._results: dict = {}  # (size, dtype) -> the last result allreduce(x) returned (_result_buffer)
+        self._kept_results: dict = {}  # (size, dtype) -> results allreduce(x) returned (_result_buffer)
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
@@ -637,12 +637,12 @@ class Communicator:
         loop (the last y still held during the call) takes turns between two. A fresh 64 MiB array costs
         its page faults inside the call."""
         key = (n, np.dtype(dtype))
-        kept = self._results.get(key, [])
+        kept = self._kept_results.get(key, [])
         for buf in kept:
             if sys.getrefcount(buf) == 3:  # the list, the loop variable, getrefcount's argument: no one else
                 return buf
         buf = np.empty(n, dtype)
-        self._results = {key: (kept + [buf])[-2:]}  # one size kept: a job's calls mostly repeat theirs
+        self._kept_results = {key: (kept + [buf])[-2:]}  # one size kept: a job's calls mostly repeat theirs
         return buf
 
     def failure(self, outcome: Outcome, call) -> BaseException:
