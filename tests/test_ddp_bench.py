@@ -16,30 +16,22 @@ from switchsim.netns import Topology  # noqa: E402
 
 
 def test_every_path_trains_the_same_parameters_on_every_rank_and_reports_percentiles():
-    rows = ddp.bench_ddp(workers=(2,), paths=("gloo", "ina:fixed", "ina:nc", "hook:nc"), model="mlp", iters=4,
+    """Every path on loopback; a path that fails (the int32 hook refuses float gradients) is a row with its
+    error, and the others still run."""
+    rows = ddp.bench_ddp(workers=(2,), paths=("gloo", "ina:nc", "hook:nc", "hook:int32"), model="mlp", iters=4,
                          warmup=1, repeat=1)
-    assert [(r["path"], r["workers"]) for r in rows] == [("local", 1), ("gloo", 2), ("ina:fixed", 2), ("ina:nc", 2),
-                                                          ("hook:nc", 2)]
-    for r in rows:
+    assert [(r["path"], r["workers"]) for r in rows] == [("local", 1), ("gloo", 2), ("ina:nc", 2), ("hook:nc", 2),
+                                                          ("hook:int32", 2)]
+    assert "integer gradients" in rows[-1]["error"]
+    for r in rows[:-1]:
         assert r["params equal"] is True, r
         assert 0 < r["sec/iter p50"] <= r["sec/iter p75"] <= r["sec/iter p90"] <= r["sec/iter p95"]
         assert r["examples/s p50"] == pytest.approx(32 * r["workers"] / r["sec/iter p50"], rel=0.01)
     by = {r["path"]: r for r in rows}
     assert by["gloo"]["x gloo"] == 1.0 and by["gloo"]["INA MB/rank/step"] is None
-    # NC sends a byte per element where fixed sends four: the switch carried the gradients
-    assert 0 < by["ina:nc"]["INA MB/rank/step"] < by["ina:fixed"]["INA MB/rank/step"]
-    assert by["hook:nc"]["INA MB/rank/step"] > 0
-
-
-def test_a_configuration_that_fails_is_a_row_with_its_error():
-    rows = ddp.bench_ddp(workers=(2,), paths=("hook:int32", "gloo"), model="mlp", iters=2, warmup=1, repeat=1)
-    assert "integer gradients" in rows[1]["error"] and rows[2]["params equal"] is True
-
-
-def test_a_straggler_slows_every_rank_by_its_lag():
-    rows = ddp.bench_ddp(workers=(2,), paths=("gloo",), model="mlp", iters=3, warmup=1, repeat=1,
-                         straggler=[1, 80.0])
-    assert rows[1]["sec/iter p50"] >= 0.08 > rows[0]["sec/iter p50"]
+    # the switch carried the gradients, a byte per element (float32: four), headers included
+    for path in ("ina:nc", "hook:nc"):
+        assert 0.25 * by[path]["grad MB"] < by[path]["INA MB/rank/step"] < 0.5 * by[path]["grad MB"]
 
 
 def test_time_to_accuracy_and_diff():
@@ -51,13 +43,14 @@ def test_time_to_accuracy_and_diff():
                     "p95 a": 0.4, "p95 b": 0.5, "p95 b/a": 1.25}]
 
 
-def test_the_command_prints_json_and_diffs_it(tmp_path):
+def test_the_command_prints_json_and_diffs_it_and_a_straggler_slows_every_step(tmp_path):
     cmd = [sys.executable, "-m", "switchsim", "bench", "ddp", "--json", "--workers", "2", "--paths", "gloo",
-           "--model", "mlp", "--iters", "2", "--warmup", "1", "--repeat", "1"]
+           "--model", "mlp", "--iters", "2", "--warmup", "1", "--repeat", "1", "--straggler", "1:80"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["ddp"]
     assert [r["path"] for r in rows] == ["local", "gloo"]
+    assert rows[1]["sec/iter p50"] >= 0.08 > rows[0]["sec/iter p50"]  # rank 1's 80 ms hold every step back
     (tmp_path / "a.json").write_text(out.stdout)
     d = subprocess.run([sys.executable, "-m", "switchsim", "bench", "ddp", "--json", "--diff", tmp_path / "a.json",
                         tmp_path / "a.json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
