@@ -74,9 +74,9 @@ def run_config(place, path: str, world: int, model: str, batch: int, warmup: int
                     "out": os.path.join(tmp, f"out{rank}.json")}
             with open(os.path.join(tmp, f"spec{rank}.json"), "w") as f:
                 json.dump(spec, f)
-            err = open(os.path.join(tmp, f"err{rank}"), "w")
-            procs.append(place.popen(rank, [sys.executable, "-m", "inabench.ddp_rank", f.name], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=err))
+            with open(os.path.join(tmp, f"err{rank}"), "w") as err:  # the child keeps its own descriptor
+                procs.append(place.popen(rank, [sys.executable, "-m", "inabench.ddp_rank", f.name], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=err))
         _wait(procs, tmp, timeout)
         reports = [json.load(open(os.path.join(tmp, f"out{r}.json"))) for r in range(world)]
     if before is not None:  # per worker link: bytes sent + received during the run (set-up included)
