@@ -79,6 +79,9 @@ def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=Non
                          f"kind {w.kind}, exponents {'given' if exps is not None else 'none'})")
     try:
         rc = _run(comm, w, flat.size, progress)
+    except BaseException as e:  # silence, an interrupt: raised between the loop's chunks, out partly written
+        e.landed = _landed(w, keep, held is not None)
+        raise
     finally:
         lib.ina_wk_finish(w)
         _collect(comm, w)
@@ -176,20 +179,28 @@ _BY_RC: dict = {}
 
 def _outcome(comm, call, w, rc: int, keep: dict, sparse: bool) -> Outcome:
     """The C loop's status as an Outcome; done, the call's slots move on."""
-    ffi, lib = kernels.ffi, kernels.lib
+    ffi = kernels.ffi
     status = _status_of(rc)
     error = bytes(ffi.buffer(w.error, w.error_len)) if w.error_len else None
     if status == "refused" and w.shm == ffi.NULL:
         comm.link.refused()  # the Python loop's state: refused_error words it "refused"
     if status != "done":
+        landed = _landed(w, keep, sparse)
         return Outcome(status, error=error if status == "switch_error" else None,
                        where=(w.timeout_pid, w.timeout_slot, w.timeout_tries), errno=w.sys_errno,
-                       pending=error if status != "switch_error" else None)
+                       pending=error if status != "switch_error" else None, landed=landed)
     if sparse:
         call.gen.advance(call.slots, rounds=keep["rounds"][:w.streams].tolist())
     else:
         call.gen.advance(call.slots, total=w.total)
     return Outcome("done", pending=error, result=keep["result"], agreed=keep["agreed"], overflow=bool(w.overflow))
+
+
+def _landed(w, keep: dict, sparse: bool):
+    """Per block, whether out holds its sum (a stopped call's partial result); None without out."""
+    if sparse or w.out == kernels.ffi.NULL:
+        return None
+    return keep["done"][w.D: w.D + w.nb].astype(bool)
 
 
 def decode(kind_: int, result: np.ndarray, agreed: np.ndarray, world_size: int, k: int, dtype) -> np.ndarray:

@@ -100,7 +100,8 @@ class Outcome:
     stopped it: "switch_error" (error: the switch's datagram), "timeout" (where: packet id, slot,
     retransmissions), "refused" (nothing listens), "encode_error", "bad_result" (a corrupt result: the
     connection is unusable), "system_error" (errno). pending: a failure's datagram told while the call could
-    still complete (the next call raises it)."""
+    still complete (the next call raises it). landed (the C loop writing into out, a call that stopped): a
+    bool per block of k elements, whether out holds that block's sum (a recovery needs only the others)."""
 
     status: str
     error: bytes | None = None
@@ -110,6 +111,7 @@ class Outcome:
     result: np.ndarray | None = None
     agreed: np.ndarray | None = None
     overflow: bool = False
+    landed: np.ndarray | None = None
 
 
 class Link:

@@ -383,7 +383,9 @@ class Communicator:
             out: where to write the sum: an array or tensor of x's type, shape and dtype; x itself for an
                 in-place allreduce (as torch.distributed.all_reduce). The C loop writes each result into a
                 contiguous out as it arrives, so no pass over the tensor and no fresh pages follow the
-                last result; after an error its content is undefined.
+                last result. After an error, the exception's `landed` (the C loop; else None: out untouched)
+                is a bool per block of `elements` elements: whether out holds that block's sum already (the
+                other blocks hold what they held, x's own values when out is x).
             codec: this call's codec (a name or a Codec; default the connection's): part of the call's
                 identity, so every rank must pass the same; one join serves every codec.
             elements: this call's elements per packet (default and at most the joined max_elements).
@@ -619,13 +621,21 @@ class Communicator:
     def _run_c_loop(self, call, kind, flat, exps, progress, held=None, dst=None) -> np.ndarray:
         """The C loop; dense, it decodes each result into dst (the caller's out, where its dtype is the
         loop's) or a result buffer as it arrives."""
-        if held is None and (dst is None or dst.dtype != fastpath.out_dtype(kind)):
+        into_out = held is None and dst is not None and dst.dtype == fastpath.out_dtype(kind)
+        if held is None and not into_out:
             dst = self._result_buffer(flat.size, fastpath.out_dtype(kind))
-        outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held, out=None if held is not None else dst)
+        try:
+            outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held,
+                                         out=None if held is not None else dst)
+        except BaseException as e:  # e.landed: the blocks of the caller's out that hold their sum
+            e.landed = getattr(e, "landed", None) if into_out else None
+            raise
         if outcome.pending is not None:  # the call completed; the next one raises the failure (_results)
             call.gen.fail_later(self.error_from_datagram(outcome.pending))
         if outcome.status != "done":
-            raise self.failure(outcome, call)
+            error = self.failure(outcome, call)
+            error.landed = outcome.landed if into_out else None
+            raise error
         self._check_result(call, exps, outcome.agreed, outcome.overflow)
         if held is not None:
             return fastpath.decode(kind, outcome.result, outcome.agreed, self.world_size, call.k, flat.dtype)

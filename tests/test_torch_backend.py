@@ -351,6 +351,64 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
         queue.put((rank, traceback.format_exc()))
 
 
+def _landing_rank(rank, port, address, queue):
+    """Sums land in place block by block; the switch "dies" (injected, after the real call) with some blocks
+    landed: (a) on both ranks in the same call, different blocks on each; (b) rank 1 completed the call
+    (keeping only the last blocks a window of 2 can leave missing) and fails on the next, rank 0 misses
+    exactly those blocks. Both recoveries must give the exact sum on both ranks."""
+    try:
+        pg, gloo = _init(rank, port, address, {"INA_RETRY_EVERY": "1"})
+        from hostlib import errors
+
+        dist.all_reduce(torch.ones(4))
+        real = pg._switch_sum
+        k = min(pg._route(torch.ones(1000))[1], pg.comm.max_elements)
+        n = 10 * k + 7  # 11 blocks, the last one short
+
+        def values(r):
+            return (torch.arange(n, dtype=torch.float32) % 97) * (r + 1)  # integers: any order sums exactly
+
+        def lands(blocks, window=None):
+            def call(x):
+                pg._switch_sum = real
+                before = x.clone()
+                total, path = real(x)
+                assert total.data_ptr() == x.data_ptr(), "the sum did not land in place"
+                if window is not None:
+                    pg._landing = (pg._landing[0], window, pg._landing[2])
+                if blocks is None:
+                    return total, path
+                landed = np.zeros(11, dtype=bool)
+                landed[blocks] = True
+                per_element = torch.from_numpy(landed).repeat_interleave(k)[:n]
+                x[~per_element] = before[~per_element]  # a block holds its input until its sum lands
+                error = errors.SwitchUnreachable("injected: the switch died mid-call", switch=pg.switch)
+                error.landed = landed
+                raise error
+            pg._switch_sum = call
+
+        out = {"exact": values(0) + values(1)}
+        lands([0, 1, 2, 5] if rank == 0 else [1, 2, 3, 10])
+        t = values(rank)
+        dist.all_reduce(t)
+        out["same call"] = (t, pg.ina_stats())
+        t = values(rank)  # re-joins (INA_RETRY_EVERY=1), then rank 1 completes and rank 0 misses blocks 9, 10
+        lands(list(range(9)) if rank == 0 else None, window=2)
+        dist.all_reduce(t)
+        out["ahead"] = (t, pg.ina_stats())
+        if rank == 1:  # its next call fails (rank 0 is down already: it sums that call on gloo)
+            pg._switch_sum = lambda x: (_ for _ in ()).throw(errors.SwitchUnreachable("injected: gone",
+                                                                                    switch=pg.switch))
+        t = torch.full((5,), 2.0)
+        dist.all_reduce(t)
+        out["next call"] = (t, pg.ina_stats())
+        dist.barrier(group=gloo)
+        dist.destroy_process_group()
+        queue.put((rank, _portable(out)))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        queue.put((rank, traceback.format_exc()))
+
+
 # ---------------------------------------------------------------- the parent's side
 def _start(target, *args):
     ctx = mp.get_context("spawn")
@@ -467,6 +525,16 @@ def fallback(request):
                 restarted.set()
         results = _results(procs, queue)  # a rank's traceback, if one failed
         return results, sw.stop_stats()
+    finally:
+        sw.stop()
+
+
+@pytest.fixture(scope="module")
+def landing():
+    sw = SwitchProcess("--workers", 2, backend="c")
+    try:
+        procs, queue = _start(_landing_rank, sw.address)
+        return _results(procs, queue)
     finally:
         sw.stop()
 
@@ -646,6 +714,25 @@ def test_the_group_rejoins_a_restarted_switch_after_the_retry_interval(fallback)
         assert after["rejoins"] == before["rejoins"] + 1 and after["connected"]
         assert after["switch_calls"] > before["switch_calls"]
     assert switch_stats.get("packets_in", 0) > 0  # the restarted switch summed the later calls
+
+
+def test_a_switch_dying_mid_call_with_blocks_landed_on_every_rank_gives_the_exact_sum(landing):
+    """Each block that landed on some rank comes from its lowest holder alone, the rest from the inputs."""
+    for out in landing:
+        t, stats = out["same call"]
+        assert np.array_equal(t, out["exact"])
+        assert stats["faults"] == 1 and stats["recoveries"] == 1 and stats["recovered_results"] == 0
+
+
+def test_a_rank_missing_the_last_window_of_blocks_gets_them_from_a_rank_that_kept_them(landing):
+    """Rank 1 kept only the blocks a window can leave missing (2 here) and hands rank 0 those."""
+    for r, out in enumerate(landing):
+        t, _ = out["ahead"]
+        assert np.array_equal(t, out["exact"])
+        t, stats = out["next call"]
+        assert np.array_equal(t, np.full(5, 4.0))
+        assert stats["faults"] == 2 and stats["rejoins"] == 1 and stats["recoveries"] == 2
+        assert stats["recovered_results"] == (1 if r == 0 else 0)
 
 
 # ---------------------------------------------------------------- two torchruns, a peer killed or stopped

@@ -16,11 +16,13 @@ The calls through the switch run in call order on one queue per group (futures.C
 DDP's buckets, which overlap backward; the waiting thread itself for a synchronous call), each returning a
 Work at once. A call's error completes the Work's future as a C++ error holding the Python exception
 (futures.ErrorFuture), so DDP, FSDP2, functional collectives and wait() raise it by name. A call costs no
-store operation: while the switch lives, a call completes or fails on every rank (protocol v3). When the
-switch fails under a call, the ranks agree through the store on the call each is at (Recovery), the ranks
-that hold the last call's result (result buffers alternate, so it is intact) hand it to those that missed
-it, and the calls go to gloo, with every rank's intact input; every $INA_RETRY_EVERY calls (default 50) the
-group tries to re-join the switch (one store vote). A CollectiveError (CallMismatch, CallAborted, PeerDead)
+store operation: while the switch lives, a call completes or fails on every rank (protocol v3). A sum lands
+in the caller's tensor block by block (no copy of it). When the switch fails under a call, the ranks agree
+through the store on where each is (Recovery): the ranks that completed the last call hand the part of its
+sum the others missed (its last window of blocks, kept) to them, or, all in one call, each block that landed
+somewhere comes from its lowest holder and the rest is summed on gloo from the inputs (a block holds its
+input until its sum lands); then the calls go to gloo; every $INA_RETRY_EVERY calls (default 50) the group
+tries to re-join the switch (one store vote). A CollectiveError (CallMismatch, CallAborted, PeerDead)
 and input errors are raised on every rank, as gloo raises its errors.
 
 The backend is registered when hostlib is imported (hostlib/__init__.py; after torch's own import if torch
@@ -28,6 +30,7 @@ comes later) or by torch's backend autoload (the "torch.backends" entry point in
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -114,10 +117,11 @@ class Recovery:
 
     A call through the switch completes on every rank or on none while the switch lives (protocol v3). If it
     dies as call m ends, some ranks may hold m's result and go on to call m+1, which then fails on them, while
-    the others fail on m: each rank publishes the call it failed on, every rank reads all of them, so all
-    know m (the lowest) and who is at m+1. A rank at m+1 kept m's result (the result buffers alternate), and
-    the lowest such rank broadcasts it on the fallback gloo group to the ranks at m, which return it as
-    m's result: every rank ends m with the same bytes. The call each rank is in then runs on gloo. Every
+    the others fail on m: each rank publishes its Place (the call it failed on, what landed of it, what it
+    kept of the one before), every rank reads all of them, so all know m (the lowest) and who is at m+1. A
+    rank at m+1 kept the part of m's sum a rank at m can lack, and the lowest such rank broadcasts it on the
+    fallback gloo group to the ranks at m, which complete m's sum with it: every rank ends m with the same
+    bytes. The call each rank is in then runs on gloo. Every
     rank makes the same decisions from the same published numbers; the epoch (faults so far, the same count
     on every rank) keeps one fault's keys apart from the next's."""
 
@@ -136,8 +140,9 @@ class Recovery:
         self.store.set(f"recover/{self.epoch}/{self.rank}", f"error {call}")
         self.epoch += 1
 
-    def agree(self, failed_call: int) -> list[int]:
-        """Publish the call this rank failed on; every rank's, in rank order.
+    def agree(self, place: "Place") -> list["Place"]:
+        """Publish where this rank is (the call it failed on, what of it landed, what it kept of the one
+        before); every rank's, in rank order.
 
         Raises:
             CallAborted: another rank raised an error instead (its call failed at the switch before it died).
@@ -146,21 +151,45 @@ class Recovery:
         prefix = f"recover/{self.epoch}/"
         self.epoch += 1
         self.store.set(prefix + "begun", "1")
-        self.store.set(prefix + str(self.rank), str(failed_call))
+        self.store.set(prefix + str(self.rank), place.said())
         keys = [prefix + str(r) for r in range(self.size)]
         self.store.wait(keys, self.timeout)
         said = [self.store.get(k).decode() for k in keys]
         self.seconds += time.perf_counter() - start
         raised = [r for r, v in enumerate(said) if v.startswith("error")]
         if raised:
-            raise errors.CallAborted(f"rank {self.rank}: call {failed_call} failed at the switch on rank "
+            raise errors.CallAborted(f"rank {self.rank}: call {place.call} failed at the switch on rank "
                                      f"{raised[0]} ({said[raised[0]]}); it is raised here too", rank=raised[0])
-        calls = [int(v) for v in said]
-        low = min(calls)
-        if any(c not in (low, low + 1) for c in calls):
-            raise RuntimeError(f"process group 'ina': ranks failed on calls {calls} (more than one call apart); "
-                               f"the switch's fault cannot be recovered")
-        return calls
+        places = [Place.heard(v) for v in said]
+        low = min(p.call for p in places)
+        if any(p.call not in (low, low + 1) for p in places):
+            raise RuntimeError(f"process group 'ina': ranks failed on calls {[p.call for p in places]} (more than "
+                               f"one call apart); the switch's fault cannot be recovered")
+        return places
+
+
+@dataclasses.dataclass
+class Place:
+    """Where a rank stands when the switch fails (Recovery.agree publishes it): the call it failed on (or
+    would make next: idle), its length, the element from which its result of that call is missing (the C
+    loop writes each block's sum in place as it lands: the blocks before hold their sum; 0 when none landed
+    or the input was copied), how many blocks landed, and the element from which it kept the previous call's
+    sum (-1: nothing kept)."""
+
+    call: int
+    numel: int = 0
+    missing_from: int = 0
+    landed: int = 0
+    kept_from: int = -1
+    idle: bool = False
+
+    def said(self) -> str:
+        return f"{self.call} {self.numel} {self.missing_from} {self.landed} {self.kept_from} {int(self.idle)}"
+
+    @classmethod
+    def heard(cls, text: str) -> "Place":
+        call, numel, missing_from, landed, kept_from, idle = (int(v) for v in text.split())
+        return cls(call, numel, missing_from, landed, kept_from, bool(idle))
 
 
 class ProcessGroupINA(dist.ProcessGroup):
@@ -201,8 +230,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._worker = futures.CallQueue(f"ina-pg-{rank}")  # the switch's calls, in call order
         self._warned: set[str] = set()
         self.comm: Communicator | None = None
-        self._buffers: dict = {}  # (shape, dtype) -> two result buffers, used in turn (_scratch)
-        self._kept: tuple[int, torch.Tensor] | None = None  # (call, its sum): the last call through the switch
+        self._kept: tuple | None = None  # (call, first element, its sum from there: a tensor or array): _keep
+        self._landing: tuple | None = None  # an in-place call's (block size, window, numpy view): _switch_sum
         self.last_fault: str | None = None  # the last switch fault, named (ina_stats)
         self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
                          "recovered_results": 0}
@@ -273,7 +302,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         (t,) = tensors
 
         def run():
-            self._finish(t, self._sum(t.reshape(-1)).view(t.shape), op)  # t itself: it may be a strided view
+            flat = t.reshape(-1)  # t's memory, or a copy of a strided t
+            self._finish(t, self._sum(flat), op, in_place=flat)
             return tensors
 
         return self._submit(tensors, run)
@@ -286,7 +316,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         def run():
             total = self._sum(torch.cat([t.reshape(-1) for t in tensors]))
             for t, part in zip(tensors, total.split([t.numel() for t in tensors])):
-                self._finish(t, part.view(t.shape), op)
+                self._finish(t, part, op)
             return tensors
 
         return self._submit(tensors, run)
@@ -419,23 +449,27 @@ class ProcessGroupINA(dist.ProcessGroup):
         for out, inp in zip(outputs, inputs):
             shard = out.numel()
             start = at + self.rank() * shard
-            self._finish(out, total[start: start + shard].view(out.shape), op)
+            self._finish(out, total[start: start + shard], op)
             at += inp.numel()
         return outputs
 
-    def _finish(self, out: torch.Tensor, total: torch.Tensor, op):
-        """out (the caller's tensor, total of its shape) = the sum, divided for AVG as gloo divides; the sum itself
-        stays intact (it is the kept result a recovery may send)."""
-        if op == Op.AVG:
-            mode = None if total.dtype.is_floating_point else "trunc"
-            out.copy_(torch.div(total, self.size(), rounding_mode=mode))
+    def _finish(self, out: torch.Tensor, total: torch.Tensor, op, in_place: torch.Tensor | None = None):
+        """out (the caller's tensor) = total (flat: its sum), divided for AVG as gloo divides. total is
+        in_place (out's elements, flat) when the sum landed in out itself."""
+        mode = None if total.dtype.is_floating_point else "trunc"
+        if total is in_place and out.is_contiguous():
+            if op == Op.AVG:
+                out.div_(self.size(), rounding_mode=mode)
+        elif op == Op.AVG:
+            out.copy_(torch.div(total, self.size(), rounding_mode=mode).view(out.shape))
         else:
-            out.copy_(total)
+            out.copy_(total.view(out.shape))
 
     # ------------------------------------------------------------------ the switch, and falling back
     def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        """x (flat) summed over the ranks, a tensor of x's dtype (x stays intact): through the switch, or
-        through gloo on every rank while the switch is down (worker thread only)."""
+        """x (flat) summed over the ranks, a tensor of x's dtype: x itself (the sum lands in place) or
+        another; through the switch, or through gloo on every rank while the switch is down (worker thread
+        only)."""
         n = self._calls
         self._calls += 1
         what = _kind(x)
@@ -453,8 +487,21 @@ class ProcessGroupINA(dist.ProcessGroup):
             raise
         self.counters["switch_calls"] += 1
         self._count(what, path)
-        self._kept = (n, total)
+        self._keep(n, total)
         return total
+
+    def _keep(self, n: int, total: torch.Tensor):
+        """What a recovery may have to hand to ranks that missed call n's last results: a rank whose call
+        failed has every block's sum but those of the window's last packets (it sent a slot's next packet
+        only after the result of its last), so of an in-place sum the last `window` blocks; a sum in a
+        tensor of its own (16-bit, CUDA) whole."""
+        if self._landing is None:
+            self._kept = (n, 0, total)
+            return
+        k, window, flat = self._landing  # flat: total's numpy view (a numpy copy costs a third of torch's)
+        self._landing = None  # not holding the caller's tensor
+        start = max(0, -(-flat.size // k) - window) * k
+        self._kept = (n, start, flat[start:].copy())
 
     def _rejoin(self, n: int) -> bool:
         """At call n (the same on every rank): join the switch again; False (and the next try later) if any
@@ -469,30 +516,89 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._switch_down(error, at=n)
         return False
 
+    def _place(self, n: int, x: torch.Tensor | None, error: BaseException | None) -> tuple["Place", torch.Tensor]:
+        """This rank's Place at a recovery, and per element whether x holds its sum."""
+        landed = getattr(error, "landed", None) if self._landing is not None else None
+        if x is None or landed is None or not landed.any():
+            mask = None
+            place = Place(n, 0 if x is None else x.numel(), idle=x is None)
+        else:
+            mask = torch.from_numpy(landed).repeat_interleave(self._landing[0])[: x.numel()]
+            missing = (~mask).nonzero()
+            place = Place(n, x.numel(), int(missing[0]) if missing.numel() else x.numel(), int(landed.sum()))
+        kept = self._kept
+        if kept is not None and kept[0] == n - 1:
+            place.kept_from = kept[1]
+        return place, mask
+
     def _recover(self, n: int, x: torch.Tensor | None, error: BaseException | None) -> torch.Tensor | None:
-        """The switch failed under call n on this rank (x: its input), or another rank's did while this one
-        was idle before call n (x None, from the watcher): agree on the call each rank is at (Recovery), hand
-        call n-1's kept result to the ranks that missed it or receive it, then go on through gloo."""
-        calls = self.recovery.agree(n)
-        low = min(calls)
-        ahead = [r for r, c in enumerate(calls) if c == low + 1]
+        """The switch failed under call n on this rank (x: its input, the blocks that landed holding their
+        sum), or another rank's did while this one was idle before call n (x None, from the watcher): agree
+        on where each rank is (Recovery), hand call n-1's kept sum to the ranks that missed part of it, or
+        sum call n on gloo (a block that landed anywhere from its lowest holder alone), then go on through
+        gloo."""
+        place, mask = self._place(n, x, error)
+        places = self.recovery.agree(place)
+        low = min(p.call for p in places)
+        ahead = [r for r, p in enumerate(places) if p.call == low + 1]
         kept, self._kept = self._kept, None
-        self._switch_down(error, at=max(calls))
-        if ahead:  # call `low` completed on the ranks in `ahead`: its result goes to the others
-            src = ahead[0]
-            if n == low:  # x is not None: an idle rank at `low` would have held every rank back from low + 1
-                result = torch.empty_like(x)
-            else:
-                kept_call, total = kept
-                assert kept_call == low, (kept_call, low)
-                result = total.clone() if self.rank() == src else torch.empty_like(total)
-            opts = dist.BroadcastOptions()
-            opts.rootRank = src
-            self._fallback.broadcast([result], opts).wait()
+        self._switch_down(error, at=max(p.call for p in places))
+        if ahead:  # call `low` completed on the ranks in `ahead`: the part others lack goes to them
+            result = self._hand_over(n, low, places, ahead[0], kept, x, mask)
             if n == low:
                 self.counters["recovered_results"] += 1
                 return result
+        elif any(p.landed for p in places):  # every rank is in call n: the blocks that landed are its sums
+            return self._landed_sum(x, mask, places)
         return None if x is None else self._gloo_sum(x)
+
+    def _hand_over(self, n, low, places, src, kept, x, mask):
+        """Call `low`'s sum from rank src (which completed it) to the ranks at `low`: the elements from the
+        first any of them misses, broadcast on the fallback gloo group; a rank at low returns its sum."""
+        need = min(p.missing_from for p in places if p.call == low)
+        if places[src].kept_from < 0 or places[src].kept_from > need:
+            raise RuntimeError(f"process group 'ina': call {low}'s sum is needed from element {need}, rank {src} "
+                               f"kept it from element {places[src].kept_from}: the fault cannot be recovered")
+        if self.rank() == src:
+            _, start, total = kept
+            part = torch.as_tensor(total[need - start:]).contiguous()
+        else:  # a rank at low + 1 completed low: it kept (part of) its sum
+            numel = next(p.numel for p in places if p.call == low)
+            part = torch.empty(numel - need, dtype=x.dtype if n == low else torch.as_tensor(kept[2]).dtype)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self._fallback.broadcast([part], opts).wait()
+        if n != low:
+            return None
+        if mask is None:
+            result = torch.empty_like(x)
+            result[need:] = part
+            return result
+        missing = ~mask[need:]
+        x[need:][missing] = part[missing]
+        return x
+
+    def _landed_sum(self, x: torch.Tensor, mask: torch.Tensor | None, places) -> torch.Tensor:
+        """Call n on gloo when the switch died under it on every rank with some blocks landed: per element,
+        the lowest rank holding its sum gives it and the others 0, or every rank its input where none holds
+        it; one gloo sum (exact where one rank gives: x + 0)."""
+        if any(p.idle for p in places) or x is None:
+            raise RuntimeError("process group 'ina': a rank was idle while others hold sums of its call: the "
+                               "fault cannot be recovered")
+        size = self.size()
+        holder = torch.zeros(x.numel(), dtype=torch.int32)
+        if mask is not None:
+            holder[mask] = size - self.rank()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = Op.MAX
+        self._fallback.allreduce([holder], opts).wait()  # size - the lowest holder, 0 where none
+        give = (holder == 0) | (holder == size - self.rank())
+        part = torch.where(give, x.detach(), torch.zeros((), dtype=x.dtype))
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = Op.SUM
+        self._fallback.allreduce([part], opts).wait()
+        self.counters["gloo_calls"] += 1
+        return part
 
     def _watch(self):
         """The watcher thread: a rank that completed its last call and makes no other (the switch died as that
@@ -518,17 +624,24 @@ class ProcessGroupINA(dist.ProcessGroup):
                             self.rank(), e)
 
     def _switch_sum(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
-        """One allreduce through the switch into a result buffer, and the path's name. The connection was
-        joined with the float codec; each call passes its own (every packet carries its call's codec, so one
-        job and one join serve all; _route says which). 16-bit floats travel as float32."""
+        """One allreduce through the switch, and the path's name. The connection was joined with the float
+        codec; each call passes its own (every packet carries its call's codec, so one job and one join serve
+        all; _route says which). A float32 or int32 tensor on the host gets its sum in place (the C loop
+        writes each block as its result lands; after a fault the error's `landed` says which: _landing is
+        their size and the window); 16-bit floats travel as float32, in a copy."""
         codec, k, path = self._route(x)
-        wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
-        if wide.is_cuda:
+        self._landing = None
+        if x.is_cuda:
+            wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
             return self.comm.allreduce(wide, codec=codec, elements=k).to(x.dtype), path
-        total = self._scratch(wide)
-        # numpy views: hostlib's shortest path
-        self.comm.allreduce(wide.detach().numpy(), out=total.numpy(), codec=codec, elements=k)
-        return (total if total.dtype == x.dtype else total.to(x.dtype)), path
+        if x.dtype in (torch.int32, torch.float32):
+            flat = x.detach().numpy()
+            self._landing = (min(k, self.comm.max_elements), self.comm.window, flat)
+            self.comm.allreduce(flat, out=flat, codec=codec, elements=k)
+            return x, path
+        wide = x.float()  # a copy: x stays intact whatever lands
+        self.comm.allreduce(wide.numpy(), out=wide.numpy(), codec=codec, elements=k)
+        return wide.to(x.dtype), path
 
     def _route(self, x: torch.Tensor) -> tuple:
         """(codec, elements per packet, path name) of a call, per dtype and size class: int32 tensors int32;
@@ -542,20 +655,6 @@ class ProcessGroupINA(dist.ProcessGroup):
             k = 1 if name == EXACT_SMALL else self.connect_kwargs.get("elements_per_packet") or codec.default_elements
             route = self._routes[key] = (codec, k, f"switch ({codec.name}{', per element' if k == 1 else ''})")
         return route
-
-    def _scratch(self, x: torch.Tensor) -> torch.Tensor:
-        """A result buffer of x's shape and dtype. Two per size, used in turn, so the last call's sum stays
-        intact through the next call (a recovery may send it); two sizes kept (e.g. a bucket and the last,
-        shorter one). A fresh 64 MiB tensor per call costs its page faults, ~10 ms."""
-        key = (tuple(x.shape), x.dtype)
-        pair = self._buffers.pop(key, None)
-        if pair is None:  # both at once, their pages touched now: the second call of a size faults none in
-            pair = [torch.zeros(x.shape, dtype=x.dtype), torch.zeros(x.shape, dtype=x.dtype)]
-        pair.reverse()  # the buffer not used by the previous call of this size
-        self._buffers[key] = pair  # most recent last
-        while len(self._buffers) > 2:
-            self._buffers.pop(next(iter(self._buffers)))
-        return pair[0]
 
     def _gloo_sum(self, x: torch.Tensor) -> torch.Tensor:
         """The fallback: every rank's intact input summed by the group's own gloo backend, on the host."""
