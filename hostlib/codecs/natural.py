@@ -196,7 +196,7 @@ class NaturalCodec(Codec):
         """Raises:
             OverflowError: a block with |x| >= 2^NC_LEVEL_MAX, beyond the code table.
         """
-        if np.any((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)):
+        if e.size and e.max() > wire.NC_LEVEL_MAX and ((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)).any():
             raise OverflowError(f"codec 'nc': values of magnitude >= 2^{wire.NC_LEVEL_MAX} are out of range")
         return e
 

@@ -302,7 +302,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         (t,) = tensors
 
         def run():
-            flat = t.reshape(-1)  # t's memory, or a copy of a strided t
+            flat = t if t.dim() == 1 else t.reshape(-1)  # t's memory, or a copy of a strided t
             self._finish(t, self._sum(flat), op, in_place=flat)
             return tensors
 
@@ -401,7 +401,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         first = tensors[0]
         if op not in (Op.SUM, Op.AVG):
             return self._to_gloo(f"op {op}", f"{op} is not a sum: delegated to gloo")
-        if any(t.layout != torch.strided or t.dtype != first.dtype or t.device != first.device for t in tensors):
+        if len(tensors) > 1 and any(t.dtype != first.dtype or t.device != first.device for t in tensors) or any(
+                t.layout != torch.strided for t in tensors):
             return self._to_gloo("mixed", "tensors of different dtypes, devices or layouts: gloo sums them")
         if first.dtype not in SWITCH_DTYPES:
             return self._to_gloo(_kind(first), f"{first.dtype} tensors are summed by gloo (the switch sums int32 "
@@ -421,7 +422,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         """run() on the worker thread, after the caller's CUDA stream has produced the tensors; a Work of
         its future at once. An error completes the future with a C++ error (futures.ErrorFuture): DDP's
         reducer, functional collectives, comm hooks and wait() raise it as the exception it is."""
-        if not any(t.is_cuda for t in tensors) and self._worker.on_callers_thread():
+        if not _on_cuda(tensors) and self._worker.on_callers_thread():
             done = DoneWork()
             if self._worker.try_run(lambda: done.run(run)):  # synchronous: no future, no queue, no hand-off
                 return done
@@ -635,7 +636,7 @@ class ProcessGroupINA(dist.ProcessGroup):
             wide = x if x.dtype in (torch.int32, torch.float32) else x.float()
             return self.comm.allreduce(wide, codec=codec, elements=k).to(x.dtype), path
         if x.dtype in (torch.int32, torch.float32):
-            flat = x.detach().numpy()
+            flat = (x.detach() if x.requires_grad else x).numpy()
             self._landing = (min(k, self.comm.max_elements), self.comm.window, flat)
             self.comm.allreduce(flat, out=flat, codec=codec, elements=k)
             return x, path
@@ -803,6 +804,10 @@ class DoneWork(dist.Work):
 
     def is_completed(self) -> bool:
         return True
+
+
+def _on_cuda(tensors) -> bool:
+    return tensors[0].is_cuda if len(tensors) == 1 else any(t.is_cuda for t in tensors)
 
 
 def _as_list(tensors):
