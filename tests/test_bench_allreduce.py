@@ -180,3 +180,28 @@ def test_profile_allreduce_reports_cpu_per_process_and_sorts_samples():
     assert prof.categorise("_copy_from_iter", "[kernel.kallsyms]").startswith("kernel: network")
     assert prof.categorise("futex_wait", "[kernel.kallsyms]").startswith("kernel: scheduler")
     assert prof.categorise("pv_native_safe_halt", "[kernel.kallsyms]") == "idle"
+
+
+def test_figures_take_ratios_within_an_invocation_then_medians_over_invocations():
+    """benchmarks/allreduce_figures.py: x gloo, x out (plain over out=) and x hostlib (torch over hostlib) per
+    invocation, then the median over invocations with the spread; a configuration's error row is left out."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import allreduce_figures as figures
+
+    def invocation(gloo, out, plain, torch):
+        return figures.ratios([
+            {"config": "gloo x4", "backend": "gloo", "size": 1024, "time": gloo},
+            {"config": "c/nc x4 1024 B", "backend": "c", "size": 1024, "time": out},
+            {"config": "c/nc x4 1024 B plain", "backend": "c", "size": 1024, "time": plain},
+            {"config": "torch ina c/nc x4 1024 B", "backend": "torch ina c", "size": 1024, "time": torch},
+            {"config": "c/int32 x4 1024 B", "backend": "c", "size": 1024, "error": "refused"}])
+
+    rows = {r["config"]: r for r in figures.summary([invocation(10, 2, 3, 4), invocation(20, 3, 3, 9),
+                                                      invocation(12, 2, 2.2, 2)])}
+    assert "c/int32 x4 1024 B" not in rows
+    out = rows["c/nc x4 1024 B"]
+    assert out["time"] == 2 and (out["time min"], out["time max"]) == (2, 3) and out["invocations"] == 3
+    assert out["x gloo"] == pytest.approx(2 / 12) and out["x gloo spread"] == pytest.approx((0.15, 0.2))
+    assert rows["c/nc x4 1024 B plain"]["x out"] == pytest.approx(1.1)  # median of 1.5, 1.0, 1.1
+    assert rows["torch ina c/nc x4 1024 B"]["x hostlib"] == pytest.approx(2)  # median of 2, 3, 1
+    assert "x out" not in out and "x hostlib" not in out
