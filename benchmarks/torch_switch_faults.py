@@ -8,7 +8,9 @@ the switch and through gloo), and no step may be lost or done twice.
 Kills land between calls, in a call and between a call's last result packets, by chance: the delay before
 each is uniform in [0, --gap-ms]. The ranks re-join every --retry-every calls (INA_RETRY_EVERY). Reported:
 kills, the faults and recoveries the ranks saw, results handed over by a recovery (a rank that missed the
-last result of a call gets it from one that has it), ranks whose parameters diverge from each other or from
+last result of a call gets it from one that has it), sums from landed blocks (the switch died mid-call with
+some blocks' sums already in the ranks' tensors: each comes from its lowest holder, the rest is summed on
+gloo from the inputs), ranks whose parameters diverge from each other or from
 gloo's (must be 0), lost steps (must be 0), and the stall per fault (the run's seconds minus the gloo run's,
 per kill).
 """
@@ -99,7 +101,8 @@ def _rank(rank, world, port, address, retry_every, started, stop, out):
     out.put((rank, {"steps": steps, "equal_gloo": bool(torch.equal(ina, reference)),
                     "equal_ranks": all(torch.equal(ina, p) for p in everyone), "seconds": seconds,
                     "gloo_seconds": gloo_seconds, "faults": stats["faults"], "recoveries": stats["recoveries"],
-                    "recovered_results": stats["recovered_results"], "switch_calls": stats["switch_calls"],
+                    "recovered_results": stats["recovered_results"], "landed_sums": stats["landed_sums"],
+                    "switch_calls": stats["switch_calls"],
                     "gloo_calls": stats["gloo_calls"], "rejoins": stats["rejoins"]}))
     dist.destroy_process_group()
 
@@ -156,6 +159,7 @@ def main(argv=None) -> int:
            "steps": max(steps),
            "faults": max(r["faults"] for r in ranks), "recoveries": max(r["recoveries"] for r in ranks),
            "recovered_results": sum(r["recovered_results"] for r in ranks),
+           "landed_sums": max(r["landed_sums"] for r in ranks),
            "switch_calls": ranks[0]["switch_calls"], "gloo_calls": ranks[0]["gloo_calls"],
            "rejoins": ranks[0]["rejoins"],
            "divergent": sum(not (r["equal_gloo"] and r["equal_ranks"]) for r in ranks),
@@ -165,12 +169,12 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(row))
     else:
-        print("| kills | workers | loss | steps | faults | recoveries | results handed over | divergent | lost steps | "
-              "stall per fault |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| kills | workers | loss | steps | faults | recoveries | results handed over | sums from landed blocks "
+              "| divergent | lost steps | stall per fault |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         print(f"| {row['kills']} | {row['workers']} | {row['loss']:g} | {row['steps']} | {row['faults']} | "
               f"{row['recoveries']} | "
-              f"{row['recovered_results']} | {row['divergent']} | {row['lost_steps']} | "
+              f"{row['recovered_results']} | {row['landed_sums']} | {row['divergent']} | {row['lost_steps']} | "
               f"{row['stall_per_fault_s']:.2f} s |")
     return 0 if row["divergent"] == 0 and row["lost_steps"] == 0 else 1
 

@@ -427,6 +427,13 @@ class Communicator:
             finally:
                 call.gen.called()
 
+    def lands_blocks(self, flat: np.ndarray, codec=None) -> bool:
+        """Whether allreduce(flat, out=flat, codec=codec) writes each block's sum into out as its result lands
+        (the C loop), so a failed call's exception says which blocks hold their sum (`landed`); otherwise out
+        is written once the call completed (the Python loop)."""
+        codec = self.codec if codec is None else get_codec(codec) if isinstance(codec, str) else codec
+        return self.fast is not False and flat.size > 0 and fastpath.kind(codec, flat) is not None
+
     def _enter_call(self):
         """Before a call: an error the switch sent since the last call fails this one (it failed on the
         peers too); a generation that is gone is joined again."""

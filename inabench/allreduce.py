@@ -117,10 +117,14 @@ def bandwidths(size: int, seconds: float, ranks: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (ranks - 1) / ranks
 
 
+WARMUP = 2  # calls before the timed ones (nccl-tests' -w, default 5): by the second, a plain call's result
+# buffers exist (hostlib keeps two per size, so `y = allreduce(x)` takes turns) and the steady state is timed
+
+
 def _iterations(size: int, iters: int | None = None) -> tuple[int, int]:
     """(warm-up, timed) calls per size: `iters` timed calls (nccl-tests' -n), else about 32 MiB per size,
     1 to 20 calls."""
-    return 1, iters or max(1, min(20, (32 << 20) // size))
+    return WARMUP, iters or max(1, min(20, (32 << 20) // size))
 
 
 def _nc_grid_round(v: np.ndarray, unit: np.ndarray, up: bool) -> np.ndarray:

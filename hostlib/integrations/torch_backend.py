@@ -232,9 +232,10 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.comm: Communicator | None = None
         self._kept: tuple | None = None  # (call, first element, its sum from there: a tensor or array): _keep
         self._landing: tuple | None = None  # an in-place call's (block size, window, numpy view): _switch_sum
+        self._lands: dict = {}  # (dtype, block size, non-empty) -> whether sums land block by block
         self.last_fault: str | None = None  # the last switch fault, named (ina_stats)
         self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
-                         "recovered_results": 0}
+                         "recovered_results": 0, "landed_sums": 0}
         self.paths: dict[tuple, int] = {}  # (what, path): calls per kind of call and the path that carried it
         if not use_switch:
             self._warn_once("subgroup", "process group 'ina': a subgroup runs every collective on gloo (the "
@@ -488,16 +489,16 @@ class ProcessGroupINA(dist.ProcessGroup):
             raise
         self.counters["switch_calls"] += 1
         self._count(what, path)
-        self._keep(n, total)
+        self._keep(n, x, total)
         return total
 
-    def _keep(self, n: int, total: torch.Tensor):
+    def _keep(self, n: int, x: torch.Tensor, total: torch.Tensor):
         """What a recovery may have to hand to ranks that missed call n's last results: a rank whose call
         failed has every block's sum but those of the window's last packets (it sent a slot's next packet
-        only after the result of its last), so of an in-place sum the last `window` blocks; a sum in a
-        tensor of its own (16-bit, CUDA) whole."""
+        only after the result of its last), so of a sum landed block by block the last `window` blocks;
+        otherwise the whole sum (a copy when it is x, the caller's)."""
         if self._landing is None:
-            self._kept = (n, 0, total)
+            self._kept = (n, 0, total.clone() if total is x else total)
             return
         k, window, flat = self._landing  # flat: total's numpy view (a numpy copy costs a third of torch's)
         self._landing = None  # not holding the caller's tensor
@@ -599,6 +600,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         opts.reduceOp = Op.SUM
         self._fallback.allreduce([part], opts).wait()
         self.counters["gloo_calls"] += 1
+        self.counters["landed_sums"] += 1
         return part
 
     def _watch(self):
@@ -637,7 +639,12 @@ class ProcessGroupINA(dist.ProcessGroup):
             return self.comm.allreduce(wide, codec=codec, elements=k).to(x.dtype), path
         if x.dtype in (torch.int32, torch.float32):
             flat = (x.detach() if x.requires_grad else x).numpy()
-            self._landing = (min(k, self.comm.max_elements), self.comm.window, flat)
+            key = (x.dtype, k, flat.size > 0)
+            lands = self._lands.get(key)
+            if lands is None:  # the C loop's or the Python loop's: asked once per connection and route
+                lands = self._lands[key] = self.comm.lands_blocks(flat, codec)
+            if lands:
+                self._landing = (min(k, self.comm.max_elements), self.comm.window, flat)
             self.comm.allreduce(flat, out=flat, codec=codec, elements=k)
             return x, path
         wide = x.float()  # a copy: x stays intact whatever lands
@@ -704,6 +711,7 @@ class ProcessGroupINA(dist.ProcessGroup):
                     "%d calls", self.rank(), self.switch, why, self.retry_every)
 
     def _drop_comm(self):
+        self._lands = {}
         if self.comm is not None:
             try:
                 self.comm.close()
