@@ -406,7 +406,7 @@ class Communicator:
                 every rank raises the same).
             RuntimeError: a corrupt result earlier: reconnect.
         """
-        codec = self.codec if codec is None else get_codec(codec) if isinstance(codec, str) else codec
+        codec = self._codec(codec)
         with self._lock:
             self._enter_call()
             call = self.gen.call(wire.call_kind(codec.name, sparse), _numel(x), codec,
@@ -431,8 +431,16 @@ class Communicator:
         """Whether allreduce(flat, out=flat, codec=codec) writes each block's sum into out as its result lands
         (the C loop), so a failed call's exception says which blocks hold their sum (`landed`); otherwise out
         is written once the call completed (the Python loop)."""
-        codec = self.codec if codec is None else get_codec(codec) if isinstance(codec, str) else codec
-        return self.fast is not False and flat.size > 0 and fastpath.kind(codec, flat) is not None
+        return self._c_loop_kind(self._codec(codec), flat) is not None
+
+    def _codec(self, codec):
+        """A call's codec: the connection's, or one named or given."""
+        return self.codec if codec is None else get_codec(codec) if isinstance(codec, str) else codec
+
+    def _c_loop_kind(self, codec, flat: np.ndarray | None):
+        """The C loop's kind for flat with codec, or None: the Python loop (always for flat None)."""
+        use_c = self.fast is not False and flat is not None and flat.size > 0
+        return fastpath.kind(codec, flat) if use_c else None
 
     def _enter_call(self):
         """Before a call: an error the switch sent since the last call fails this one (it failed on the
@@ -622,8 +630,7 @@ class Communicator:
         loop, always for flat None)."""
         call.start(rng.derive_seed(self.seed, self.job, self.rank, self._calls))
         self._calls += 1
-        use_c = self.fast is not False and flat is not None and flat.size > 0
-        return fastpath.kind(call.codec, flat) if use_c else None
+        return self._c_loop_kind(call.codec, flat)
 
     def _run_c_loop(self, call, kind, flat, exps, progress, held=None, dst=None) -> np.ndarray:
         """The C loop; dense, it decodes each result into dst (the caller's out, where its dtype is the
@@ -634,15 +641,15 @@ class Communicator:
         try:
             outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held,
                                          out=None if held is not None else dst)
+            if outcome.pending is not None:  # the call completed; the next one raises the failure (_results)
+                call.gen.fail_later(self.error_from_datagram(outcome.pending))
+            if outcome.status != "done":
+                error = self.failure(outcome, call)
+                error.landed = outcome.landed
+                raise error
         except BaseException as e:  # e.landed: the blocks of the caller's out that hold their sum
             e.landed = getattr(e, "landed", None) if into_out else None
             raise
-        if outcome.pending is not None:  # the call completed; the next one raises the failure (_results)
-            call.gen.fail_later(self.error_from_datagram(outcome.pending))
-        if outcome.status != "done":
-            error = self.failure(outcome, call)
-            error.landed = outcome.landed if into_out else None
-            raise error
         self._check_result(call, exps, outcome.agreed, outcome.overflow)
         if held is not None:
             return fastpath.decode(kind, outcome.result, outcome.agreed, self.world_size, call.k, flat.dtype)
