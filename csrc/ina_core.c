@@ -23,13 +23,16 @@ typedef struct {
     uint8_t call_kind, writer;     /* the round's call (of its first packet) and the rank that sent that */
     uint16_t call;
     uint32_t call_len;
-    int64_t *acc;    /* max_elements */
+    uint8_t narrow;  /* an NC round summed in int32 lanes, counted from narrow_floor (values()) */
+    int8_t narrow_floor;
+    int64_t *acc;    /* max_elements: int64 sums, or int32 ones in the first half (narrow) */
     uint8_t *result; /* INA_BLOCK_EXT_SIZE + max_elements * 4: the result payload, kept for unicast resends */
     uint32_t result_len;
 } slot_set;
 
 typedef struct {
     uint32_t job_id, world_size;
+    int narrow_span; /* levels above a narrow round's floor: world_size * 2^narrow_span <= 2^30 */
     uint64_t generation;
     slot_set *sets; /* sets[2 * slot + set] */
     int64_t *acc_mem;
@@ -138,6 +141,9 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
     job_reset_slots(sw, j);
     j->job_id = job_id;
     j->world_size = world_size;
+    j->narrow_span = 30;
+    while ((1u << (30 - j->narrow_span)) < world_size)
+        j->narrow_span--;
     sw->job_index[job_id] = (int32_t)sw->n_jobs++;
     return 0;
 }
@@ -289,16 +295,62 @@ void ina_switch_count_drop(ina_switch *sw, int reason)
 }
 
 /* ------------------------------------------------------------------ data plane */
-/* payload -> int64 (int32 elements, or NC codes as multiples of the block's floor level); 0 if a code is
- * invalid for the block's exponent (model: natural.codes_to_int) */
+/* payload -> the round's sums (int32 elements, or NC codes as multiples of the round's floor level); 0 if a
+ * code is invalid for the block's exponent (model: natural.codes_to_int) */
 /* values' add modes: 0 write, 1 add, ADD_AT_FINISH validate only (the round's last NC packet: finish adds it) */
 #define ADD_AT_FINISH 2
 
-static int values(const ina_switch *sw, const header *h, const uint8_t *p, int64_t *v, int add)
+/* A round's NC sums are exact in int32 lanes when counted from a floor narrow_span levels below the block's
+ * top (world_size values of at most 2^narrow_span each), and gradients' codes rarely spread wider: such a
+ * round is narrow, twice the lanes per vector and half the memory. A packet with a code below that floor
+ * widens the round first (its sums to int64, counted from the block's floor). Rounding from the higher floor
+ * gives the same codes (ina_nc_sum_code: the extra low bits never change the comparison), so no peer sees
+ * the difference. */
+static void widen(slot_set *st, uint32_t n, int floor)
+{
+    uint64_t scale = (uint64_t)1 << (st->narrow_floor - floor);
+    for (uint32_t i = n; i-- > 0;) { /* backwards: int64 i covers int32 2i and 2i + 1, read before */
+        int32_t x;
+        memcpy(&x, (const uint8_t *)st->acc + 4 * (size_t)i, sizeof x);
+        st->acc[i] = (int64_t)((uint64_t)(int64_t)x * scale);
+    }
+    st->narrow = 0;
+}
+
+static int nc_values(const ina_switch *sw, const job_t *j, const header *h, const uint8_t *p, slot_set *st, int add)
+{
+    const ina_lane_ops *l = sw->lanes;
+    uint32_t n = h->count;
+    int floor = nc_floor(h->exp_cur);
+    int top = h->exp_cur < INA_NC_LEVEL_MAX ? h->exp_cur : INA_NC_LEVEL_MAX;
+    int low = top - j->narrow_span > floor ? top - j->narrow_span : floor; /* a narrow round's floor */
+    /* validate first, so a bad packet leaves the sums untouched */
+    int may = l->nc_values32 && (!add || st->narrow); /* a wide round stays wide */
+    int narrow = may && l->nc_valid(p, n, low, top);
+    if (!narrow && ((may && low == floor) || !l->nc_valid(p, n, floor, top)))
+        return 0; /* (the first check already covered the block's whole range) */
+    if (!add) {
+        st->narrow = (uint8_t)narrow;
+        st->narrow_floor = (int8_t)low;
+    } else if (st->narrow && !narrow) {
+        widen(st, n, floor);
+    }
+    if (add == ADD_AT_FINISH)
+        return 1;
+    if (narrow)
+        l->nc_values32(p, n, low, (int32_t *)(void *)st->acc, add);
+    else
+        l->nc_values(p, n, floor, st->acc, add);
+    return 1;
+}
+
+static int values(const ina_switch *sw, const job_t *j, const header *h, const uint8_t *p, slot_set *st, int add)
 {
     uint32_t n = h->count;
+    if (!add)
+        st->narrow = 0; /* nc_values sets it for the rounds it sums */
     if (h->codec == INA_CODEC_INT32) {
-        sw->lanes->int32_values(p, n, v, add);
+        sw->lanes->int32_values(p, n, st->acc, add);
         return 1;
     }
     if (h->exp_cur == INA_EXP_NONE) {
@@ -308,17 +360,10 @@ static int values(const ina_switch *sw, const header *h, const uint8_t *p, int64
         if (any)
             return 0;
         if (!add)
-            memset(v, 0, n * sizeof *v);
+            memset(st->acc, 0, n * sizeof *st->acc);
         return 1;
     }
-    int floor = nc_floor(h->exp_cur);
-    int top = h->exp_cur < INA_NC_LEVEL_MAX ? h->exp_cur : INA_NC_LEVEL_MAX;
-    /* validate first, so a bad packet leaves the accumulator untouched */
-    if (!sw->lanes->nc_valid(p, n, floor, top))
-        return 0;
-    if (add != ADD_AT_FINISH)
-        sw->lanes->nc_values(p, n, floor, v, add);
-    return 1;
+    return nc_values(sw, j, h, p, st, add);
 }
 
 /* the round's sums with the last packet's codes added, rounded to codes (finish); acc is left as it was */
@@ -337,6 +382,17 @@ static int nc_add_finish(const ina_switch *sw, const uint8_t *p, const int64_t *
         over |= l->nc_finish(sums, m, floor, sw->nc_deterministic, sw->rng_key, base + i, res + i);
     }
     return over;
+}
+
+/* a narrow round's codes (values()), with its last packet's codes added first when last is not NULL */
+static int nc_finish32(const ina_switch *sw, const slot_set *st, const uint8_t *last, uint8_t *res)
+{
+    const int32_t *acc = (const int32_t *)(const void *)st->acc;
+    int det = sw->nc_deterministic;
+    return last ? sw->lanes->nc_add_finish32(last, acc, st->n_elems, st->narrow_floor, det, sw->rng_key,
+                                             sw->nc_elements_rounded, res)
+                : sw->lanes->nc_finish32(acc, st->n_elems, st->narrow_floor, det, sw->rng_key,
+                                         sw->nc_elements_rounded, res);
 }
 
 /* model: Switch._finish; the result payload is computed once per round so resends are identical. last: the
@@ -361,8 +417,9 @@ static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
     }
     int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
     /* word i of the switch's stream rounds the round's element i, counting over every NC round finished */
-    if (last ? nc_add_finish(sw, last, acc, n, floor, sw->nc_elements_rounded, res)
-             : sw->lanes->nc_finish(acc, n, floor, sw->nc_deterministic, sw->rng_key, sw->nc_elements_rounded, res)) {
+    if (st->narrow ? nc_finish32(sw, st, last, res)
+        : last     ? nc_add_finish(sw, last, acc, n, floor, sw->nc_elements_rounded, res)
+                   : sw->lanes->nc_finish(acc, n, floor, sw->nc_deterministic, sw->rng_key, sw->nc_elements_rounded, res)) {
         st->flags |= INA_FLAG_OVERFLOW;
         sw->c.overflows++;
     }
@@ -675,7 +732,7 @@ static int start_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st, 
     uint32_t expected = next_round(st, other, h->set, j->first_id, &none);
     if (none || h->packet_id != expected)
         return out_of_order(sw, j, p, expected, none);
-    if (!values(sw, h, p->payload, st->acc, 0))
+    if (!values(sw, j, h, p->payload, st, 0))
         return bad_codes(sw, j, p);
     st->round_id = h->packet_id;
     st->has_round = 1;
@@ -729,7 +786,7 @@ static int join_round(ina_switch *sw, job_t *j, const packet *p, slot_set *st, i
     /* a sparse round's first elements are written, later ones added; a dense NC round's last packet is added
      * as the round finishes (complete), so its sums never go back to memory */
     int add = last ? ADD_AT_FINISH : !sparse || st->block != INA_BLOCK_NONE;
-    if (!values(sw, h, p->payload, st->acc, add))
+    if (!values(sw, j, h, p->payload, st, add))
         return bad_codes(sw, j, p);
     if (sparse)
         sparse_add(st, h);

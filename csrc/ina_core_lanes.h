@@ -27,6 +27,13 @@ typedef struct {
      * sums are not stored: the result is); NULL: ina_core.c composes the two on chunks */
     int (*nc_add_finish)(const uint8_t *p, const int64_t *acc, uint32_t n, int floor, int det, uint64_t key,
                          uint64_t base, uint8_t *res);
+    /* narrow NC rounds (ina_core.c): the same three on int32 sums counted from the round's narrow floor
+     * (|sum| <= 2^30), twice the lanes per vector and half the memory; NULL: every round is wide */
+    void (*nc_values32)(const uint8_t *p, uint32_t n, int floor, int32_t *v, int add);
+    int (*nc_finish32)(const int32_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
+                       uint8_t *res);
+    int (*nc_add_finish32)(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det, uint64_t key,
+                           uint64_t base, uint8_t *res);
 } ina_lane_ops;
 
 extern const ina_lane_ops ina_lanes_scalar, ina_lanes_avx2, ina_lanes_avx512;

@@ -4,7 +4,9 @@
  *
  * NC sums -> codes needs floor(log2 |s|) exactly and SplitMix64 words (ina_rng.h) per lane: AVX-512 has
  * vplzcntq (CD) and vpmullq (DQ); AVX2 takes the exponent of an exact double (|s| >> 12 or |s| itself,
- * both below 2^52) and builds the 64-bit multiply from three 32x32 ones. */
+ * both below 2^52) and builds the 64-bit multiply from three 32x32 ones. Narrow rounds (sums within 2^30,
+ * ina_core.c values()) have int32 twins: scalar and AVX2 (8 lanes, log2 from a float); AVX-512 keeps its
+ * 64-bit lanes. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,8 +62,38 @@ static int nc_finish_scalar(const int64_t *acc, uint32_t n, int floor, int det, 
     return (int)over;
 }
 
+/* narrow rounds: codes within 2^30 of the round's narrow floor, so every int32 sum is exact */
+static void nc_values32_scalar(const uint8_t *p, uint32_t n, int floor, int32_t *v, int add)
+{
+    if (add)
+        for (uint32_t i = 0; i < n; i++)
+            v[i] += (int32_t)ina_nc_code_int(p[i], floor);
+    else
+        for (uint32_t i = 0; i < n; i++)
+            v[i] = (int32_t)ina_nc_code_int(p[i], floor);
+}
+
+static int nc_finish32_scalar(const int32_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
+                              uint8_t *res)
+{
+    uint32_t over = 0;
+    for (uint32_t i = 0; i < n; i++)
+        res[i] = ina_nc_sum_code(acc[i], floor, det, key, base + i, &over);
+    return (int)over;
+}
+
+static int nc_add_finish32_scalar(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det,
+                                  uint64_t key, uint64_t base, uint8_t *res)
+{
+    uint32_t over = 0;
+    for (uint32_t i = 0; i < n; i++)
+        res[i] = ina_nc_sum_code(acc[i] + ina_nc_code_int(p[i], floor), floor, det, key, base + i, &over);
+    return (int)over;
+}
+
 const ina_lane_ops ina_lanes_scalar = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
-                                       nc_values_scalar, nc_finish_scalar, NULL};
+                                       nc_values_scalar, nc_finish_scalar, NULL, nc_values32_scalar,
+                                       nc_finish32_scalar, nc_add_finish32_scalar};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -220,8 +252,112 @@ AVX2 static int nc_finish_avx2(const int64_t *acc, uint32_t n, int floor, int de
     return (!_mm256_testz_si256(over, over)) | nc_finish_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
 }
 
+/* narrow rounds, 8 int32 lanes */
+/* 8 codes -> 8 int32: 2^(m - lo) (0 for m = 0: the shift count wraps past 31), negated where bit 7 */
+AVX2 static inline __m256i nc_int8_avx2(const uint8_t *p, __m256i vlo)
+{
+    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i x = _mm256_sllv_epi32(_mm256_set1_epi32(1), _mm256_sub_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), vlo));
+    __m256i neg = _mm256_srai_epi32(_mm256_slli_epi32(c, 24), 31);
+    return _mm256_sub_epi32(_mm256_xor_si256(x, neg), neg);
+}
+
+AVX2 static void nc_values32_avx2(const uint8_t *p, uint32_t n, int floor, int32_t *v, int add)
+{
+    const __m256i vlo = _mm256_set1_epi32(floor + INA_NC_BIAS);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = nc_int8_avx2(p + i, vlo);
+        if (add)
+            x = _mm256_add_epi32(x, _mm256_loadu_si256((const __m256i *)(v + i)));
+        _mm256_storeu_si256((__m256i *)(v + i), x);
+    }
+    nc_values32_scalar(p + i, n - i, floor, v + i, add);
+}
+
+/* 8 int32 sums (|s| <= 2^30) -> 8 codes in int32 lanes, as nc_code4_avx2: floor(log2) from the float of
+ * |s| | 1, one less where that rounded up to the next power of two; w: the high halves of the lanes' stream
+ * words (a <= 30 bits of a word are ever used: the top ones) */
+AVX2 static inline __m256i nc_code8_avx2(__m256i s, __m256i vfloor, int det, __m256i w, __m256i *over)
+{
+    const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), max = _mm256_set1_epi32(INA_NC_LEVEL_MAX);
+    __m256i neg = _mm256_cmpgt_epi32(zero, s);
+    __m256i mag = _mm256_abs_epi32(s), m1 = _mm256_or_si256(mag, one);
+    __m256i a = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(m1)), 23), _mm256_set1_epi32(127));
+    a = _mm256_add_epi32(a, _mm256_cmpgt_epi32(_mm256_sllv_epi32(one, a), m1));
+    __m256i up; /* 0 or 1; a = 0 gives 0 (shift counts past 31 give 0; rem is 0, or mag is 0 and masked) */
+    if (det) {
+        up = _mm256_and_si256(_mm256_srlv_epi32(mag, _mm256_sub_epi32(a, one)), one);
+    } else {
+        __m256i rem = _mm256_xor_si256(mag, _mm256_sllv_epi32(one, a));
+        __m256i top = _mm256_srlv_epi32(w, _mm256_sub_epi32(_mm256_set1_epi32(32), a));
+        up = _mm256_and_si256(_mm256_cmpgt_epi32(rem, top), one);
+    }
+    __m256i level = _mm256_add_epi32(_mm256_add_epi32(vfloor, a), up);
+    __m256i high = _mm256_cmpgt_epi32(level, max), nz = _mm256_xor_si256(_mm256_cmpeq_epi32(mag, zero), _mm256_set1_epi32(-1));
+    *over = _mm256_or_si256(*over, _mm256_and_si256(high, nz));
+    level = _mm256_blendv_epi8(level, max, high);
+    __m256i code = _mm256_or_si256(_mm256_add_epi32(level, _mm256_set1_epi32(INA_NC_BIAS)),
+                                   _mm256_and_si256(neg, _mm256_set1_epi32(0x80)));
+    return _mm256_and_si256(code, nz);
+}
+
+/* the high 32 bits of stream words z0's 4 lanes and z1's 4, in element order */
+AVX2 static inline __m256i words_hi8_avx2(__m256i z0, __m256i z1)
+{
+    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(mix_avx2(z0), odd),
+                              _mm256_permutevar8x32_epi32(mix_avx2(z1), odd), 0xF0);
+}
+
+/* 8 int32 codes (0..255) to 8 bytes in order */
+AVX2 static inline void store_codes8_avx2(uint8_t *res, __m256i c)
+{
+    __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c); /* per half: its 4 codes in bytes 0..3 */
+    _mm_storel_epi64((__m128i *)res, _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+}
+
+/* the narrow finish, with the round's last packet's codes added first when p is not NULL */
+AVX2 static inline int nc_finish32_body(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det,
+                                        uint64_t key, uint64_t base, uint8_t *res, uint32_t *done)
+{
+    const __m256i vfloor = _mm256_set1_epi32(floor), vlo = _mm256_set1_epi32(floor + INA_NC_BIAS);
+    const __m256i step = _mm256_set1_epi64x((int64_t)(8 * INA_RNG_GAMMA)), half = _mm256_set1_epi64x((int64_t)(4 * INA_RNG_GAMMA));
+    __m256i z0 = _mm256_setr_epi64x((int64_t)(key + base * INA_RNG_GAMMA), (int64_t)(key + (base + 1) * INA_RNG_GAMMA),
+                                    (int64_t)(key + (base + 2) * INA_RNG_GAMMA), (int64_t)(key + (base + 3) * INA_RNG_GAMMA));
+    __m256i over = _mm256_setzero_si256(), w = _mm256_setzero_si256();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8, z0 = _mm256_add_epi64(z0, step)) {
+        __m256i s = _mm256_loadu_si256((const __m256i *)(acc + i));
+        if (p)
+            s = _mm256_add_epi32(s, nc_int8_avx2(p + i, vlo));
+        if (!det)
+            w = words_hi8_avx2(z0, _mm256_add_epi64(z0, half));
+        store_codes8_avx2(res + i, nc_code8_avx2(s, vfloor, det, w, &over));
+    }
+    *done = i;
+    return !_mm256_testz_si256(over, over);
+}
+
+AVX2 static int nc_finish32_avx2(const int32_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
+                                 uint8_t *res)
+{
+    uint32_t i;
+    int over = nc_finish32_body(NULL, acc, n, floor, det, key, base, res, &i);
+    return over | nc_finish32_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
+}
+
+AVX2 static int nc_add_finish32_avx2(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det,
+                                     uint64_t key, uint64_t base, uint8_t *res)
+{
+    uint32_t i;
+    int over = nc_finish32_body(p, acc, n, floor, det, key, base, res, &i);
+    return over | nc_add_finish32_scalar(p + i, acc + i, n - i, floor, det, key, base + i, res + i);
+}
+
 const ina_lane_ops ina_lanes_avx2 = {"avx2", int32_values_avx2, int32_finish_avx2, nc_valid_avx2, nc_values_avx2,
-                                     nc_finish_avx2, NULL};
+                                     nc_finish_avx2, NULL, nc_values32_avx2, nc_finish32_avx2,
+                                     nc_add_finish32_avx2};
 
 /* ------------------------------------------------------------------ AVX-512 */
 AVX512 static void int32_values_avx512(const uint8_t *p, uint32_t n, int64_t *v, int add)
@@ -363,7 +499,7 @@ AVX512 static int nc_add_finish_avx512(const uint8_t *p, const int64_t *acc, uin
 }
 
 const ina_lane_ops ina_lanes_avx512 = {"avx512", int32_values_avx512, int32_finish_avx512, nc_valid_avx512,
-                                       nc_values_avx512, nc_finish_avx512, nc_add_finish_avx512};
+                                       nc_values_avx512, nc_finish_avx512, nc_add_finish_avx512, NULL, NULL, NULL};
 
 static const ina_lane_ops *best_supported(void)
 {
@@ -375,9 +511,11 @@ static const ina_lane_ops *best_supported(void)
 }
 #else
 const ina_lane_ops ina_lanes_avx2 = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
-                                     nc_values_scalar, nc_finish_scalar, NULL};
+                                     nc_values_scalar, nc_finish_scalar, NULL, nc_values32_scalar,
+                                     nc_finish32_scalar, nc_add_finish32_scalar};
 const ina_lane_ops ina_lanes_avx512 = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
-                                       nc_values_scalar, nc_finish_scalar};
+                                       nc_values_scalar, nc_finish_scalar, NULL, nc_values32_scalar,
+                                       nc_finish32_scalar, nc_add_finish32_scalar};
 static const ina_lane_ops *best_supported(void) { return &ina_lanes_scalar; }
 #endif
 

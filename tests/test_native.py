@@ -424,6 +424,53 @@ def test_each_simd_path_matches_model_on_wide_nc_rounds(monkeypatch, path, round
     assert core.stats(per_slot=True) == stats and stats["overflows"] > 0 and stats["dropped"]["bad_codes"] > 0
 
 
+
+def narrow_codes(rs, n, exp, span, where):
+    """NC codes of one worker within `span` levels of the block's top (a narrow round's range; the lowest
+    level included), with "below" one code just under it (the round widens at that packet)."""
+    top = min(exp, wire.NC_LEVEL_MAX)
+    lv = rs.integers(max(top - span, wire.nc_floor(exp)), top + 1, n)
+    lv[rs.random(n) < 0.3] = top  # sums up to world_size * 2^span: the top of int32's exact range
+    lv[0] = max(top - span, wire.nc_floor(exp))
+    if where == "below":
+        lv[n // 2] = max(top - span - 1 - int(rs.integers(0, 20)), wire.nc_floor(exp))
+    codes = (lv + wire.NC_BIAS).astype(np.uint8) | (rs.integers(0, 2, n).astype(np.uint8) << 7)
+    codes[rs.random(n) < 0.1] = 0
+    return codes
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "deterministic"])
+@pytest.mark.parametrize("path", SIMD_PATHS)
+@pytest.mark.parametrize("workers", [4, 64])
+def test_narrow_rounds_and_rounds_that_widen_match_the_model(monkeypatch, path, rounding, workers):
+    """The core sums an NC round in int32 lanes while every code lies within narrow_span levels of the
+    block's top (30 - log2 world_size), and widens it to int64 at the first packet with a lower code: at the
+    first packet, a middle one or the last (which finish adds), codes at the narrow floor and one below it,
+    sums at 2^30, all signs; one length with a scalar tail. Bytes and counters = the model's."""
+    span = 30 - (workers - 1).bit_length()
+    k = 1031
+    config = dict(slots=4, max_elements=k, nc_rounding=rounding, seed=11, boot=BOOT)
+    model = Switch({1: workers}, **config)
+    core = forced_core(monkeypatch, path, {1: workers}, **config)
+    for sw in (model, core):
+        sw.admit(1, 1, 0x5E55, 0, list(range(workers)))
+    rs = np.random.default_rng(workers)
+    for q in range(16):
+        exp = [0, 20, -40, 63, -10, 5, 30, 62][q % 8]
+        widen_at = [None, 0, workers // 2, workers - 1][q % 4]
+        n = k if q % 3 else k - 5
+        for r in range(workers):
+            codes = narrow_codes(rs, n, exp, span, "below" if r == widen_at else "in")
+            if q % 8 == 3 and r % 2 == 0:
+                codes[:] = wire.NC_LEVEL_MAX + wire.NC_BIAS  # every worker at the top: sums overflow
+            pkt = wire.pack(wire.MSG_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n, wire.CODEC_NC8, exp, exp, 0,
+                            codes.tobytes(), 0x5E55)
+            want = model.process(pkt, r)
+            assert core.process(pkt, r) == want, f"round {q}, rank {r}"
+        assert len(want) == workers
+    stats = model.stats(per_slot=True)
+    assert core.stats(per_slot=True) == stats and stats["dropped"]["bad_codes"] == 0 and stats["overflows"] > 0
+
 def test_core_answers_control_requests_like_the_model():
     clocks = [Clock(), Clock()]
     model = Switch({1: 2}, secret=5, clock=clocks[0], boot=BOOT)
