@@ -258,8 +258,7 @@ AVX2 static inline __m256i nc_int8_avx2(const uint8_t *p, __m256i vlo)
 {
     __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
     __m256i x = _mm256_sllv_epi32(_mm256_set1_epi32(1), _mm256_sub_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), vlo));
-    __m256i neg = _mm256_srai_epi32(_mm256_slli_epi32(c, 24), 31);
-    return _mm256_sub_epi32(_mm256_xor_si256(x, neg), neg);
+    return _mm256_sign_epi32(x, _mm256_slli_epi32(c, 24)); /* -x where bit 7 (x is 0 where c is) */
 }
 
 AVX2 static void nc_values32_avx2(const uint8_t *p, uint32_t n, int floor, int32_t *v, int add)
@@ -323,10 +322,26 @@ AVX2 static inline int nc_finish32_body(const uint8_t *p, const int32_t *acc, ui
 {
     const __m256i vfloor = _mm256_set1_epi32(floor), vlo = _mm256_set1_epi32(floor + INA_NC_BIAS);
     const __m256i step = _mm256_set1_epi64x((int64_t)(8 * INA_RNG_GAMMA)), half = _mm256_set1_epi64x((int64_t)(4 * INA_RNG_GAMMA));
+    const __m256i step2 = _mm256_set1_epi64x((int64_t)(16 * INA_RNG_GAMMA));
     __m256i z0 = _mm256_setr_epi64x((int64_t)(key + base * INA_RNG_GAMMA), (int64_t)(key + (base + 1) * INA_RNG_GAMMA),
                                     (int64_t)(key + (base + 2) * INA_RNG_GAMMA), (int64_t)(key + (base + 3) * INA_RNG_GAMMA));
     __m256i over = _mm256_setzero_si256(), w = _mm256_setzero_si256();
     uint32_t i = 0;
+    for (; i + 16 <= n; i += 16, z0 = _mm256_add_epi64(z0, step2)) { /* two groups: their words overlap */
+        __m256i s0 = _mm256_loadu_si256((const __m256i *)(acc + i)), s1 = _mm256_loadu_si256((const __m256i *)(acc + i + 8));
+        if (p) {
+            s0 = _mm256_add_epi32(s0, nc_int8_avx2(p + i, vlo));
+            s1 = _mm256_add_epi32(s1, nc_int8_avx2(p + i + 8, vlo));
+        }
+        __m256i w1 = w;
+        if (!det) {
+            __m256i z1 = _mm256_add_epi64(z0, step);
+            w = words_hi8_avx2(z0, _mm256_add_epi64(z0, half));
+            w1 = words_hi8_avx2(z1, _mm256_add_epi64(z1, half));
+        }
+        store_codes8_avx2(res + i, nc_code8_avx2(s0, vfloor, det, w, &over));
+        store_codes8_avx2(res + i + 8, nc_code8_avx2(s1, vfloor, det, w1, &over));
+    }
     for (; i + 8 <= n; i += 8, z0 = _mm256_add_epi64(z0, step)) {
         __m256i s = _mm256_loadu_si256((const __m256i *)(acc + i));
         if (p)
