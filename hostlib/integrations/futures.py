@@ -97,10 +97,11 @@ class CallQueue:
     waited for, or when a background call wakes the thread."""
 
     def __init__(self, name: str):
-        lock = threading.Lock()
+        self._lock = lock = threading.Lock()  # taken bare on the synchronous path (a Condition's is Python code)
         self._cv = threading.Condition(lock)  # the queue's thread waits here (for calls to run)
         self._idle = threading.Condition(lock)  # callers wait here (for a running call to end): a call that
         # ends wakes them, not the queue's thread, which would cost a wake-up per synchronous call
+        self._idle_waiters = 0  # callers in _idle.wait_for: a call that ends notifies only if there are some
         self._tasks: collections.deque = collections.deque()
         self._running = False
         self._closed = False
@@ -132,12 +133,15 @@ class CallQueue:
     def try_run(self, fn) -> bool:
         """Run fn on this thread at once when no call is queued or running (a synchronous call from the main
         thread: nothing to order it after, no future to make); False, and nothing run, otherwise."""
-        with self._cv:
+        with self._lock:
             if self._tasks or self._running or self._closed:
                 return False
             self._running = True
             self.inline += 1
-        self._run(_Call(fn, ()))
+        try:
+            fn()
+        finally:
+            self._ended()
         return True
 
     def wake(self):
@@ -150,7 +154,7 @@ class CallQueue:
         with them; returns once entry has left the queue (run here, or taken by the queue's thread)."""
         while True:
             with self._cv:
-                self._idle.wait_for(lambda: not self._running or entry not in self._tasks)
+                self._wait_idle(lambda: not self._running or entry not in self._tasks)
                 if entry not in self._tasks:
                     return
                 head = self._tasks.popleft()
@@ -165,7 +169,7 @@ class CallQueue:
         if last is not None:
             self.run_until(last)
         with self._cv:
-            self._idle.wait_for(lambda: not self._running)
+            self._wait_idle(lambda: not self._running)
 
     def close(self):
         """Run what is queued, then stop the thread."""
@@ -187,15 +191,28 @@ class CallQueue:
                 self._running = True
             self._run(entry)
 
+    def _wait_idle(self, predicate):
+        """_idle.wait_for(predicate), counted (the lock is held)."""
+        self._idle_waiters += 1
+        try:
+            self._idle.wait_for(predicate)
+        finally:
+            self._idle_waiters -= 1
+
     def _run(self, entry):
         try:
             entry.fn(*entry.args)
         finally:
-            with self._cv:
-                self._running = False
+            self._ended()
+
+    def _ended(self):
+        """A call ended: wake whoever waits for that."""
+        with self._lock:
+            self._running = False
+            if self._idle_waiters:
                 self._idle.notify_all()
-                if self._tasks or self._closed:
-                    self._cv.notify()
+            if self._tasks or self._closed:
+                self._cv.notify()
 
 
 class _Call:

@@ -59,6 +59,7 @@ SWITCH_FAULTS = (errors.SwitchFault, OSError)  # OSError: CallTimeout, SwitchUnr
 log = logging.getLogger(__name__)
 
 Op = dist.ReduceOp
+SUMS = frozenset((Op.SUM, Op.AVG))  # what the switch sums (AVG: a sum, then divided as gloo divides)
 
 
 def register():
@@ -400,10 +401,10 @@ class ProcessGroupINA(dist.ProcessGroup):
         if not self.use_switch:
             return False
         first = tensors[0]
-        if op not in (Op.SUM, Op.AVG):
+        if op not in SUMS:
             return self._to_gloo(f"op {op}", f"{op} is not a sum: delegated to gloo")
-        if len(tensors) > 1 and any(t.dtype != first.dtype or t.device != first.device for t in tensors) or any(
-                t.layout != torch.strided for t in tensors):
+        if (any(t.dtype != first.dtype or t.device != first.device or t.layout != torch.strided for t in tensors)
+                if len(tensors) > 1 else first.layout != torch.strided):
             return self._to_gloo("mixed", "tensors of different dtypes, devices or layouts: gloo sums them")
         if first.dtype not in SWITCH_DTYPES:
             return self._to_gloo(_kind(first), f"{first.dtype} tensors are summed by gloo (the switch sums int32 "
@@ -458,11 +459,12 @@ class ProcessGroupINA(dist.ProcessGroup):
     def _finish(self, out: torch.Tensor, total: torch.Tensor, op, in_place: torch.Tensor | None = None):
         """out (the caller's tensor) = total (flat: its sum), divided for AVG as gloo divides. total is
         in_place (out's elements, flat) when the sum landed in out itself."""
-        mode = None if total.dtype.is_floating_point else "trunc"
+        avg = op == Op.AVG
+        mode = None if not avg or total.dtype.is_floating_point else "trunc"
         if total is in_place and out.is_contiguous():
-            if op == Op.AVG:
+            if avg:
                 out.div_(self.size(), rounding_mode=mode)
-        elif op == Op.AVG:
+        elif avg:
             out.copy_(torch.div(total, self.size(), rounding_mode=mode).view(out.shape))
         else:
             out.copy_(total.view(out.shape))
