@@ -970,6 +970,38 @@ def test_call_queue_runs_calls_in_order_on_the_waiting_thread_or_its_own():
     assert not queue.thread.is_alive()
 
 
+
+def test_a_call_waiting_for_a_synchronous_call_to_end_is_woken_when_it_ends():
+    """try_run (the synchronous path) runs under the queue's bare lock and wakes callers waiting for the queue
+    to be idle only when there are some: one waiting in run_until while it runs still gets to run its call."""
+    import threading
+
+    from hostlib.integrations.futures import CallQueue
+
+    queue, ran = CallQueue("test-queue"), []
+    release, started = threading.Event(), threading.Event()
+
+    def synchronous():
+        started.set()
+        assert release.wait(10)
+        ran.append("synchronous")
+
+    runner = threading.Thread(target=lambda: ran.append(queue.try_run(synchronous)))
+    runner.start()
+    assert started.wait(10)
+    assert not queue.try_run(lambda: ran.append("refused"))  # one runs: another is refused, not run
+    entry = queue.submit(ran.append, "queued", wake=False)
+    waiter = threading.Thread(target=queue.run_until, args=(entry,))
+    waiter.start()
+    time.sleep(0.2)
+    assert ran == [] and waiter.is_alive()  # waiting for the synchronous call to end
+    release.set()
+    waiter.join(10)
+    runner.join(10)
+    queue.drain()  # the entry left the queue: run by the waiter, or taken by the queue's thread (woken too)
+    assert not waiter.is_alive() and ran[:1] == ["synchronous"] and set(ran[1:]) == {True, "queued"} and len(ran) == 3
+    queue.close()
+
 def test_import_order_never_matters():
     """torch_backend before torch (which autoloads the entry point while torch_backend is half imported), torch
     first, hostlib first: "ina" registered, no warning."""
