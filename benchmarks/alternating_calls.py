@@ -28,10 +28,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from inabench.allreduce import parse_size  # noqa: E402
+from inabench.allreduce import init_ina_group, parse_size  # noqa: E402
 from inabench.harness import SwitchProcess, run_ranks  # noqa: E402
 
 VARIANTS = ("hostlib out=", "hostlib plain", "hostlib in place", "torch dist.all_reduce")
+
+
+def _elements(codec: str, payload: int) -> int:
+    """Elements per packet of `payload` bytes in the codec's wire format."""
+    from hostlib import wire
+    from hostlib.codecs import get_codec
+
+    return payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
 
 
 def _rank(rank, world, port, address, codec, count, payload, rounds, batch, out):
@@ -39,19 +47,7 @@ def _rank(rank, world, port, address, codec, count, payload, rounds, batch, out)
     import torch
     import torch.distributed as dist
 
-    import hostlib  # noqa: F401 - registers "ina"
-    from hostlib.codecs import get_codec
-    from hostlib import wire
-
-    torch.set_num_threads(1)
-    os.environ["INA_SWITCH"] = address
-    elements = payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
-    options = {"elements_per_packet": elements, "timeout": 60}
-    if codec != "int32":
-        options["codec"] = codec
-    dist.init_process_group("ina", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            pg_options=options)
-    pg = dist.group.WORLD
+    pg = init_ina_group(rank, world, port, address, codec, _elements(codec, payload))
     rs = np.random.default_rng(rank)
     src = (rs.integers(-1000, 1000, count, dtype=np.int32) if codec == "int32"
            else rs.standard_normal(count, dtype=np.float32))
@@ -98,10 +94,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     size = parse_size(args.size)
     batch = args.batch or max(2, min(100, (8 << 20) // size))
-    from hostlib import wire
-    from hostlib.codecs import get_codec
-
-    elements = args.payload // wire.ELEMENT_SIZE[get_codec(args.codec).wire_codec]
+    elements = _elements(args.codec, args.payload)
     sw = SwitchProcess("--workers", args.workers, "--elements-per-packet", max(elements, 1024), backend=args.backend)
     try:
         reports = run_ranks(_rank, args.workers, (sw.address, args.codec, size // 4, args.payload, args.rounds,

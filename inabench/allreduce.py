@@ -247,6 +247,25 @@ def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
     dist.destroy_process_group()
 
 
+def init_ina_group(rank, n, port, address, codec, elements):
+    """This process as one rank of an "ina" process group on the switch at address (rendezvous on a loopback
+    port), with the codec for floats and the elements per packet; one torch thread per rank. Returns the
+    group."""
+    import torch
+    import torch.distributed as dist
+
+    import hostlib  # noqa: F401 - registers "ina"
+
+    torch.set_num_threads(1)
+    os.environ["INA_SWITCH"] = address
+    options = {"elements_per_packet": elements, "timeout": 60}
+    if codec != "int32":
+        options["codec"] = codec
+    dist.init_process_group("ina", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
+                            pg_options=options)
+    return dist.group.WORLD
+
+
 def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_iters, out):
     """One rank of the "ina" process group (hostlib.integrations.torch_backend), timed as gloo's rows are:
     per count, warm-up then timed in-place dist.all_reduce, then one on a fresh copy for the check. Also
@@ -255,19 +274,10 @@ def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_ite
     import torch
     import torch.distributed as dist
 
-    import hostlib  # noqa: F401 - registers "ina"
-
     from .demo import make_input
 
-    torch.set_num_threads(1)
-    os.environ["INA_SWITCH"] = address
+    pg = init_ina_group(rank, n, port, address, codec, elements)
     dtype = "int32" if codec == "int32" else "float32"
-    options = {"elements_per_packet": elements, "timeout": 60}
-    if codec != "int32":
-        options["codec"] = codec
-    dist.init_process_group("ina", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
-                            pg_options=options)
-    pg = dist.group.WORLD
     times, wrong = [], []
     for count in counts:
         x = make_input(dtype, count, rank)
