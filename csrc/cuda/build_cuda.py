@@ -46,8 +46,9 @@ def compile_command(nvcc: str, srcs, out: str, archs=ARCHS) -> list[str]:
     return [nvcc, *NVCC_FLAGS, *archs, "-shared", "-cudart", "static", "-o", out, *srcs]
 
 
-def build(out: str = DEFAULT_OUT, nvcc: str | None = None) -> str:
-    """Compile and link the library (into a temporary name first, so a failed build leaves no half file).
+def build(out: str = DEFAULT_OUT, nvcc: str | None = None, log: list | None = None) -> str:
+    """Compile and link the library (into a temporary name first, so a failed build leaves no half file);
+    nvcc's output is appended to log when one is given.
 
     Returns:
         out.
@@ -62,6 +63,8 @@ def build(out: str = DEFAULT_OUT, nvcc: str | None = None) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tmp = out + ".tmp"
     run = subprocess.run(compile_command(nvcc, sources(), tmp), capture_output=True, text=True)
+    if log is not None:
+        log.append(run.stdout + run.stderr)
     if run.returncode != 0:
         raise RuntimeError(f"nvcc failed ({run.returncode}):\n{run.stdout}{run.stderr}")
     os.replace(tmp, out)
