@@ -21,7 +21,8 @@ def fit(y: np.ndarray, iterations: int = 50) -> np.ndarray:
     if y.size < 4 or np.ptp(y) == 0:
         return np.array([y.mean() if y.size else 0.0, 0.0, 0.0, 0.0])
     head = max(2, y.size // 20)
-    ratio = abs(y[0]) / max(abs(y[head]), np.finfo(np.float64).tiny)  # a zero at y[head] must not give inf
+    with np.errstate(over="ignore"):  # a huge y[0] over a tiny y[head] is inf: clamped to 1e12 below
+        ratio = abs(y[0]) / max(abs(y[head]), np.finfo(np.float64).tiny)  # a zero at y[head] must not give inf
     p = np.array([y[0] - y[-1], -np.log(min(max(ratio, 1.0 + 1e-6), 1e12)) / x[head], y[-1], 0.0])
     lam = 1e-3
     best = ((model(p, x) - y) ** 2).sum()
