@@ -62,21 +62,24 @@ def _rank(rank, world, port, address, codec, count, payload, rounds, batch, out)
         "torch dist.all_reduce": lambda: dist.all_reduce(t),
     }
     times = {v: [] for v in VARIANTS}
+    cpu = {v: [] for v in VARIANTS}
     for v in VARIANTS:  # warm-up: every variant's buffers and code paths once
         for _ in range(2):
             np.copyto(x, src)
             calls[v]()
     for _ in range(rounds):
         for v in VARIANTS:
-            took = 0.0
+            took = used = 0.0
             for _ in range(batch):
                 np.copyto(x, src)
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 calls[v]()
+                used += time.process_time() - start_cpu
                 took += time.perf_counter() - start
             times[v].append(took / batch)
+            cpu[v].append(used / batch)
     stats = pg.ina_stats()
-    out.put((rank, times, stats["gloo_calls"]))
+    out.put((rank, times, stats["gloo_calls"], cpu))
     dist.destroy_process_group()
 
 
@@ -101,10 +104,11 @@ def main(argv=None) -> int:
                                                   batch), expect=args.workers)
     finally:
         sw.stop()
-    times = next(r[1] for r in reports if r[0] == 0)
+    times, cpu = next((r[1], r[3]) for r in reports if r[0] == 0)
     base = statistics.median(times[VARIANTS[0]])
     rows = [{"variant": v, "us per call": statistics.median(ts) * 1e6, "min": min(ts) * 1e6, "max": max(ts) * 1e6,
-             "x hostlib out=": statistics.median(ts) / base} for v, ts in times.items()]
+             "x hostlib out=": statistics.median(ts) / base, "cpu us per call": statistics.median(cpu[v]) * 1e6}
+            for v, ts in times.items()]
     fell_back = max(r[2] for r in reports)
     if args.json:
         print(json.dumps({"size": size, "workers": args.workers, "codec": args.codec, "payload": args.payload,
@@ -112,10 +116,11 @@ def main(argv=None) -> int:
     else:
         print(f"# {args.size} x {args.workers}, {args.codec}, {args.payload} B packets, {args.backend} switch: "
               f"{args.rounds} rounds of {batch} calls per variant, in turn (rank 0)")
-        print(f"{'variant':24s} {'us per call':>12s} {'min':>10s} {'max':>10s} {'x hostlib out=':>15s}")
+        print(f"{'variant':24s} {'us per call':>12s} {'min':>10s} {'max':>10s} {'x hostlib out=':>15s} "
+              f"{'cpu us per call':>16s}")
         for r in rows:
             print(f"{r['variant']:24s} {r['us per call']:12.1f} {r['min']:10.1f} {r['max']:10.1f} "
-                  f"{r['x hostlib out=']:15.2f}")
+                  f"{r['x hostlib out=']:15.2f} {r['cpu us per call']:16.1f}")
         if fell_back:
             print(f"# {fell_back} calls fell back to gloo: the switch failed under the run")
     return 1 if fell_back else 0

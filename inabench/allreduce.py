@@ -213,12 +213,16 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_
 
 
 def _timed_all_reduce(dist, t, count: int, n_iters) -> float:
-    """Seconds per in-place dist.all_reduce(t) of the current process group: warm-up calls, a barrier, then
-    the timed calls (nccl-tests' -w and -n)."""
+    """Seconds per in-place dist.all_reduce(t) of the current process group: warm-up calls, a barrier, one
+    more call, then the timed calls (nccl-tests' -w and -n). The call after the barrier starts the timed calls
+    as hostlib's rows start theirs, right after a call of their own ended on every rank: the ranks leave a gloo
+    barrier up to a message apart, and a rank that left it first would count the wait for the last in its
+    first timed call."""
     warm, iters = _iterations(4 * count, n_iters)
     for _ in range(warm):
         dist.all_reduce(t)
     dist.barrier()
+    dist.all_reduce(t)
     t0 = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(t)

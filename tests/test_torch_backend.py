@@ -153,6 +153,36 @@ def _ddp_nan(rank):
     return outcomes
 
 
+def _inline_calls(pg, r):
+    """The inline path (one contiguous float32 or int32 host tensor from the main thread): any shape, the
+    same lane for the same memory as long as dtype and size match, the general path for a strided tensor; a
+    synchronous call's Work is the group's shared one, an async_op call's its own, whose future holds the
+    tensor."""
+    m = torch.arange(12, dtype=torch.float32).reshape(3, 4) + r
+    dist.all_reduce(m)
+    two_d = m.tolist()
+    buf = torch.full((100,), 1.5 + r)
+    dist.all_reduce(buf)
+    float_sum = buf.tolist()
+    as_int = buf.view(torch.int32)  # the same memory, another dtype: another lane
+    as_int.fill_(1000 + r)
+    dist.all_reduce(as_int)
+    strided = (torch.arange(16, dtype=torch.float32) + r)[::2]
+    dist.all_reduce(strided)
+    avg = torch.full((2, 50), 2.0 + 2 * r)
+    dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+    averaged = avg.tolist()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    shared = pg.allreduce([avg], opts) is pg._done
+    work = dist.all_reduce(m, async_op=True)
+    future = work.get_future().wait()
+    lanes = {(n, str(dtype)) for (_, n, dtype) in pg._lanes}
+    return {"2d": two_d, "float": float_sum, "int32": as_int.tolist(), "async": m.tolist(), "strided": strided.tolist(), "avg": averaged, "shared": shared,
+            "async own": work is not pg._done and future[0] is m, "lanes": sorted(lanes),
+            "strided lane": (strided.data_ptr(), 8, torch.float32) in pg._lanes}
+
+
 def _caught(fn):
     """(exception class name, message) of fn(), or None if it returned."""
     try:
@@ -236,6 +266,7 @@ def _collectives_rank(rank, port, address, queue):
         t = torch.ones(6)
         dist.all_reduce(t)
         out["after errors"] = t.tolist()
+        out["inline"] = _inline_calls(pg, r)
         import torch.distributed._functional_collectives as funcol
 
         out["functional"] = funcol.all_reduce(torch.full((3,), r + 1.0), "sum", dist.group.WORLD).tolist()
@@ -287,14 +318,14 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
 
         real = pg._switch_sum
 
-        def dies_as_call_1_ends(x):  # the switch "dies" as call 1 ends: rank 0 misses its result, rank 1 has it
-            n = pg._calls - 1
+        def dies_as_call_1_ends(x, *lane):  # the switch "dies" as call 1 ends: rank 0 misses its result, rank 1
+            n = pg._calls - 1  # has it (lane: the inline path's calls, dist.all_reduce from this thread)
             if rank == 0 and n == 1:
-                real(x)
+                real(x, *lane)
                 raise errors.SwitchUnreachable("injected: the last result never came", switch=pg.switch)
             if rank == 1 and n == 2:
                 raise errors.SwitchUnreachable("injected: the switch is gone", switch=pg.switch)
-            return real(x)
+            return real(x, *lane)
 
         pg._switch_sum = dies_as_call_1_ends
         t = torch.arange(5, dtype=torch.float32) * (rank + 1)
@@ -334,9 +365,9 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
         # the switch but waits in a barrier of another group: its watcher joins rank 0's recovery
         real = pg._switch_sum
 
-        def last_result_lost(x):
+        def last_result_lost(x, *lane):
             pg._switch_sum = real
-            real(x)
+            real(x, *lane)
             raise errors.SwitchUnreachable("injected: the last result never came", switch=pg.switch)
 
         if rank == 0:
@@ -369,10 +400,11 @@ def _landing_rank(rank, port, address, queue):
             return (torch.arange(n, dtype=torch.float32) % 97) * (r + 1)  # integers: any order sums exactly
 
         def lands(blocks, window=None):
-            def call(x):
+            def call(x, *lane):
                 pg._switch_sum = real
+                inline.append(bool(lane) and lane[0] is not None)
                 before = x.clone()
-                total, path = real(x)
+                total, path = real(x, *lane)
                 assert total.data_ptr() == x.data_ptr(), "the sum did not land in place"
                 if window is not None:
                     pg._landing = (pg._landing[0], window, pg._landing[2])
@@ -381,24 +413,26 @@ def _landing_rank(rank, port, address, queue):
                 landed = np.zeros(11, dtype=bool)
                 landed[blocks] = True
                 per_element = torch.from_numpy(landed).repeat_interleave(k)[:n]
-                x[~per_element] = before[~per_element]  # a block holds its input until its sum lands
+                x.view(-1)[~per_element] = before.view(-1)[~per_element]  # a block holds its input until it lands
                 error = errors.SwitchUnreachable("injected: the switch died mid-call", switch=pg.switch)
                 error.landed = landed
                 raise error
             pg._switch_sum = call
 
         out = {"exact": values(0) + values(1)}
+        inline = out["inline"] = []  # per injected call: whether it came through the inline path (a lane)
         lands([0, 1, 2, 5] if rank == 0 else [1, 2, 3, 10])
-        t = values(rank)
+        t = values(rank).reshape(1, n)  # any contiguous shape goes inline
         dist.all_reduce(t)
+        t = t.reshape(-1)
         out["same call"] = (t, pg.ina_stats())
         t = values(rank)  # re-joins (INA_RETRY_EVERY=1), then rank 1 completes and rank 0 misses blocks 9, 10
         lands(list(range(9)) if rank == 0 else None, window=2)
         dist.all_reduce(t)
         out["ahead"] = (t, pg.ina_stats())
         if rank == 1:  # its next call fails (rank 0 is down already: it sums that call on gloo)
-            pg._switch_sum = lambda x: (_ for _ in ()).throw(errors.SwitchUnreachable("injected: gone",
-                                                                                    switch=pg.switch))
+            pg._switch_sum = lambda x, *lane: (_ for _ in ()).throw(errors.SwitchUnreachable("injected: gone",
+                                                                                           switch=pg.switch))
         t = torch.full((5,), 2.0)
         dist.all_reduce(t)
         out["next call"] = (t, pg.ina_stats())
@@ -554,6 +588,19 @@ def test_all_reduce_sums_through_the_switch(collectives):
         assert out["async"] == [0.0] * 8
         assert out["stats"]["switch_calls"] > 10 and out["stats"]["gloo_calls"] == 0
         assert out["stats"]["faults"] == 0 and out["stats"]["comm"]["packets_sent"] > 0
+
+
+def test_the_inline_path_takes_any_contiguous_shape_and_keys_lanes_by_memory_size_and_dtype(collectives):
+    for out in collectives:
+        got = out["inline"]
+        want = (np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1)
+        assert got["2d"] == want.tolist() and got["async"] == (2 * want).tolist()
+        assert got["float"] == [4.0] * 100 and got["int32"] == [2001] * 100
+        assert got["strided"] == [2.0 * k + 1 for k in range(0, 16, 2)]
+        assert got["avg"] == [[3.0] * 50] * 2
+        assert got["shared"] and got["async own"]
+        assert {(100, "torch.float32"), (100, "torch.int32"), (12, "torch.float32")} <= set(map(tuple, got["lanes"]))
+        assert not got["strided lane"]
 
 
 def test_other_ops_and_dtypes_are_delegated_to_gloo_with_a_warning(collectives):
@@ -722,6 +769,7 @@ def test_a_switch_dying_mid_call_with_blocks_landed_on_every_rank_gives_the_exac
         t, stats = out["same call"]
         assert np.array_equal(t, out["exact"])
         assert stats["faults"] == 1 and stats["recoveries"] == 1 and stats["recovered_results"] == 0
+        assert out["inline"] == [True, False]  # the first call inline; the second re-joins: the general path
 
 
 def test_a_rank_missing_the_last_window_of_blocks_gets_them_from_a_rank_that_kept_them(landing):

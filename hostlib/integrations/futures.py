@@ -133,16 +133,27 @@ class CallQueue:
     def try_run(self, fn) -> bool:
         """Run fn on this thread at once when no call is queued or running (a synchronous call from the main
         thread: nothing to order it after, no future to make); False, and nothing run, otherwise."""
-        with self._lock:
-            if self._tasks or self._running or self._closed:
-                return False
-            self._running = True
-            self.inline += 1
+        if not self.enter():
+            return False
         try:
             fn()
         finally:
             self._ended()
         return True
+
+    def enter(self) -> bool:
+        """try_run's first half, for a caller that runs its call itself: True, and the queue is running this
+        thread's call until leave(), when no call is queued or running; False, and nothing changed, otherwise."""
+        with self._lock:
+            if self._tasks or self._running or self._closed:
+                return False
+            self._running = True
+            self.inline += 1
+        return True
+
+    def leave(self):
+        """The call enter() began has ended."""
+        self._ended()
 
     def wake(self):
         """Let the queue's thread run the queued calls (someone will wait on a call's future, not here)."""

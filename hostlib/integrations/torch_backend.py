@@ -14,7 +14,9 @@ switch job belongs to the world group.
 
 The calls through the switch run in call order on one queue per group (futures.CallQueue: its thread for
 DDP's buckets, which overlap backward; the waiting thread itself for a synchronous call), each returning a
-Work at once. A call's error completes the Work's future as a C++ error holding the Python exception
+Work at once. The commonest call, a synchronous dist.all_reduce of one contiguous float32 or int32 host tensor,
+takes the inline path: the same steps with the route and a view of the tensor's memory kept per address, size
+and dtype (its lane), so a 1 KiB call's Python is a small part of the call. A call's error completes the Work's future as a C++ error holding the Python exception
 (futures.ErrorFuture), so DDP, FSDP2, functional collectives and wait() raise it by name. A call costs no
 store operation: while the switch lives, a call completes or fails on every rank (protocol v3). A sum lands
 in the caller's tensor block by block (no copy of it). When the switch fails under a call, the ranks agree
@@ -30,6 +32,7 @@ comes later) or by torch's backend autoload (the "torch.backends" entry point in
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import os
@@ -38,6 +41,7 @@ import time
 import warnings
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -53,6 +57,7 @@ RECOVERY_POLL = 0.2  # seconds between the watcher's looks for another rank's re
 JOIN_TIMEOUT = 10.0  # seconds the switch's join barrier waits; the store's barrier before it has every rank ready
 FLOAT_CODECS = ("fixed", "nc")
 SWITCH_DTYPES = (torch.int32, torch.float32, torch.bfloat16, torch.float16)
+LANES = 64  # host tensors whose lane (_Lane) a group keeps; DDP's buckets are far fewer
 SMALL_ELEMENTS = 64  # floating reductions up to this size (a loss, metrics) go per element (EXACT_SMALL)
 EXACT_SMALL = "small"  # the path's key: the fixed codec, one element per packet, so each has its own exponent
 SWITCH_FAULTS = (errors.SwitchFault, OSError)  # OSError: CallTimeout, SwitchUnreachable, a dead route
@@ -234,6 +239,9 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._kept: tuple | None = None  # (call, first element, its sum from there: a tensor or array): _keep
         self._landing: tuple | None = None  # an in-place call's (block size, window, numpy view): _switch_sum
         self._lands: dict = {}  # (dtype, block size, non-empty) -> whether sums land block by block
+        self._lanes: dict = {}  # (address, numel, dtype) -> _Lane: the inline path's calls (_inline_allreduce)
+        self._done = DoneWork()  # the Work of every inline call that succeeded with asyncOp False: dist.all_reduce
+        # waits on it at once and drops it (a Work costs more to make than the rest of the inline path)
         self.last_fault: str | None = None  # the last switch fault, named (ina_stats)
         self.counters = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
                          "recovered_results": 0, "landed_sums": 0}
@@ -298,6 +306,9 @@ class ProcessGroupINA(dist.ProcessGroup):
         return BACKEND
 
     def allreduce(self, tensors, opts=None):
+        work = self._inline_allreduce(tensors, opts) if self.comm is not None else None
+        if work is not None:
+            return work
         tensors, op = _as_list(tensors), _reduce_op(opts)
         if len(tensors) != 1 or not self._through_switch(tensors, op):
             return self.gloo.allreduce(tensors, opts or dist.AllreduceOptions())
@@ -445,6 +456,53 @@ class ProcessGroupINA(dist.ProcessGroup):
 
         return FutureWork(fut.future, fut, self._worker, self._worker.submit(task))
 
+    def _inline_allreduce(self, tensors, opts) -> "DoneWork | None":
+        """The call users and the bench make most, run here with the least Python: dist.all_reduce of one
+        contiguous float32 or int32 host tensor, SUM or AVG, from the main thread outside backward with no call
+        queued, while the switch is joined. The same call as the general path (_submit's synchronous branch,
+        _sum, _finish) without its per-call closures, checks and tensor views: on a 2-core machine that four
+        ranks and the switch share, each call's Python runs with cold caches and costs several times its
+        measure in a tight loop (issue 37). Returns the call's Work, or None where the general path applies."""
+        if opts is None or len(tensors) != 1:
+            return None
+        t = tensors[0]
+        if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
+            return None
+        op = opts.reduceOp.op
+        if op not in SUMS or not self._worker.on_callers_thread():
+            return None
+        lane = self._lane(t)
+        if lane is None or not self._worker.enter():
+            return None
+        try:
+            self._finish(t, self._sum(t, lane), op, in_place=t)
+        except BaseException as e:  # noqa: BLE001 - raised by wait()
+            return DoneWork(error=e)
+        finally:
+            self._worker.leave()
+        return DoneWork(tensors) if opts.asyncOp else self._done
+
+    def _lane(self, t: torch.Tensor) -> "_Lane | None":
+        """t's lane (made at its first call, kept per address, size and dtype while this connection lives), or
+        None where the inline path does not apply: other dtypes, an empty tensor, sums that do not land block by
+        block (the Python loop)."""
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        lane = self._lanes.get(key)
+        if lane is not None and lane.comm is self.comm:
+            return lane
+        n = key[1]
+        if t.dtype not in (torch.float32, torch.int32) or n == 0:
+            return None
+        view = np.frombuffer((ctypes.c_byte * (n * t.element_size())).from_address(key[0]),
+                             dtype=np.float32 if t.dtype == torch.float32 else np.int32)
+        codec, k, path = self._route(t)
+        if not self.comm.lands_blocks(view, codec):
+            return None
+        if len(self._lanes) >= LANES:
+            self._lanes.clear()
+        lane = self._lanes[key] = _Lane(self.comm, view, codec, k, (_kind(t), path))
+        return lane
+
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
         total = self._sum(torch.cat([i.reshape(-1) for i in inputs]))
@@ -470,21 +528,22 @@ class ProcessGroupINA(dist.ProcessGroup):
             out.copy_(total.view(out.shape))
 
     # ------------------------------------------------------------------ the switch, and falling back
-    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+    def _sum(self, x: torch.Tensor, lane: "_Lane | None" = None) -> torch.Tensor:
         """x (flat) summed over the ranks, a tensor of x's dtype: x itself (the sum lands in place) or
         another; through the switch, or through gloo on every rank while the switch is down (worker thread
-        only)."""
+        only). With x's lane (the inline path: the switch is joined), x is any contiguous shape, and the sum
+        lands in it."""
         n = self._calls
         self._calls += 1
-        what = _kind(x)
+        what = _kind(x) if lane is None else lane.count[0]
         if self.comm is None and (n < self._retry_at or not self._rejoin(n)):
             self._count(what, "gloo (switch down)")
             return self._gloo_sum(x)
         try:
-            total, path = self._switch_sum(x)
+            total, path = self._switch_sum(x, lane)
         except SWITCH_FAULTS as e:
             self._count(what, "gloo (recovered)")
-            return self._recover(n, x, e)
+            return self._recover(n, x if lane is None else x.view(-1), e)
         except Exception:  # a CollectiveError or the call's input (every rank raises; the next call re-joins)
             self._count(what, "error")
             self.recovery.note_error(n)
@@ -628,12 +687,18 @@ class ProcessGroupINA(dist.ProcessGroup):
                 log.warning("process group 'ina': rank %d: joining another rank's recovery failed: %s",
                             self.rank(), e)
 
-    def _switch_sum(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
+    def _switch_sum(self, x: torch.Tensor, lane: "_Lane | None" = None) -> tuple[torch.Tensor, str]:
         """One allreduce through the switch, and the path's name. The connection was joined with the float
         codec; each call passes its own (every packet carries its call's codec, so one job and one join serve
         all; _route says which). A float32 or int32 tensor on the host gets its sum in place (the C loop
         writes each block as its result lands; after a fault the error's `landed` says which: _landing is
-        their size and the window); 16-bit floats travel as float32, in a copy."""
+        their size and the window), through its lane when it has one (the inline path's: route and view
+        made at its first call); 16-bit floats travel as float32, in a copy."""
+        if lane is not None:
+            comm = self.comm
+            self._landing = (min(lane.k, comm.max_elements), comm.window, lane.view)
+            comm.allreduce(lane.view, out=lane.view, codec=lane.codec, elements=lane.k)
+            return x, lane.count[1]
         codec, k, path = self._route(x)
         self._landing = None
         if x.is_cuda:
@@ -713,7 +778,7 @@ class ProcessGroupINA(dist.ProcessGroup):
                     "%d calls", self.rank(), self.switch, why, self.retry_every)
 
     def _drop_comm(self):
-        self._lands = {}
+        self._lands, self._lanes = {}, {}
         if self.comm is not None:
             try:
                 self.comm.close()
@@ -782,14 +847,26 @@ class FutureWork(dist.Work):
         return self.future.done()
 
 
+class _Lane:
+    """What the inline path (ProcessGroupINA._inline_allreduce) keeps of one host tensor's memory: its
+    connection, a numpy view of the memory that does not hold it (used only while the call's tensor has that
+    address, size and dtype, so the memory is the caller's, alive), the route (codec, elements per packet) and
+    the (kind, path) its calls count under. Making the view costs more than the rest of the call."""
+
+    __slots__ = ("comm", "view", "codec", "k", "count")
+
+    def __init__(self, comm, view, codec, k, count):
+        self.comm, self.view, self.codec, self.k, self.count = comm, view, codec, k, count
+
+
 class DoneWork(dist.Work):
     """The Work of a call already run on the caller's thread (a call from the main thread with nothing
     queued: c10d's synchronous all_reduce waits on it at once). wait() raises the call's exception; a future
     is made only if someone asks for one."""
 
-    def __init__(self):
+    def __init__(self, result=None, error: BaseException | None = None):
         super().__init__()
-        self.result, self.error, self._future = None, None, None
+        self.result, self.error, self._future = result, error, None
 
     def run(self, fn):
         try:
