@@ -117,6 +117,7 @@ def bandwidths(size: int, seconds: float, ranks: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (ranks - 1) / ranks
 
 
+RENEW_BITS = 32  # torch rows: the growth in place (bits) after which the input is copied in again
 WARMUP = 2  # calls before the timed ones (nccl-tests' -w, default 5): by the second, a plain call's result
 # buffers exist (hostlib keeps two per size, so `y = allreduce(x)` takes turns) and the steady state is timed
 
@@ -212,21 +213,33 @@ def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_
     out.put((rank, times, wrong))
 
 
-def _timed_all_reduce(dist, t, count: int, n_iters) -> float:
-    """Seconds per in-place dist.all_reduce(t) of the current process group: warm-up calls, a barrier, one
-    more call, then the timed calls (nccl-tests' -w and -n). The call after the barrier starts the timed calls
-    as hostlib's rows start theirs, right after a call of their own ended on every rank: the ranks leave a gloo
-    barrier up to a message apart, and a rank that left it first would count the wait for the last in its
-    first timed call."""
-    warm, iters = _iterations(4 * count, n_iters)
+def _timed_all_reduce(dist, x: np.ndarray, n_iters) -> float:
+    """Seconds per in-place dist.all_reduce(t) of the current process group, t starting as input x: warm-up
+    calls, a barrier, one more call, then the timed calls (nccl-tests' -w and -n). The call after the barrier
+    starts the timed calls as hostlib's rows start theirs, right after a call of their own ended on every
+    rank: the ranks leave a gloo barrier up to a message apart, and a rank that left it first would count the
+    wait for the last in its first timed call. Summed in place again and again, floats grow by the world
+    size per call: x is copied in again every RENEW_BITS bits of growth (a copy before each call would cost
+    every call: untimed on this rank, its CPU still delays the others on a machine the ranks share); int32
+    runs on zeros (its codec's cost does not depend on the values), the check's call on x."""
+    import torch
+
+    src = torch.from_numpy(x)
+    t = torch.zeros_like(src) if x.dtype == np.int32 else src.clone()
+    every = max(1, RENEW_BITS // max(1, (dist.get_world_size() - 1).bit_length()))
+    warm, iters = _iterations(4 * x.size, n_iters)
     for _ in range(warm):
         dist.all_reduce(t)
     dist.barrier()
-    dist.all_reduce(t)
-    t0 = time.perf_counter()
-    for _ in range(iters):
+    took = 0.0
+    for k in range(-1, iters):  # call -1: the one after the barrier, untimed
+        if k % every == 0 and x.dtype != np.int32:
+            t.copy_(src)
+        t0 = time.perf_counter()
         dist.all_reduce(t)
-    return (time.perf_counter() - t0) / iters
+        if k >= 0:
+            took += time.perf_counter() - t0
+    return took / iters
 
 
 def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
@@ -242,7 +255,7 @@ def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
     times, wrong = [], []
     for count in counts:
         x = make_input("float32", count, rank)
-        times.append(_timed_all_reduce(dist, torch.from_numpy(x.copy()), count, n_iters))
+        times.append(_timed_all_reduce(dist, x, n_iters))
         t = torch.from_numpy(x.copy())
         dist.all_reduce(t)
         wrong.append(count_wrong("float32", [make_input("float32", count, r) for r in range(n)], t.numpy(), count)
@@ -285,10 +298,7 @@ def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_ite
     times, wrong = [], []
     for count in counts:
         x = make_input(dtype, count, rank)
-        # in place, each call sums the last one's sums: int32 would overflow within the timed calls, so they
-        # run on zeros (the switch adds int32 lanes whatever they hold); the check below uses the input
-        t = torch.zeros(count, dtype=torch.int32) if codec == "int32" else torch.from_numpy(x.copy())
-        times.append(_timed_all_reduce(dist, t, count, n_iters))
+        times.append(_timed_all_reduce(dist, x, n_iters))
         t = torch.from_numpy(x.copy())
         dist.all_reduce(t)
         wrong.append(count_wrong(codec, [make_input(dtype, count, r) for r in range(n)], t.numpy(), elements)

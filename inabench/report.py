@@ -32,7 +32,8 @@ def nccl_table(rows: list[dict]) -> str:
                                                                           f"  {'(us)':>10}  {'(us)':>10}  {'':>6}")))
     lines = ["# busbw = algbw * 2(n-1)/n (nccl-tests' allreduce); #wrong: elements outside the codec's bound",
              "# INA: out of place into a preallocated buffer (allreduce(x, out=y), nccl-tests' recvbuff); "
-             "gloo and torch ina (init_process_group(\"ina\")): in place (all_reduce(t)); "
+             "gloo and torch ina (init_process_group(\"ina\")): in place (all_reduce(t); the input copied in "
+             "again, untimed, before it grows by 2^32); "
              "\"plain\": y = allreduce(x), as users call it"]
     if repeat > 1:
         lines.append(f"# time: the median of {repeat} runs of each configuration, alternating (every other round in "

@@ -469,13 +469,18 @@ class ProcessGroupINA(dist.ProcessGroup):
         if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
             return None
         op = opts.reduceOp.op
-        if op not in SUMS or not self._worker.on_callers_thread():
+        avg = op == Op.AVG
+        if not avg and op != Op.SUM or not self._worker.on_callers_thread():
             return None
         lane = self._lane(t)
         if lane is None or not self._worker.enter():
             return None
         try:
-            self._finish(t, self._sum(t, lane), op, in_place=t)
+            total = self._sum(t, lane)
+            if total is not t:  # a recovery's sum: the switch failed under the call
+                self._finish(t, total, op)
+            elif avg:
+                t.div_(self.size(), rounding_mode=None if t.dtype.is_floating_point else "trunc")
         except BaseException as e:  # noqa: BLE001 - raised by wait()
             return DoneWork(error=e)
         finally:
