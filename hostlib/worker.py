@@ -406,16 +406,34 @@ class Communicator:
                 every rank raises the same).
             RuntimeError: a corrupt result earlier: reconnect.
         """
-        codec = self._codec(codec)
+        return self._call(self._codec(codec), sparse, _numel(x), elements, self._allreduce, x, progress, sparse,
+                          out)
+
+    def allreduce_in_place(self, flat: np.ndarray, codec, elements: int | None = None) -> np.ndarray:
+        """allreduce(flat, out=flat, codec=codec, elements=elements) for a caller that knows what allreduce
+        works out per call (the torch backend's inline path): flat is a contiguous, writable 1-D array of the
+        codec's own dtype (float32 for fixed and nc, int32 for int32), codec a Codec. The same call, packets and
+        errors; none of allreduce's conversions and checks of x and out, which cost a small call's Python
+        several times their hot cost on a busy machine. Returns flat."""
+        return self._call(codec, False, flat.size, elements, self._in_place, flat)
+
+    def _in_place(self, call, flat: np.ndarray) -> np.ndarray:
+        res = self._timed(functools.partial(self._allreduce_flat, call, flat, None, flat), flat.size)
+        if res is not flat:  # the Python loop decodes into an array of its own
+            np.copyto(flat, res)
+        return flat
+
+    def _call(self, codec, sparse: bool, n: int, elements: int | None, body, *args):
+        """body(call, *args) as this connection's next call: the call's identity, and what its failure does
+        (the switch aborts it on every rank, or the generation's failure is taken)."""
         with self._lock:
             self._enter_call()
-            call = self.gen.call(wire.call_kind(codec.name, sparse), _numel(x), codec,
-                                 elements or self.gen.max_elements)
+            call = self.gen.call(wire.call_kind(codec.name, sparse), n, codec, elements or self.gen.max_elements)
             try:
                 if call.length > wire.MAX_CALL_LEN:
                     raise ValueError(f"allreduce of {call.length} elements: at most {wire.MAX_CALL_LEN} per "
                                      f"call (split the tensor)")
-                return self._allreduce(call, x, progress, sparse, out)
+                return body(call, *args)
             except BaseException as e:
                 if isinstance(e, errors.CallTimeout):
                     self._abort(e, call)  # a late peer's call then fails naming this rank, which gave up waiting

@@ -702,7 +702,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         if lane is not None:
             comm = self.comm
             self._landing = (min(lane.k, comm.max_elements), comm.window, lane.view)
-            comm.allreduce(lane.view, out=lane.view, codec=lane.codec, elements=lane.k)
+            comm.allreduce_in_place(lane.view, lane.codec, lane.k)
             return x, lane.count[1]
         codec, k, path = self._route(x)
         self._landing = None
