@@ -113,7 +113,8 @@ class CallQueue:
     def on_callers_thread() -> bool:
         """Whether a call made now may run on the thread that waits for it: made from the main thread, outside
         backward (whose calls must progress with nobody waiting on them)."""
-        return threading.current_thread() is threading.main_thread() and torch._C._current_autograd_node() is None
+        return (threading.get_ident() == threading.main_thread().ident
+                and torch._C._current_autograd_node() is None)
 
     def submit(self, fn, *args, wake: bool | None = None) -> "_Call":
         """Queue fn(*args) and return its entry. wake=None: wake the queue's thread for a call made from

@@ -701,7 +701,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         made at its first call); 16-bit floats travel as float32, in a copy."""
         if lane is not None:
             comm = self.comm
-            self._landing = (min(lane.k, comm.max_elements), comm.window, lane.view)
+            gen = comm.gen  # its max_elements and window, without the properties' calls
+            self._landing = (min(lane.k, gen.max_elements), gen.window, lane.view)
             comm.allreduce_in_place(lane.view, lane.codec, lane.k)
             return x, lane.count[1]
         codec, k, path = self._route(x)
