@@ -178,7 +178,8 @@ def _inline_calls(pg, r):
     work = dist.all_reduce(m, async_op=True)
     future = work.get_future().wait()
     lanes = {(n, str(dtype)) for (_, n, dtype) in pg._lanes}
-    return {"2d": two_d, "float": float_sum, "int32": as_int.tolist(), "async": m.tolist(), "strided": strided.tolist(), "avg": averaged, "shared": shared,
+    return {"2d": two_d, "float": float_sum, "int32": as_int.tolist(), "async": m.tolist(),
+            "strided": strided.tolist(), "avg": averaged, "shared": shared,
             "async own": work is not pg._done and future[0] is m, "lanes": sorted(lanes),
             "strided lane": (strided.data_ptr(), 8, torch.float32) in pg._lanes}
 

@@ -139,7 +139,7 @@ class CallQueue:
         try:
             fn()
         finally:
-            self._ended()
+            self.leave()
         return True
 
     def enter(self) -> bool:

@@ -14,12 +14,13 @@ switch job belongs to the world group.
 
 The calls through the switch run in call order on one queue per group (futures.CallQueue: its thread for
 DDP's buckets, which overlap backward; the waiting thread itself for a synchronous call), each returning a
-Work at once. The commonest call, a synchronous dist.all_reduce of one contiguous float32 or int32 host tensor,
-takes the inline path: the same steps with the route and a view of the tensor's memory kept per address, size
-and dtype (its lane), so a 1 KiB call's Python is a small part of the call. A call's error completes the Work's future as a C++ error holding the Python exception
-(futures.ErrorFuture), so DDP, FSDP2, functional collectives and wait() raise it by name. A call costs no
-store operation: while the switch lives, a call completes or fails on every rank (protocol v3). A sum lands
-in the caller's tensor block by block (no copy of it). When the switch fails under a call, the ranks agree
+Work at once. The commonest call, a synchronous dist.all_reduce of one contiguous float32 or int32 host
+tensor, takes the inline path: the same steps with the route and a view of the tensor's memory kept per
+address, size and dtype (its lane), so a 1 KiB call's Python is a small part of the call. A call's error
+completes the Work's future as a C++ error holding the Python exception (futures.ErrorFuture), so DDP,
+FSDP2, functional collectives and wait() raise it by name. A call costs no store operation: while the
+switch lives, a call completes or fails on every rank (protocol v3). A sum lands in the caller's tensor
+block by block (no copy of it). When the switch fails under a call, the ranks agree
 through the store on where each is (Recovery): the ranks that completed the last call hand the part of its
 sum the others missed (its last window of blocks, kept) to them, or, all in one call, each block that landed
 somewhere comes from its lowest holder and the rest is summed on gloo from the inputs (a block holds its
@@ -239,7 +240,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._kept: tuple | None = None  # (call, first element, its sum from there: a tensor or array): _keep
         self._landing: tuple | None = None  # an in-place call's (block size, window, numpy view): _switch_sum
         self._lands: dict = {}  # (dtype, block size, non-empty) -> whether sums land block by block
-        self._lanes: dict = {}  # (address, numel, dtype) -> _Lane: the inline path's calls (_inline_allreduce)
+        self._lanes: dict = {}  # (address, numel, dtype) -> _Lane of the inline path; a connection's (_drop_comm
+        # empties it before the next join)
         self._done = DoneWork()  # the Work of every inline call that succeeded with asyncOp False: dist.all_reduce
         # waits on it at once and drops it (a Work costs more to make than the rest of the inline path)
         self.last_fault: str | None = None  # the last switch fault, named (ina_stats)
@@ -493,7 +495,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         block (the Python loop)."""
         key = (t.data_ptr(), t.numel(), t.dtype)
         lane = self._lanes.get(key)
-        if lane is not None and lane.comm is self.comm:
+        if lane is not None:
             return lane
         n = key[1]
         if t.dtype not in (torch.float32, torch.int32) or n == 0:
@@ -505,7 +507,7 @@ class ProcessGroupINA(dist.ProcessGroup):
             return None
         if len(self._lanes) >= LANES:
             self._lanes.clear()
-        lane = self._lanes[key] = _Lane(self.comm, view, codec, k, (_kind(t), path))
+        lane = self._lanes[key] = _Lane(view, codec, k, (_kind(t), path))
         return lane
 
     def _scatter(self, outputs, inputs, op):
@@ -854,15 +856,15 @@ class FutureWork(dist.Work):
 
 
 class _Lane:
-    """What the inline path (ProcessGroupINA._inline_allreduce) keeps of one host tensor's memory: its
-    connection, a numpy view of the memory that does not hold it (used only while the call's tensor has that
-    address, size and dtype, so the memory is the caller's, alive), the route (codec, elements per packet) and
-    the (kind, path) its calls count under. Making the view costs more than the rest of the call."""
+    """What the inline path (ProcessGroupINA._inline_allreduce) keeps of one host tensor's memory while the
+    connection lives: a numpy view of the memory that does not hold it (used only while the call's tensor has
+    that address, size and dtype, so the memory is the caller's, alive), the route (codec, elements per
+    packet) and the (kind, path) its calls count under. Making the view costs more than the rest of the call."""
 
-    __slots__ = ("comm", "view", "codec", "k", "count")
+    __slots__ = ("view", "codec", "k", "count")
 
-    def __init__(self, comm, view, codec, k, count):
-        self.comm, self.view, self.codec, self.k, self.count = comm, view, codec, k, count
+    def __init__(self, view, codec, k, count):
+        self.view, self.codec, self.k, self.count = view, codec, k, count
 
 
 class DoneWork(dist.Work):
