@@ -209,6 +209,18 @@ def test_nc_below_the_top_level_rounds_instead_of_raising(kernel_path):
     get_codec("nc").check_exponents(block_exponents(np.array([[near]])))
 
 
+def test_nc_blocks_below_the_lowest_level_go_out_with_the_lowest_level_as_exponent():
+    """A block whose |x| < 2^-63 (exponent below NC_LEVEL_MIN) encodes to 0 or +-2^-63: its exponent goes out
+    as NC_LEVEL_MIN, so the switch's range [nc_floor(e), e] holds the codes; no-data and NaN bytes stay."""
+    low = wire.NC_LEVEL_MIN
+    e = block_exponents(np.array([[0.0], [2.0**-66], [-2.0**-64], [2.0**-63], [1.0], [np.nan]]))
+    assert e.tolist() == [wire.EXP_NONE, -65, -63, -62, 1, wire.EXP_NONFINITE]
+    assert get_codec("nc").check_exponents(e).tolist() == [wire.EXP_NONE, low, low, -62, 1, wire.EXP_NONFINITE]
+    assert get_codec("nc").check_exponents(e).dtype == np.int8
+    codes = {int(c) for s in range(200) for c in natural.encode(np.float32([2.0**-66]), seed=s, floor=low)}
+    assert codes == {0, int(natural.encode(np.float32([2.0**low]), seed=0, floor=low)[0])}
+
+
 def test_nc_float64_beyond_float32_is_above_the_top_level_not_nan(kernel_path):
     """1e300 became float32 inf and was reported as NaN/Inf; it is finite, and above the top level."""
     for v in (1e300, -1e300, 3.5e38, 1e39):

@@ -110,6 +110,34 @@ def test_nc_over_udp_is_unbiased_with_the_predicted_error(switch_process):
     assert stats[0].bytes_sent < 0.3 * 4 * xs[0].size
 
 
+@pytest.mark.parametrize("fast", [None, False], ids=["c-loop", "python-loop"])
+def test_nc_of_values_below_the_lowest_level_completes_within_its_bound(switch_process, fast):
+    """Gradients of 1e-20 (below 2^-63, NC's lowest level): each rounds to 0 or +-2^-63, and the call
+    completes on every rank (their packets were dropped as bad codes, and the call timed out), next to a
+    block of ordinary values, an all-zero block and a block that is tiny on one rank only."""
+    n, k = 3, 1024
+    sw = switch_process("--workers", n)
+    rs = np.random.default_rng(5)
+    xs = []
+    for r in range(n):
+        x = np.zeros(4 * k, np.float32)
+        x[:k] = rs.standard_normal(k) * 2.0**-66
+        x[2 * k:3 * k] = rs.standard_normal(k)
+        x[3 * k:] = rs.standard_normal(k) * (2.0**-67 if r == 0 else 1.0)
+        xs.append(x)
+    outs, errors, _ = run_workers(sw.address, xs, "nc", timeout=5, fast=fast)
+    assert errors == [None] * n
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    exact = np.sum(np.array(xs, dtype=np.float64), axis=0)
+    err = np.abs(outs[0].astype(np.float64) - exact)
+    assert np.all(outs[0][k:2 * k] == 0)
+    # each code errs by less than its value or 2^-63, the switch's rounding of the sum by less than the sum
+    assert np.all(err[:k] <= 2 * n * 2.0**-63)
+    bound = 3 * np.sum(np.abs(np.array(xs, dtype=np.float64)), axis=0) + 2 * n * 2.0**-63
+    assert np.all(err <= bound)
+    assert np.count_nonzero(outs[0][:k]) > 0  # not all flushed to zero: unbiased rounding at the lowest level
+
+
 def test_two_jobs_share_one_switch(switch_process):
     sw = switch_process("--job", "1:2", "--job", "7:3", "--loss", 0.02)
     rs = np.random.default_rng(3)

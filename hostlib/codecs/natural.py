@@ -193,11 +193,22 @@ class NaturalCodec(Codec):
             raise TypeError(f"codec 'nc' compresses floats; got {flat.dtype}")
 
     def check_exponents(self, e):
-        """Raises:
+        """The block exponents as they go on the wire: a block with data below 2^NC_LEVEL_MIN gets the exponent
+        NC_LEVEL_MIN. The switch takes a block's codes in [nc_floor(e), e], empty for e < NC_LEVEL_MIN, while
+        the encoder rounds such values (a gradient of 1e-20) to 0 or +-2^NC_LEVEL_MIN, unbiased: with the
+        block's own exponent every packet holding such a code was dropped (bad_codes) and the call timed out.
+
+        Raises:
             OverflowError: a block with |x| >= 2^NC_LEVEL_MAX, beyond the code table.
         """
-        if e.size and e.max() > wire.NC_LEVEL_MAX and ((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)).any():
+        if not e.size:
+            return e
+        if e.max() > wire.NC_LEVEL_MAX and ((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)).any():
             raise OverflowError(f"codec 'nc': values of magnitude >= 2^{wire.NC_LEVEL_MAX} are out of range")
+        if e.min() < wire.NC_LEVEL_MIN:
+            tiny = (e < wire.NC_LEVEL_MIN) & (e != wire.EXP_NONE)
+            if tiny.any():
+                e = np.where(tiny, np.int8(wire.NC_LEVEL_MIN), e).astype(np.int8, copy=False)
         return e
 
     def encode(self, block, exp, world_size, seed, offset):
