@@ -88,8 +88,58 @@ def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=Non
     return _outcome(comm, call, w, rc, keep, held is not None)
 
 
+FRAMES = 8  # call shapes (elements, packet size, window, kind) whose C-loop frame a connection keeps
+
+
+class _Frame:
+    """The C loop's argument struct for one shape of dense call on one socket, with the small arrays it points
+    into, made once: each call copies the template over the struct (counters zeroed, the shape's fields back)
+    and sets only what changes per call. Building them afresh was a third of a small call's Python, paid with
+    cold caches on every call (issue 37)."""
+
+    __slots__ = ("w", "template", "agreed", "done", "rounds")
+
+    def __init__(self, comm, n: int, k: int, window: int, kind_: int):
+        ffi = kernels.ffi
+        nb = -(-n // k)
+        self.agreed = np.empty(nb, dtype=np.int8)
+        self.done = np.empty(nb + min(window, nb), dtype=np.uint8)
+        self.rounds = np.zeros(window, dtype=np.uint32)  # the loop writes it; read back by sparse calls only
+        t = self.template = ffi.new("ina_wk *")
+        t.fd, t.job, t.rank, t.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
+        t.shm = comm.sock.handle if isinstance(comm.sock, ShmSocket) else ffi.NULL
+        t.window, t.k, t.kind, t.n = window, k, kind_, n
+        t.agreed, t.done = ffi.from_buffer("int8_t[]", self.agreed), ffi.from_buffer(self.done)
+        t.stream_rounds = ffi.from_buffer("uint32_t[]", self.rounds)
+        self.w = ffi.new("ina_wk *")
+
+
+def _frame(comm, n: int, k: int, window: int, kind_: int) -> _Frame:
+    """This call shape's frame on comm's socket, reset for a call: counters zero, agreed and done cleared."""
+    key = (n, k, window, kind_, comm.sock)
+    frame = comm.c_frames.get(key)
+    if frame is None:
+        if len(comm.c_frames) >= FRAMES:
+            comm.c_frames.clear()
+        frame = comm.c_frames[key] = _Frame(comm, n, k, window, kind_)
+    kernels.ffi.memmove(frame.w, frame.template, _WK_SIZE[0] or _wk_size())
+    frame.agreed.fill(wire.EXP_NONE)
+    frame.done.fill(0)
+    return frame
+
+
+_WK_SIZE = [0]
+
+
+def _wk_size() -> int:
+    _WK_SIZE[0] = kernels.ffi.sizeof("ina_wk")
+    return _WK_SIZE[0]
+
+
 def _loop_args(comm, call, kind_, flat, exps, held, out):
     """The C loop's arguments (ina_wk), and the arrays it points into (kept alive by the caller)."""
+    if held is None and out is not None:
+        return _dense_args(comm, call, kind_, flat, exps, out)
     ffi, lib = kernels.ffi, kernels.lib
     n, k, gen = flat.size, call.k, call.gen
     keep = {"src": np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)}
@@ -131,6 +181,35 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
     if held is not None:
         keep["held"] = np.ascontiguousarray(held, dtype=np.uint8)
         w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", keep["held"])
+    return w, keep
+
+
+def _dense_args(comm, call, kind_, flat, exps, out):
+    """_loop_args of a dense call into out, on its shape's frame (_frame)."""
+    ffi, lib = kernels.ffi, kernels.lib
+    n, gen = flat.size, call.gen
+    if out.dtype != out_dtype(kind_) or out.size != n or not out.flags.c_contiguous:
+        raise ValueError(f"native worker loop: out must be {n} contiguous {np.dtype(out_dtype(kind_))}")
+    frame = _frame(comm, n, call.k, gen.window, kind_)
+    w = frame.w
+    src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
+    keep = {"src": src, "agreed": frame.agreed, "done": frame.done, "result": out,
+            "uses": np.ascontiguousarray(call.slots.uses, dtype=np.uint32)}
+    w.session, w.call_kind, w.call, w.call_len, w.boot = call.fields()
+    w.first_slot, w.slot_uses = call.slots.first, ffi.from_buffer("uint32_t[]", keep["uses"])
+    w.deterministic = int(getattr(call.codec, "deterministic", False))
+    w.seed = call.seed & kernels.MASK64
+    w.src = ffi.from_buffer(src)
+    if exps is not None:
+        keep["exps"] = np.ascontiguousarray(exps, dtype=np.int8)
+        w.exps = ffi.from_buffer("int8_t[]", keep["exps"])
+    w.result = w.out = ffi.from_buffer(out)
+    rtt = comm.rtt
+    w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
+    w.have_srtt = rtt.srtt is not None
+    w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
+    gso, gro = gso_modes(comm)
+    w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
     return w, keep
 
 

@@ -148,6 +148,7 @@ class Communicator:
         self.gen: Generation | None = None  # the join's state (set by _start_generation)
         self.link = Link()  # what this worker hears of the switch
         self._kept_results: dict = {}  # (size, dtype) -> results allreduce(x) returned (_result_buffer)
+        self.c_frames: dict = {}  # the C loop's argument frames per call shape (fastpath._frame)
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
