@@ -36,6 +36,7 @@ from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_
 
 from . import fastpath, rng, wire
 from .codecs import get_codec
+from .codecs.base import extremes
 from . import errors
 from .errors import INAError
 from .generation import Generation, Link, Outcome
@@ -758,7 +759,7 @@ class Communicator:
     def _check_result(self, call, exps, agreed, overflow):
         """The call is complete on the wire: what it raises now, every rank raises (no abort)."""
         call.done = True
-        if exps is not None and agreed.size and agreed.max() == wire.EXP_NONFINITE:  # the largest exponent
+        if exps is not None and agreed.size and extremes(agreed)[1] == wire.EXP_NONFINITE:  # the largest exponent
             raise ValueError("allreduce input contains NaN or Inf (on at least one worker)")
         if overflow:
             raise OverflowError(f"allreduce result overflows codec {call.codec.name!r}")

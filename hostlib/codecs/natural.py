@@ -17,7 +17,7 @@ import numpy as np
 from inaproto.nc import codes_to_int, int_to_codes  # noqa: F401 - re-exported
 
 from .. import kernels, rng, wire
-from .base import Codec, float_values
+from .base import Codec, extremes, float_values
 
 _SIGN = np.uint8(0x80)
 NONFINITE_MESSAGE = "natural compression: input contains NaN or Inf"
@@ -203,9 +203,10 @@ class NaturalCodec(Codec):
         """
         if not e.size:
             return e
-        if e.max() > wire.NC_LEVEL_MAX and ((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)).any():
+        lo, hi = extremes(e)
+        if hi > wire.NC_LEVEL_MAX and ((e != wire.EXP_NONFINITE) & (e > wire.NC_LEVEL_MAX)).any():
             raise OverflowError(f"codec 'nc': values of magnitude >= 2^{wire.NC_LEVEL_MAX} are out of range")
-        if e.min() < wire.NC_LEVEL_MIN:
+        if lo < wire.NC_LEVEL_MIN:
             tiny = (e < wire.NC_LEVEL_MIN) & (e != wire.EXP_NONE)
             if tiny.any():
                 e = np.where(tiny, np.int8(wire.NC_LEVEL_MIN), e).astype(np.int8, copy=False)
