@@ -428,6 +428,29 @@ def test_allreduce_on_the_gpu_path_raises_the_floor_of_lower_blocks(device, monk
     assert torch.equal(outs[0], outs[1])
 
 
+def test_allreduce_on_the_gpu_path_of_blocks_below_the_lowest_level_is_the_host_path(device, monkeypatch):
+    """Blocks below 2^-63 (NC's lowest level) go out with the exponent -63 on both paths (their own exponent
+    left the switch no valid code, and the call timed out): the GPU encodes them at the floor of its own
+    exponent, -63 as the host's, so the sums are the host path's bit for bit."""
+    rs = np.random.default_rng(10)
+    k = 1024
+    xs = [rs.standard_normal(3 * k).astype(np.float32) for _ in range(2)]
+    for x in xs:  # the same max per block on both workers: every agreed exponent is each worker's own
+        x[:k] *= 2.0**-68
+        x[0] = 2.0**-66
+        x[k] = 24.5
+        x[2 * k:] *= 2.0**-70
+        x[2 * k] = -2.0**-64
+    tensors = [torch.from_numpy(x) for x in xs]
+    host = run_switch(tensors, "nc", timeout=10)
+    if device.type == "cpu":
+        monkeypatch.setattr(hostlib.worker, "_on_gpu_path", lambda c, x: True)
+    gpu = run_switch([t.to(device) for t in tensors], "nc", timeout=10)
+    for h, g in zip(host, gpu):
+        assert g.device.type == device.type and torch.equal(h.to(device), g)
+    assert torch.count_nonzero(host[0][:k]) > 0 and torch.count_nonzero(host[0][2 * k:]) > 0
+
+
 @pytest.mark.parametrize("bad,error", [(float("nan"), ValueError), (2.0**64, OverflowError)], ids=["nan", "2^64"])
 def test_allreduce_on_the_gpu_path_raises_as_the_host_path(device, monkeypatch, bad, error):
     """NaN on one worker: every worker learns it through the exponents and raises ValueError at the end; a
