@@ -89,6 +89,7 @@ def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=Non
 
 
 FRAMES = 8  # call shapes (elements, packet size, window, kind) whose C-loop frame a connection keeps
+WK_SIZE = kernels.ffi.sizeof("ina_wk") if kernels.ffi is not None else 0  # bytes of the C loop's struct
 
 
 class _Frame:
@@ -122,18 +123,10 @@ def _frame(comm, n: int, k: int, window: int, kind_: int) -> _Frame:
         if len(comm.c_frames) >= FRAMES:
             comm.c_frames.clear()
         frame = comm.c_frames[key] = _Frame(comm, n, k, window, kind_)
-    kernels.ffi.memmove(frame.w, frame.template, _WK_SIZE[0] or _wk_size())
+    kernels.ffi.memmove(frame.w, frame.template, WK_SIZE)
     frame.agreed.fill(wire.EXP_NONE)
     frame.done.fill(0)
     return frame
-
-
-_WK_SIZE = [0]
-
-
-def _wk_size() -> int:
-    _WK_SIZE[0] = kernels.ffi.sizeof("ina_wk")
-    return _WK_SIZE[0]
 
 
 def _loop_args(comm, call, kind_, flat, exps, held, out):
