@@ -93,8 +93,8 @@ WK_SIZE = kernels.ffi.sizeof("ina_wk") if kernels.ffi is not None else 0  # byte
 
 
 class _Frame:
-    """The C loop's argument struct for one shape of dense call on one socket, with the small arrays it points
-    into, made once: each call copies the template over the struct (counters zeroed, the shape's fields back)
+    """The C loop's argument struct for one call shape on one socket, with the small arrays it points into,
+    made once: each call copies the template over the struct (counters zeroed, the shape's fields back)
     and sets only what changes per call. Building them afresh was a third of a small call's Python, paid with
     cold caches on every call (issue 37)."""
 
@@ -105,7 +105,7 @@ class _Frame:
         nb = -(-n // k)
         self.agreed = np.empty(nb, dtype=np.int8)
         self.done = np.empty(nb + min(window, nb), dtype=np.uint8)
-        self.rounds = np.zeros(window, dtype=np.uint32)  # the loop writes it; read back by sparse calls only
+        self.rounds = np.zeros(window, dtype=np.uint32)  # rounds per stream: read back by sparse calls
         t = self.template = ffi.new("ina_wk *")
         t.fd, t.job, t.rank, t.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
         t.shm = comm.sock.handle if isinstance(comm.sock, ShmSocket) else ffi.NULL
@@ -130,79 +130,40 @@ def _frame(comm, n: int, k: int, window: int, kind_: int) -> _Frame:
 
 
 def _loop_args(comm, call, kind_, flat, exps, held, out):
-    """The C loop's arguments (ina_wk), and the arrays it points into (kept alive by the caller)."""
-    if held is None and out is not None:
-        return _dense_args(comm, call, kind_, flat, exps, out)
+    """The C loop's arguments (ina_wk, on its call shape's frame), and the arrays it points into (kept alive by
+    the caller)."""
     ffi, lib = kernels.ffi, kernels.lib
-    n, k, gen = flat.size, call.k, call.gen
-    keep = {"src": np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)}
-    nb = -(-n // k)
-    keep["agreed"] = np.full(nb, -128, dtype=np.int8)
-    if out is not None:
-        if out.dtype != out_dtype(kind_) or out.size != n or not out.flags.c_contiguous:
-            raise ValueError(f"native worker loop: out must be {n} contiguous {np.dtype(out_dtype(kind_))}")
-        keep["result"] = out
-    else:
-        keep["result"] = np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)
-    keep["done"] = np.zeros(nb + min(gen.window, nb), dtype=np.uint8)
-    keep["uses"] = np.ascontiguousarray(call.slots.uses, dtype=np.uint32)
-    keep["rounds"] = np.zeros(gen.window, dtype=np.uint32)
-    w = ffi.new("ina_wk *")
-    w.fd, w.job, w.rank, w.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
-    w.session, w.call_kind, w.call, w.call_len, w.boot = call.fields()
-    w.shm = comm.sock.handle if isinstance(comm.sock, ShmSocket) else ffi.NULL  # rings instead of the socket
-    w.window, w.k, w.kind = gen.window, k, kind_
-    w.first_slot = call.slots.first
-    w.slot_uses, w.stream_rounds = ffi.from_buffer("uint32_t[]", keep["uses"]), ffi.from_buffer("uint32_t[]",
-                                                                                               keep["rounds"])
-    w.deterministic = int(getattr(call.codec, "deterministic", False))
-    w.seed = call.seed & kernels.MASK64
-    w.src, w.n = ffi.from_buffer(keep["src"]), n
-    if exps is not None:
-        keep["exps"] = np.ascontiguousarray(exps, dtype=np.int8)
-        w.exps = ffi.from_buffer("int8_t[]", keep["exps"])
-    w.agreed, w.result = ffi.from_buffer("int8_t[]", keep["agreed"]), ffi.from_buffer(keep["result"])
-    w.done = ffi.from_buffer(keep["done"])
-    w.out = ffi.from_buffer(out) if out is not None else ffi.NULL
-    rtt = comm.rtt  # the estimate carries over between the C and the Python loop
-    w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
-    w.have_srtt = rtt.srtt is not None
-    # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
-    gso, gro = gso_modes(comm)
-    w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
-    w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
-    if held is not None:
-        keep["held"] = np.ascontiguousarray(held, dtype=np.uint8)
-        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", keep["held"])
-    return w, keep
-
-
-def _dense_args(comm, call, kind_, flat, exps, out):
-    """_loop_args of a dense call into out, on its shape's frame (_frame)."""
-    ffi, lib = kernels.ffi, kernels.lib
-    n, gen = flat.size, call.gen
-    if out.dtype != out_dtype(kind_) or out.size != n or not out.flags.c_contiguous:
+    n = flat.size
+    if out is not None and (out.dtype != out_dtype(kind_) or out.size != n or not out.flags.c_contiguous):
         raise ValueError(f"native worker loop: out must be {n} contiguous {np.dtype(out_dtype(kind_))}")
-    frame = _frame(comm, n, call.k, gen.window, kind_)
+    frame = _frame(comm, n, call.k, call.gen.window, kind_)
     w = frame.w
-    src = np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32)
-    keep = {"src": src, "agreed": frame.agreed, "done": frame.done, "result": out,
+    keep = {"src": np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32),
+            "agreed": frame.agreed, "done": frame.done, "rounds": frame.rounds,
+            "result": out if out is not None else np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32),
             "uses": np.ascontiguousarray(call.slots.uses, dtype=np.uint32)}
     w.session, w.call_kind, w.call, w.call_len, w.boot = call.fields()
     w.first_slot, w.slot_uses = call.slots.first, ffi.from_buffer("uint32_t[]", keep["uses"])
     w.deterministic = int(getattr(call.codec, "deterministic", False))
     w.seed = call.seed & kernels.MASK64
-    w.src = ffi.from_buffer(src)
+    w.src = ffi.from_buffer(keep["src"])
     if exps is not None:
         keep["exps"] = np.ascontiguousarray(exps, dtype=np.int8)
         w.exps = ffi.from_buffer("int8_t[]", keep["exps"])
-    w.result = w.out = ffi.from_buffer(out)
-    rtt = comm.rtt
+    w.result = ffi.from_buffer(keep["result"])
+    if out is not None:
+        w.out = w.result  # each result decoded into out as it lands
+    rtt = comm.rtt  # the estimate carries over between the C and the Python loop
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
     w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
+    # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
     gso, gro = gso_modes(comm)
     w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
+    if held is not None:
+        frame.rounds.fill(0)
+        keep["held"] = np.ascontiguousarray(held, dtype=np.uint8)
+        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", keep["held"])
     return w, keep
 
 

@@ -155,8 +155,7 @@ class CallQueue:
     def enter_here(self) -> bool:
         """enter() for a call that would run on this thread (on_callers_thread), in one call: the inline path's
         entry, where each call into Python costs a small call's time several times over on a busy machine."""
-        return (threading.get_ident() == threading.main_thread().ident
-                and torch._C._current_autograd_node() is None and self.enter())
+        return self.on_callers_thread() and self.enter()
 
     def leave(self):
         """The call enter() began has ended."""
