@@ -191,7 +191,9 @@ def _collect(comm, w):
     """What the C loop counted and learned, into the Communicator: counters, drop notes, offloads, RTT."""
     ffi, s = kernels.ffi, comm.stats
     for name in COUNTERS:
-        setattr(s, name, getattr(s, name) + getattr(w, name))
+        n = getattr(w, name)
+        if n:  # most are zero on a healthy call (retransmissions, duplicates, drops...)
+            setattr(s, name, getattr(s, name) + n)
     if w.dropped_len:  # the last ERR_DROPPED's words, for a timeout's message (as worker.py _dropped_note)
         _, reason, text = wire.unpack_error(bytes(ffi.buffer(w.dropped, w.dropped_len)))
         comm.gen.note_drop(text or wire.drop_reason(reason))

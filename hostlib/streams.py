@@ -85,20 +85,20 @@ class CallSlots:
         """After the call: (every slot's next packet id, the slot the next call starts on). A dense call sent
         packets 0..total-1 (lane j carries q = j, j + W, ...); a sparse one sent rounds[s] packets on stream
         s. The next call starts on the slot after the last lane used."""
-        W, uses = self.W, self.uses  # uses: this call's own copy
-        if rounds is None and total <= 4:  # a small call (a loss, a metric): a few scalar steps
-            for j in range(total):
-                s = (self.first + j) % W
-                uses[s] = (int(uses[s]) + 1) & wire.PACKET_ID_MASK  # two packets may share a slot
-            return uses, (self.first + total) % W
-        if rounds is None:
-            used = np.full(min(total, W), total // W, dtype=np.int64)  # lanes past total sent nothing
-            used[: total % W] += 1
-        else:
-            used = np.asarray(rounds, dtype=np.int64)
+        W, uses = self.W, self.uses  # uses: this call's own copy (uint32: ids wrap mod 2^32 as they should)
+        if rounds is None:  # every lane sent total // W packets, the first total % W one more: slices, no index arrays
+            q, r = divmod(total, W)
+            if q:
+                uses += np.uint32(q & wire.PACKET_ID_MASK)
+            end = self.first + r
+            uses[self.first:min(end, W)] += np.uint32(1)
+            if end > W:
+                uses[:end - W] += np.uint32(1)
+            return uses, end % W
+        used = np.asarray(rounds, dtype=np.int64)
         slots = (self.first + np.arange(used.size)) % W  # one vector step: a window has hundreds of lanes
         uses[slots] = ((uses[slots].astype(np.int64) + used) & wire.PACKET_ID_MASK).astype(np.uint32)
-        return uses, (self.first + (len(rounds) if rounds is not None else total)) % W
+        return uses, (self.first + len(rounds)) % W
 
 
 class Stream:

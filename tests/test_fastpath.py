@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hyp
 
 import hostlib
 from hostlib import errors as ina_errors
@@ -474,3 +476,24 @@ def test_allreduce_without_out_reuses_a_result_only_once_nobody_holds_it(recordi
             np.testing.assert_allclose(fifth, i * x, rtol=1e-6)
             seen.add(fifth.__array_interface__["data"][0])
         assert len(seen) == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(window=hyp.integers(1, 300), first=hyp.integers(0, 299), total=hyp.integers(0, 2000),
+       near_wrap=hyp.booleans(), seed=hyp.integers(0, 2 ** 32 - 1))
+def test_a_dense_calls_slot_ids_move_on_as_its_packets_went_out(window, first, total, near_wrap, seed):
+    """CallSlots.commit (slices per lane, no index arrays) against packet q going out on lane q mod W, one id
+    per packet, ids wrapping mod 2^32; the next call starts on the slot after the last lane used."""
+    from hostlib.streams import CallSlots
+
+    first %= window
+    rs = np.random.default_rng(seed)
+    uses = (np.full(window, 2 ** 32 - 1, dtype=np.uint64) - rs.integers(0, 3, window) if near_wrap
+            else rs.integers(0, 2 ** 32, window, dtype=np.uint64)).astype(np.uint32)
+    expected = uses.astype(np.int64)
+    for q in range(total):
+        expected[(first + q) % window] += 1
+    got, next_slot = CallSlots(first, uses).commit(total=total)
+    assert got.dtype == np.uint32
+    assert (got == (expected & wire.PACKET_ID_MASK)).all()
+    assert next_slot == (first + total) % window
