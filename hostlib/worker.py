@@ -140,7 +140,7 @@ class Communicator:
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
         self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto)
         self.seed = seed
-        self._seed_base = (None, 0)  # ((seed, job, rank), their derive_seed): _start
+        self._seed_base = rng.derive_seed(seed, job, rank)  # a call's seed: one more derive_seed step (_start)
         self.fast = fast  # None: the C loop where it applies; False: always the Python loop
         self.key = auth.check_key(key) if key is not None else auth.key_from_env()
         self.stats = CommStats()
@@ -649,10 +649,7 @@ class Communicator:
     def _start(self, call, flat: np.ndarray | None):
         """The call starts: its RNG seed and slots; returns the C loop's kind for flat (None: the Python
         loop, always for flat None)."""
-        ident = (self.seed, self.job, self.rank)
-        if self._seed_base[0] != ident:  # derive_seed(seed, job, rank, calls) with its first three steps kept
-            self._seed_base = (ident, rng.derive_seed(*ident))
-        call.start(rng.key(self._seed_base[1] ^ (self._calls & rng.MASK64)))
+        call.start(rng.key(self._seed_base ^ (self._calls & rng.MASK64)))  # derive_seed(seed, job, rank, calls)
         self._calls += 1
         return self._c_loop_kind(call.codec, flat)
 
