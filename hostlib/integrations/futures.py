@@ -106,6 +106,7 @@ class CallQueue:
         self._running = False
         self._closed = False
         self.inline = 0  # calls run by the thread that waited for them
+        self._main = threading.main_thread().ident  # read once: enter_here runs on every inline call
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
@@ -155,11 +156,8 @@ class CallQueue:
     def enter_here(self) -> bool:
         """enter() for a call that would run on this thread (on_callers_thread), in one call: the inline path's
         entry, where each call into Python costs a small call's time several times over on a busy machine."""
-        return self.on_callers_thread() and self.enter()
-
-    def leave(self):
-        """The call enter() began has ended."""
-        self._ended()
+        return (threading.get_ident() == self._main and torch._C._current_autograd_node() is None
+                and self.enter())
 
     def wake(self):
         """Let the queue's thread run the queued calls (someone will wait on a call's future, not here)."""
@@ -220,10 +218,10 @@ class CallQueue:
         try:
             entry.fn(*entry.args)
         finally:
-            self._ended()
+            self.leave()
 
-    def _ended(self):
-        """A call ended: wake whoever waits for that."""
+    def leave(self):
+        """The call enter() (or the queue) began has ended: wake whoever waits for that."""
         with self._lock:
             self._running = False
             if self._idle_waiters:

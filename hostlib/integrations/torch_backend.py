@@ -475,7 +475,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         avg = op == _AVG
         if not avg and op != _SUM:
             return None
-        lane = self._lane(t)
+        lane = self._lanes.get((t.data_ptr(), t.numel(), t.dtype)) or self._lane(t)
         if lane is None or not self._worker.enter_here():
             return None
         try:
@@ -558,7 +558,11 @@ class ProcessGroupINA(dist.ProcessGroup):
             raise
         self.counters["switch_calls"] += 1
         self._count(what, path)
-        self._keep(n, x, total)
+        if lane is None:
+            self._keep(n, x, total)
+        else:  # the inline path: the tail _keep would copy, into the lane's own buffer
+            lane.kept[...] = lane.tail
+            self._kept, self._landing = (n, lane.start, lane.kept), None
         return total
 
     def _keep(self, n: int, x: torch.Tensor, total: torch.Tensor):
@@ -571,7 +575,7 @@ class ProcessGroupINA(dist.ProcessGroup):
             return
         k, window, flat = self._landing  # flat: total's numpy view (a numpy copy costs a third of torch's)
         self._landing = None  # not holding the caller's tensor
-        start = max(0, -(-flat.size // k) - window) * k
+        start = _kept_from(flat.size, k, window)
         self._kept = (n, start, flat[start:].copy())
 
     def _rejoin(self, n: int) -> bool:
@@ -704,8 +708,9 @@ class ProcessGroupINA(dist.ProcessGroup):
         made at its first call); 16-bit floats travel as float32, in a copy."""
         if lane is not None:
             comm = self.comm
-            gen = comm.gen  # its max_elements and window, without the properties' calls
-            self._landing = (min(lane.k, gen.max_elements), gen.window, lane.view)
+            if comm.gen is not lane.gen:  # the lane's first call on this generation (a re-join may change both)
+                lane.land_on(comm.gen)
+            self._landing = lane.landing
             comm.allreduce_in_place(lane.view, lane.codec, lane.k)
             return x, lane.count[1]
         codec, k, path = self._route(x)
@@ -862,10 +867,28 @@ class _Lane:
     that address, size and dtype, so the memory is the caller's, alive), the route (codec, elements per
     packet) and the (kind, path) its calls count under. Making the view costs more than the rest of the call."""
 
-    __slots__ = ("view", "codec", "k", "count")
+    __slots__ = ("view", "codec", "k", "count", "gen", "landing", "start", "tail", "kept")
 
     def __init__(self, view, codec, k, count):
         self.view, self.codec, self.k, self.count = view, codec, k, count
+        self.gen = None  # the generation landing, start, tail and kept were made for
+
+    def land_on(self, gen):
+        """Its calls' landing on generation gen (block size, window, view: ProcessGroupINA._landing) and what
+        _keep keeps of their sums (the tail from `start`, copied into `kept`, a buffer of the lane's own: the
+        kept sum of the last call that succeeded, overwritten only by the next success, which replaces it)."""
+        k = min(self.k, gen.max_elements)
+        self.landing = (k, gen.window, self.view)
+        self.start = _kept_from(self.view.size, k, gen.window)
+        self.tail = self.view[self.start:]
+        self.kept = np.empty_like(self.tail)
+        self.gen = gen
+
+
+def _kept_from(size: int, k: int, window: int) -> int:
+    """The first element _keep keeps of a sum of size elements landed in blocks of k with this window: the
+    last `window` blocks' (a rank whose call failed lacks at most those)."""
+    return max(0, -(-size // k) - window) * k
 
 
 class DoneWork(dist.Work):
