@@ -117,7 +117,8 @@ def row_of(path: str, world: int, model: str, batch: int, repeats: list[list[dic
     p50s = [p[0] for p in per_repeat]
     reps = repeats[-1]
     row = {"model": model, "workers": world, "path": path}
-    row.update({f"sec/iter p{q}": round(float(v), 5) for q, v in zip(PERCENTILES, pct)})
+    # significant digits, not decimals: a sub-millisecond step rounded to 10 us would be off by over 1 %
+    row.update({f"sec/iter p{q}": float(f"{v:.5g}") for q, v in zip(PERCENTILES, pct)})
     row["p50 spread"] = f"{min(p50s):.4f}..{max(p50s):.4f}"
     row["examples/s p50"] = round(batch * world / float(pct[0]), 1)
     row["params equal"] = len({r["checksum"] for r in reps}) == 1
