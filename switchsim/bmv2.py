@@ -27,6 +27,7 @@ error from here. Not-member errors (unknown_worker, wrong_session) are made in t
 from __future__ import annotations
 
 import copy
+import functools
 import ipaddress
 import itertools
 import os
@@ -59,9 +60,13 @@ CONTROLLER_ELECTION_ID = (2, 0)
 
 def why_not() -> str:
     """Why this machine cannot run the BMv2 backend ("" if it can)."""
-    if gen_p4.find_tool("simple_switch_grpc") is None:
+    tool = gen_p4.find_tool("simple_switch_grpc")
+    if tool is None:
         return ("simple_switch_grpc not found (BMv2 with P4Runtime: set $SIMPLE_SWITCH_GRPC or put it on PATH; "
                 "see p4/README.md)")
+    broken = _does_not_run(tool)
+    if broken:
+        return broken
     try:
         import grpc  # noqa: F401
         import p4runtime_sh.shell  # noqa: F401 - p4runtime-shell: the P4Runtime client
@@ -97,6 +102,21 @@ class BMv2Namespace(VethNamespace):
         return why_not()
 
 
+@functools.lru_cache(maxsize=None)
+def _does_not_run(tool: str) -> str:
+    """Why `tool --version` fails ("" if it runs): a binary that is found but cannot start (its shared
+    libraries missing: the prebuilt toolchain's install-deps, p4/README.md) is missing too, not a failed switch."""
+    try:
+        run = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{tool} does not run: {e}"
+    if run.returncode != 0:
+        said = (run.stderr or run.stdout).strip().splitlines()
+        return (f"{tool} does not run (exit {run.returncode}: {said[-1] if said else 'no output'}); install its "
+                f"runtime libraries (p4/README.md)")
+    return ""
+
+
 class BMv2Process:
     """simple_switch_grpc with no program yet, P4Runtime on a unix socket (reachable from any namespace):
     `socket`, or p4rt.sock in a temporary directory."""
@@ -118,8 +138,9 @@ class BMv2Process:
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                said = self.output()  # before stop(), which closes the log
                 self.stop()
-                raise RuntimeError(f"simple_switch_grpc did not start: {self.output()}")
+                raise RuntimeError(f"simple_switch_grpc did not start: {said}")
             time.sleep(0.05)
 
     def output(self) -> str:

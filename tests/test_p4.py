@@ -118,3 +118,33 @@ def test_told_drops_are_the_wires():
         {r: r for r in wire.TOLD_DROPS}
     width = int(re.search(r"header told_text_t \{ bit<(\d+)> text; \}", src).group(1))
     assert width == 8 * max(map(len, wire.TOLD_DROPS))
+
+
+def _fake_switch(tmp_path, version_exit: int, said: str) -> str:
+    """An executable standing in for simple_switch_grpc: `--version` exits version_exit, anything else
+    prints `said` and exits 1 (a switch that cannot start)."""
+    path = tmp_path / "simple_switch_grpc"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{said}" >&2; exit {version_exit}; fi\n'
+                    f'echo "{said}"; exit 1\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_bmv2_binary_that_cannot_run_is_named_missing_not_a_failed_switch(tmp_path, monkeypatch):
+    """Found but unable to start (its shared libraries not installed): why_not() says so, and the BMv2 suites
+    skip with that reason instead of failing at their first switch."""
+    from switchsim import bmv2
+
+    lib = "error while loading shared libraries: libgrpc++.so.1.51: cannot open shared object file"
+    monkeypatch.setenv("SIMPLE_SWITCH_GRPC", _fake_switch(tmp_path, 127, lib))
+    reason = bmv2.why_not()
+    assert "does not run" in reason and "exit 127" in reason and "libgrpc++.so.1.51" in reason
+
+
+def test_a_bmv2_switch_that_fails_to_start_says_what_it_printed(tmp_path, monkeypatch):
+    from switchsim import bmv2
+
+    monkeypatch.setenv("SIMPLE_SWITCH_GRPC", _fake_switch(tmp_path, 0, "Nanomsg returned a exception when trying "
+                                                                         "to bind to address"))
+    with pytest.raises(RuntimeError, match="did not start: Nanomsg returned a exception"):
+        bmv2.BMv2Process([], timeout=10)
