@@ -106,16 +106,14 @@ class CallQueue:
         self._running = False
         self._closed = False
         self.inline = 0  # calls run by the thread that waited for them
-        self._main = threading.main_thread().ident  # read once: enter_here runs on every inline call
+        self._main = threading.main_thread().ident  # read once: on_callers_thread runs on every call
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    @staticmethod
-    def on_callers_thread() -> bool:
+    def on_callers_thread(self) -> bool:
         """Whether a call made now may run on the thread that waits for it: made from the main thread, outside
         backward (whose calls must progress with nobody waiting on them)."""
-        return (threading.get_ident() == threading.main_thread().ident
-                and torch._C._current_autograd_node() is None)
+        return threading.get_ident() == self._main and torch._C._current_autograd_node() is None
 
     def submit(self, fn, *args, wake: bool | None = None) -> "_Call":
         """Queue fn(*args) and return its entry. wake=None: wake the queue's thread for a call made from
@@ -156,8 +154,7 @@ class CallQueue:
     def enter_here(self) -> bool:
         """enter() for a call that would run on this thread (on_callers_thread), in one call: the inline path's
         entry, where each call into Python costs a small call's time several times over on a busy machine."""
-        return (threading.get_ident() == self._main and torch._C._current_autograd_node() is None
-                and self.enter())
+        return self.on_callers_thread() and self.enter()
 
     def wake(self):
         """Let the queue's thread run the queued calls (someone will wait on a call's future, not here)."""

@@ -475,7 +475,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         avg = op == _AVG
         if not avg and op != _SUM:
             return None
-        lane = self._lanes.get((t.data_ptr(), t.numel(), t.dtype)) or self._lane(t)
+        lane = self._lane(t)
         if lane is None or not self._worker.enter_here():
             return None
         try:
@@ -558,18 +558,18 @@ class ProcessGroupINA(dist.ProcessGroup):
             raise
         self.counters["switch_calls"] += 1
         self._count(what, path)
-        if lane is None:
-            self._keep(n, x, total)
-        else:  # the inline path: the tail _keep would copy, into the lane's own buffer
-            lane.kept[...] = lane.tail
-            self._kept, self._landing = (n, lane.start, lane.kept), None
+        self._keep(n, x, total, lane)
         return total
 
-    def _keep(self, n: int, x: torch.Tensor, total: torch.Tensor):
+    def _keep(self, n: int, x: torch.Tensor, total: torch.Tensor, lane: "_Lane | None" = None):
         """What a recovery may have to hand to ranks that missed call n's last results: a rank whose call
         failed has every block's sum but those of the window's last packets (it sent a slot's next packet
-        only after the result of its last), so of a sum landed block by block the last `window` blocks;
-        otherwise the whole sum (a copy when it is x, the caller's)."""
+        only after the result of its last), so of a sum landed block by block the last `window` blocks (a
+        lane's into its own buffer); otherwise the whole sum (a copy when it is x, the caller's)."""
+        if lane is not None:
+            lane.kept[...] = lane.tail
+            self._kept, self._landing = (n, lane.start, lane.kept), None
+            return
         if self._landing is None:
             self._kept = (n, 0, total.clone() if total is x else total)
             return
