@@ -5,8 +5,8 @@
  * NC sums -> codes needs floor(log2 |s|) exactly and SplitMix64 words (ina_rng.h) per lane: AVX-512 has
  * vplzcntq (CD) and vpmullq (DQ); AVX2 takes the exponent of an exact double (|s| >> 12 or |s| itself,
  * both below 2^52) and builds the 64-bit multiply from three 32x32 ones. Narrow rounds (sums within 2^30,
- * ina_core.c values()) have int32 twins: scalar and AVX2 (8 lanes, log2 from a float); AVX-512 keeps its
- * 64-bit lanes. */
+ * ina_core.c values()) have int32 twins: scalar, AVX2 (8 lanes, log2 from a float) and AVX-512 (16 lanes,
+ * vplzcntd). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -513,8 +513,99 @@ AVX512 static int nc_add_finish_avx512(const uint8_t *p, const int64_t *acc, uin
     return (over != 0) | (int)bad;
 }
 
+/* narrow rounds, 16 int32 lanes (as the AVX2 twins, with vplzcntd for floor(log2) and masks for signs) */
+/* 16 codes -> 16 int32: 2^(m - lo) (0 for m = 0: the shift count wraps past 31), negated where bit 7 */
+AVX512 static inline __m512i nc_int16_avx512(const uint8_t *p, __m512i vlo)
+{
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512i x = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), vlo));
+    return _mm512_mask_sub_epi32(x, _mm512_test_epi32_mask(c, _mm512_set1_epi32(0x80)), _mm512_setzero_si512(), x);
+}
+
+AVX512 static void nc_values32_avx512(const uint8_t *p, uint32_t n, int floor, int32_t *v, int add)
+{
+    const __m512i vlo = _mm512_set1_epi32(floor + INA_NC_BIAS);
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i x = nc_int16_avx512(p + i, vlo);
+        if (add)
+            x = _mm512_add_epi32(x, _mm512_loadu_si512(v + i));
+        _mm512_storeu_si512(v + i, x);
+    }
+    nc_values32_scalar(p + i, n - i, floor, v + i, add);
+}
+
+/* 16 int32 sums (|s| <= 2^30) -> 16 codes as bytes; w: the high halves of the lanes' stream words (a <= 30
+ * bits of a word are ever used: the top ones) */
+AVX512 static inline __m128i nc_code16_avx512(__m512i s, __m512i vfloor, int det, __m512i w, __mmask16 *over)
+{
+    const __m512i one = _mm512_set1_epi32(1), max = _mm512_set1_epi32(INA_NC_LEVEL_MAX);
+    __mmask16 neg = _mm512_movepi32_mask(s);
+    __m512i mag = _mm512_abs_epi32(s);
+    __mmask16 nz = _mm512_test_epi32_mask(mag, mag);
+    __m512i a = _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(_mm512_or_si512(mag, one)));
+    __mmask16 up; /* a = 0 gives 0 either way (shift counts past 31 give 0; rem is 0, or mag is 0 and masked) */
+    if (det) {
+        up = _mm512_test_epi32_mask(_mm512_srlv_epi32(mag, _mm512_sub_epi32(a, one)), one); /* rem >= half */
+    } else {
+        __m512i rem = _mm512_xor_si512(mag, _mm512_sllv_epi32(one, a));
+        up = _mm512_cmplt_epu32_mask(_mm512_srlv_epi32(w, _mm512_sub_epi32(_mm512_set1_epi32(32), a)), rem);
+    }
+    __m512i level = _mm512_add_epi32(vfloor, a);
+    level = _mm512_mask_add_epi32(level, up, level, one);
+    *over |= _mm512_cmpgt_epi32_mask(level, max) & nz;
+    __m512i code = _mm512_add_epi32(_mm512_min_epi32(level, max), _mm512_set1_epi32(INA_NC_BIAS));
+    code = _mm512_mask_or_epi32(code, neg, code, _mm512_set1_epi32(0x80));
+    return _mm512_cvtepi32_epi8(_mm512_maskz_mov_epi32(nz, code));
+}
+
+/* the high 32 bits of the stream words of counters z0 (8 lanes) then z1 (8 lanes), in element order */
+AVX512 static inline __m512i words_hi16_avx512(__m512i z0, __m512i z1)
+{
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return _mm512_permutex2var_epi32(mix_avx512(z0), odd, mix_avx512(z1));
+}
+
+/* the narrow finish, with the round's last packet's codes added first when p is not NULL */
+AVX512 static inline int nc_finish32_body_avx512(const uint8_t *p, const int32_t *acc, uint32_t n, int floor,
+                                                 int det, uint64_t key, uint64_t base, uint8_t *res, uint32_t *done)
+{
+    const __m512i vfloor = _mm512_set1_epi32(floor), vlo = _mm512_set1_epi32(floor + INA_NC_BIAS);
+    const __m512i half = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA)), step = _mm512_set1_epi64((int64_t)(16 * INA_RNG_GAMMA));
+    __m512i z = counters8_avx512(key, base), w = _mm512_setzero_si512();
+    __mmask16 over = 0;
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16, z = _mm512_add_epi64(z, step)) {
+        __m512i s = _mm512_loadu_si512(acc + i);
+        if (p)
+            s = _mm512_add_epi32(s, nc_int16_avx512(p + i, vlo));
+        if (!det)
+            w = words_hi16_avx512(z, _mm512_add_epi64(z, half));
+        _mm_storeu_si128((__m128i *)(res + i), nc_code16_avx512(s, vfloor, det, w, &over));
+    }
+    *done = i;
+    return over != 0;
+}
+
+AVX512 static int nc_finish32_avx512(const int32_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
+                                     uint8_t *res)
+{
+    uint32_t i;
+    int over = nc_finish32_body_avx512(NULL, acc, n, floor, det, key, base, res, &i);
+    return over | nc_finish32_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
+}
+
+AVX512 static int nc_add_finish32_avx512(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det,
+                                         uint64_t key, uint64_t base, uint8_t *res)
+{
+    uint32_t i;
+    int over = nc_finish32_body_avx512(p, acc, n, floor, det, key, base, res, &i);
+    return over | nc_add_finish32_scalar(p + i, acc + i, n - i, floor, det, key, base + i, res + i);
+}
+
 const ina_lane_ops ina_lanes_avx512 = {"avx512", int32_values_avx512, int32_finish_avx512, nc_valid_avx512,
-                                       nc_values_avx512, nc_finish_avx512, nc_add_finish_avx512, NULL, NULL, NULL};
+                                       nc_values_avx512, nc_finish_avx512, nc_add_finish_avx512,
+                                       nc_values32_avx512, nc_finish32_avx512, nc_add_finish32_avx512};
 
 static const ina_lane_ops *best_supported(void)
 {
