@@ -9,7 +9,8 @@ configuration alternate there) and then its median over the invocations.
 
 Ratios: "x gloo" (time over gloo's), "x out" (a plain `y = allreduce(x)` row over the `out=` row of the same
 configuration), "x hostlib" (a torch ina row over hostlib's row of the same backend, codec and payload).
-The first lines say the commit and the CPU model: figures move with both.
+The first line says the commit, the CPU model and the SIMD paths the switch and the workers take: figures
+move with each.
 """
 from __future__ import annotations
 
@@ -71,15 +72,40 @@ def summary(invocations: list[dict]) -> list[dict]:
 
 
 def machine() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    """What the figures depend on besides the code: the commit (and whether the tree differs from it), the CPU
+    model and cores, and the SIMD paths the switch's core and the workers' kernels take on this CPU (one CPU
+    model name covers machines with and without AVX-512, which run different paths)."""
+    def git(*cmd):
+        return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
-    return {"commit": commit or "?", "cpu": cpu, "cores": os.cpu_count()}
+    return {"commit": git("rev-parse", "--short", "HEAD") or "?",
+            "changes": bool(git("status", "--porcelain", "--untracked-files=no")), "cpu": cpu,
+            "cores": os.cpu_count(), "switch lanes": switch_lanes(), "worker kernels": worker_kernels()}
+
+
+def switch_lanes() -> str:
+    """The lane path a C switch takes here (INA_SWITCH_SIMD, inherited by `serve`, or the best the CPU runs)."""
+    sys.path.insert(0, ROOT)
+    from switchsim import native
+
+    if native.lib is None:
+        return "not built"
+    return native.ffi.string(native.lib.ina_switch_lanes(native.CoreSwitch({1: 1}).core)).decode()
+
+
+def worker_kernels() -> str:
+    sys.path.insert(0, ROOT)
+    from hostlib import kernels
+
+    return kernels.simd_path()
 
 
 def table(rows: list[dict], info: dict, args) -> str:
-    lines = [f"# commit {info['commit']}, {info['cpu']}, {info['cores']} cores; {args.invocations} invocations of "
+    commit = info["commit"] + (" with uncommitted changes" if info["changes"] else "")
+    lines = [f"# commit {commit}, {info['cpu']}, {info['cores']} cores, switch lanes {info['switch lanes']}, "
+             f"worker kernels {info['worker kernels']}; {args.invocations} invocations of "
              f"`switchsim bench allreduce --repeat {args.repeat}` (medians of their medians; time spread = lowest "
              f"and highest median)",
              "| config | size | time (us) | spread (us) | x gloo | x out | x hostlib |", "|---|---|---|---|---|---|---|"]

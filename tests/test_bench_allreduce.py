@@ -205,3 +205,20 @@ def test_figures_take_ratios_within_an_invocation_then_medians_over_invocations(
     assert rows["c/nc x4 1024 B plain"]["x out"] == pytest.approx(1.1)  # median of 1.5, 1.0, 1.1
     assert rows["torch ina c/nc x4 1024 B"]["x hostlib"] == pytest.approx(2)  # median of 2, 3, 1
     assert "x out" not in out and "x hostlib" not in out
+
+
+def test_figures_say_the_simd_paths_and_uncommitted_changes_they_ran_with(monkeypatch):
+    """One CPU model name covers machines with and without AVX-512, whose switches sum NC rounds in other lanes:
+    the header says which paths ran, and a tree that differs from its commit says so."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import allreduce_figures as figures
+
+    from hostlib import kernels
+
+    monkeypatch.setenv("INA_SWITCH_SIMD", "scalar")
+    info = figures.machine()
+    assert info["switch lanes"] == "scalar" and info["worker kernels"] == kernels.simd_path()
+    header = figures.table([], {**info, "changes": True}, type("Args", (), {"invocations": 3, "repeat": 5}))
+    assert "switch lanes scalar" in header and "with uncommitted changes" in header
+    assert "uncommitted" not in figures.table([], {**info, "changes": False},
+                                              type("Args", (), {"invocations": 3, "repeat": 5}))
