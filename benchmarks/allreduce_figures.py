@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # switchsim and hostlib, for the paths machine() reports
 
 
 def invocation(args) -> list[dict]:
@@ -87,7 +88,6 @@ def machine() -> dict:
 
 def switch_lanes() -> str:
     """The lane path a C switch takes here (INA_SWITCH_SIMD, inherited by `serve`, or the best the CPU runs)."""
-    sys.path.insert(0, ROOT)
     from switchsim import native
 
     if native.lib is None:
@@ -96,7 +96,6 @@ def switch_lanes() -> str:
 
 
 def worker_kernels() -> str:
-    sys.path.insert(0, ROOT)
     from hostlib import kernels
 
     return kernels.simd_path()
