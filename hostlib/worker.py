@@ -49,17 +49,24 @@ from .streams import SCAN_EVERY, DenseStream, InFlight, RttEstimator, SparseStre
 # 4 workers and a C switch on loopback are fastest at 64 x 8 KiB, 32 x 16 KiB and 512 x 1 KiB packets in
 # flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
 IN_FLIGHT_BYTES = 512 << 10
+# ... and elements: those fixed-point optima were all ~128 K elements of 4 bytes. NC's 1-byte codes put four
+# times the elements in the same bytes (496 x 1024 at 1 KiB packets), while the switch sums them in 4-byte
+# lanes and the ranks read and write 4-byte floats: 64 MiB NC calls, 4 workers, run ~15 % faster at 160
+# packets of 1024 codes than at 496 (switch CPU 55 -> 42 ms a call; docs/performance.md, "The window in
+# elements"). The tighter bound wins; 4-byte codecs keep their window (640 packets > the bytes' 496).
+IN_FLIGHT_ELEMENTS = 160 << 10
 AUTO_WINDOW_MAX = 1024
 JOIN_ANSWERS = (wire.MSG_JOIN_WAIT, wire.MSG_JOIN_ACK, wire.MSG_ERROR)
 
 
-def auto_window(granted: int, payload: int, world_size: int) -> int:
-    """The window for a payload of `payload` bytes per packet: IN_FLIGHT_BYTES of packets, and no more than
-    half the switch's socket buffer shared by every worker's window (past it, results are dropped and wait
-    for a retransmission timeout); at least 4 packets, at most what the switch granted. Every rank computes
-    the same from the same arguments."""
+def auto_window(granted: int, payload: int, world_size: int, elements: int = 1) -> int:
+    """The window for packets of `payload` bytes carrying `elements` elements: IN_FLIGHT_BYTES of packets and
+    IN_FLIGHT_ELEMENTS of elements, and no more than half the switch's socket buffer shared by every worker's
+    window (past it, results are dropped and wait for a retransmission timeout); at least 4 packets, at most
+    what the switch granted. Every rank computes the same from the same arguments."""
     budget = min(IN_FLIGHT_BYTES, SOCKET_BUFFER // (2 * world_size))
-    return max(1, min(granted, max(4, budget // (wire.HEADER_SIZE + payload))))
+    packets = min(budget // (wire.HEADER_SIZE + payload), IN_FLIGHT_ELEMENTS // max(1, elements))
+    return max(1, min(granted, max(4, packets)))
 
 
 @dataclass
@@ -115,7 +122,7 @@ class Communicator:
         Args:
             switch, rank, world_size, job, codec: as in `hostlib.connect`.
             window: slots to use at once (the switch may grant fewer: self.window after the join). None:
-                as many packets as IN_FLIGHT_BYTES hold (auto_window), the same on every rank.
+                as many packets as IN_FLIGHT_BYTES and IN_FLIGHT_ELEMENTS hold (auto_window), the same on every rank.
             elements_per_packet: elements per packet (default: the codec's), asked in the join: every rank must
                 ask the same (the switch refuses the join otherwise), and the switch caps it at its limit.
             timeout: seconds without a result before an allreduce gives up.
@@ -172,7 +179,8 @@ class Communicator:
         window, auto, elements_per_packet = self._asked
         elements = elements_per_packet or self.codec.default_elements
         if auto:  # every rank asks the same (same codec, packet size, world): the switch grants their minimum
-            window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size)
+            window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size,
+                                 elements)
         gen = self._join(window, self._join_timeout, elements)
         if not 1 <= gen.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
             raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {gen.window}, "

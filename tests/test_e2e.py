@@ -138,6 +138,34 @@ def test_nc_of_values_below_the_lowest_level_completes_within_its_bound(switch_p
     assert np.count_nonzero(outs[0][:k]) > 0  # not all flushed to zero: unbiased rounding at the lowest level
 
 
+@pytest.mark.parametrize("switch_process", ["python", "c"], indirect=True)  # DPDK's veth: 1500-byte MTU
+@pytest.mark.parametrize("codec,elements,payload,window", [
+    ("nc", 1024, 1024, 160),  # 1-byte codes: the elements bound (IN_FLIGHT_ELEMENTS) binds
+    ("nc", 8192, 8192, 20),
+    ("int32", 256, 1024, 496),  # 4-byte elements: the bytes bound (IN_FLIGHT_BYTES) binds, as before
+    ("fixed", 2048, 8192, 63),
+])
+def test_the_default_window_bounds_bytes_and_elements_in_flight(switch_process, codec, elements, payload, window):
+    """The window connect picks (and the switch grants) holds at most 512 KiB of packets and 160 K elements:
+    NC's 1 KiB packets carry 1024 elements, four times a 4-byte codec's, and a window of their bytes made
+    64 MiB calls ~15 % slower (the switch's and the ranks' 4-byte lanes stop fitting in cache)."""
+    from hostlib.worker import IN_FLIGHT_BYTES, IN_FLIGHT_ELEMENTS, auto_window
+
+    assert auto_window(1024, payload, 4, elements) == window
+    assert window * elements <= IN_FLIGHT_ELEMENTS and window * payload <= IN_FLIGHT_BYTES
+    assert auto_window(1024, 1024, 64, 256) == 4 * 1024 * 1024 // 64 // (hostlib.wire.HEADER_SIZE + 1024)
+    assert auto_window(1024, 65000, 4, 65000) == 4  # never fewer than 4 packets
+    sw = switch_process("--workers", 1, "--elements-per-packet", max(elements, 1024))
+    with hostlib.connect(sw.address, 0, 1, codec=codec, elements_per_packet=elements, timeout=20) as comm:
+        assert comm.window == window
+        x = np.arange(3 * window * elements // 2, dtype=np.int32 if codec == "int32" else np.float32)
+        out = comm.allreduce(x)  # more packets than the window: slots are reused
+        if codec == "nc":
+            assert np.all(np.abs(out - x) <= np.abs(x))  # within one power of two
+        else:
+            assert np.allclose(out, x, rtol=1e-6, atol=1e-3)
+
+
 def test_two_jobs_share_one_switch(switch_process):
     sw = switch_process("--job", "1:2", "--job", "7:3", "--loss", 0.02)
     rs = np.random.default_rng(3)
