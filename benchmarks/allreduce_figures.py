@@ -8,7 +8,8 @@ configuration alternate there) and then its median over the invocations.
     python benchmarks/allreduce_figures.py --sizes 1K,64M --codecs nc --payloads 1024,8192 --plain --json
 
 Ratios: "x gloo" (time over gloo's), "x out" (a plain `y = allreduce(x)` row over the `out=` row of the same
-configuration), "x hostlib" (a torch ina row over hostlib's row of the same backend, codec and payload).
+configuration, or the plain row's own, measured in batches alternating with out= in the same
+processes), "x hostlib" (a torch ina row over hostlib's row of the same backend, codec and payload).
 The first line says the commit, the CPU model and the SIMD paths the switch and the workers take: figures
 move with each.
 """
@@ -46,7 +47,9 @@ def ratios(rows: list[dict]) -> dict:
         row = {"time": r["time"]}
         if size in gloo:
             row["x gloo"] = r["time"] / gloo[size]
-        if config.endswith(" plain") and (config[:-6], size) in by:
+        if "x out" in r:  # a plain row's own: paired with out= in its processes (inabench.allreduce.PAIRS)
+            row["x out"] = r["x out"]
+        elif config.endswith(" plain") and (config[:-6], size) in by:
             row["x out"] = r["time"] / by[config[:-6], size]["time"]
         if config.startswith("torch ina ") and (config[len("torch ina "):], size) in by:
             row["x hostlib"] = r["time"] / by[config[len("torch ina "):], size]["time"]

@@ -183,34 +183,66 @@ def count_wrong(codec: str, inputs, out, k: int) -> int | None:
 
 def _ina_sizes_rank(rank, n, _port, address, codec, elements, counts, window, n_iters, plain, out):
     """One INA rank: per count, warm-up then timed allreduces on one connection, out of place into one
-    preallocated buffer (nccl-tests' recvbuff: no fresh pages per call), or with plain as users call it,
-    `y = allreduce(x)`; rank 0 checks the last result of each size after the loop (checking in between
-    would delay the next size's first call)."""
+    preallocated buffer (nccl-tests' recvbuff: no fresh pages per call); with plain, as users call it,
+    `y = allreduce(x)`, paired with `out=` (_paired_batches). Rank 0 checks the last result of each size after
+    the loop (checking in between would delay the next size's first call)."""
     import hostlib
 
     from .demo import make_input
 
-    times, last = [], []
+    times, last, pairs = [], [], []
     with hostlib.connect(address, rank, n, job=1, codec=codec, elements_per_packet=elements, timeout=60,
                          window=window) as comm:
         for count in counts:
             x = make_input(codec, count, rank)
             res = np.empty_like(x)
-
-            def call():
-                return comm.allreduce(x) if plain else comm.allreduce(x, out=res)
-
             warm, iters = _iterations(4 * count, n_iters)
             for _ in range(warm):
-                res = call()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                res = call()  # plain: the last result is held during the call, as in a user's loop
-            times.append((time.perf_counter() - t0) / iters)
+                comm.allreduce(x, out=res)
+            if plain:
+                took, res = _paired_batches(comm, x, res, warm, iters)
+                pairs.append(took)
+                times.append(float(np.mean([p for p, _ in took])))
+            else:
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    comm.allreduce(x, out=res)
+                times.append((time.perf_counter() - t0) / iters)
             last.append(res if rank == 0 else None)
     wrong = [count_wrong(codec, [make_input(codec, c, r) for r in range(n)], res, elements) if rank == 0 else None
              for c, res in zip(counts, last)]
-    out.put((rank, times, wrong))
+    out.put((rank, times, wrong, pairs))
+
+
+PAIRS = 8  # plain rows: batches of `y = allreduce(x)` and of `out=` per size, in turn
+
+
+def _paired_batches(comm, x, res, warm, iters):
+    """`y = allreduce(x)` against `allreduce(x, out=res)` in the same processes, on the same connection: PAIRS
+    pairs of batches of `iters` calls, the order swapped every other pair, after `warm` plain calls (by the
+    second, hostlib's two kept result buffers exist and the steady state is timed). Returns ([(seconds per plain
+    call, seconds per out= call)] per pair, the last plain result). Rows of separate process sets, seconds
+    apart, differ by ±10 % on a shared VM; a pair's batches run within a second of each other."""
+    y = res
+    for _ in range(warm):
+        y = comm.allreduce(x)
+
+    def batch(is_plain):
+        nonlocal y
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            if is_plain:
+                y = comm.allreduce(x)  # the last result is held during the call, as in a user's loop
+            else:
+                comm.allreduce(x, out=res)
+        return (time.perf_counter() - t0) / iters
+
+    took = []
+    for k in range(PAIRS):
+        first = batch(k % 2 == 0)
+        second = batch(k % 2 == 1)
+        took.append((first, second) if k % 2 == 0 else (second, first))
+    return took, y
 
 
 def _timed_all_reduce(dist, x: np.ndarray, n_iters) -> float:
@@ -361,7 +393,18 @@ def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None
     finally:
         if sw is not None:
             sw.stop()
-    return _rows(config, sizes, reports, workers, "int32" if codec == "int32" else "float", in_place=False)
+    rows = _rows(config, sizes, [r[:3] for r in reports], workers, "int32" if codec == "int32" else "float",
+                 in_place=False)
+    for i, row in enumerate(rows if plain else ()):
+        row["x out"] = paired_ratio([r[3][i] for r in reports])
+    return rows
+
+
+def paired_ratio(ranks: list[list[tuple[float, float]]]) -> float:
+    """A plain row's "x out" from every rank's pairs (plain, out=) of batches: per pair, the ranks' mean plain
+    time over their mean out= time; the median over the pairs."""
+    return float(np.median([np.mean([r[k][0] for r in ranks]) / np.mean([r[k][1] for r in ranks])
+                            for k in range(len(ranks[0]))]))
 
 
 def _gloo_config(workers, sizes, iters=None) -> list[dict]:
@@ -401,6 +444,8 @@ def _median_rows(rounds: list[list[dict]], n: int) -> list[dict]:
         wrong = [r["#wrong"] for r in same if r.get("#wrong") is not None]
         out.append({**row, "time": med, "algbw": algbw, "busbw": busbw, "#wrong": max(wrong) if wrong else None,
                     "min us": times[0], "max us": times[-1], "repeat": len(same)})
+        if "x out" in row:  # plain rows: the median of the rounds' paired ratios
+            out[-1]["x out"] = float(np.median([r["x out"] for r in same]))
     return out
 
 

@@ -34,7 +34,8 @@ def nccl_table(rows: list[dict]) -> str:
              "# INA: out of place into a preallocated buffer (allreduce(x, out=y), nccl-tests' recvbuff); "
              "gloo and torch ina (init_process_group(\"ina\")): in place (all_reduce(t); the input copied in "
              "again, untimed, before it grows by 2^32); "
-             "\"plain\": y = allreduce(x), as users call it"]
+             "\"plain\": y = allreduce(x), as users call it, in batches alternating with out= in the same "
+             "processes (x out: plain over out=, per pair of batches, the median)"]
     if repeat > 1:
         lines.append(f"# time: the median of {repeat} runs of each configuration, alternating (every other round in "
                      f"reverse order); min, max: of those runs; x gloo: time / gloo's median time")
@@ -43,6 +44,8 @@ def nccl_table(rows: list[dict]) -> str:
         note = ("memory bound: np.copyto of the same buffer, one core (algbw = size / copy time)"
                 if block[0]["backend"] == "memory" else
                 f"{config}: {'in place' if block[0].get('in place') else 'out of place'}")
+        if block[0].get("x out") is not None:
+            note += "; x out " + ", ".join(f"{r['x out']:.3f}" for r in block if r.get("x out") is not None)
         if block[0].get("recoveries") is not None:
             note += f"; no store operation per call ({block[0]['recoveries']} recoveries)"
             if block[0].get("gloo calls"):

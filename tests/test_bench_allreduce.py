@@ -137,6 +137,27 @@ def test_bench_allreduce_sweeps_windows_on_shared_memory():
         assert r["window"] == w and r["#wrong"] == 0 and r["time"] > 0
 
 
+def test_plain_rows_pair_their_calls_with_out_in_the_same_processes():
+    """--plain: `y = allreduce(x)` in batches alternating with `allreduce(x, out=y)` on the same connection;
+    the row's x out is the median over pairs of plain over out= (rows of separate process sets, seconds apart,
+    move by ±10 % on a shared VM), the result exact, and the table says it."""
+    from inabench import allreduce
+
+    assert allreduce.paired_ratio([[(2.0, 1.0), (3.0, 3.0), (1.0, 2.0)], [(2.0, 1.0), (3.0, 3.0), (1.0, 2.0)]]) == 1.0
+    assert allreduce.paired_ratio([[(2.0, 1.0)], [(4.0, 1.0)]]) == 3.0  # the ranks' means, then the ratio
+    cmd = [sys.executable, "-m", "switchsim", "bench", "allreduce", "--sizes", "4K,64K", "--workers", "2",
+           "--backends", "c", "--codecs", "int32", "--plain", "--iters", "3", "--no-gloo"]
+    run = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    _no_terminal_codes(run)
+    rows = [r for r in json.loads(run.stdout)["allreduce"] if r["config"] == "c/int32 x2 1024 B plain"]
+    assert [r["size"] for r in rows] == [4096, 65536]
+    for r in rows:
+        assert r["#wrong"] == 0 and 0.2 < r["x out"] < 5 and r["time"] > 0
+    assert all("x out" not in r for r in json.loads(run.stdout)["allreduce"] if not r["config"].endswith("plain"))
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert "# c/int32 x2 1024 B plain: out of place; x out " in run.stdout
+
+
 def test_repeat_reports_medians_spread_and_ratio_to_gloos_median(monkeypatch):
     """--repeat R: every configuration runs R times in alternating order; a row is the median of its runs,
     with their min and max, and x gloo divides by gloo's median. Measured here with stand-in runs whose
@@ -205,6 +226,10 @@ def test_figures_take_ratios_within_an_invocation_then_medians_over_invocations(
     assert rows["c/nc x4 1024 B plain"]["x out"] == pytest.approx(1.1)  # median of 1.5, 1.0, 1.1
     assert rows["torch ina c/nc x4 1024 B"]["x hostlib"] == pytest.approx(2)  # median of 2, 3, 1
     assert "x out" not in out and "x hostlib" not in out
+    paired = figures.ratios([{"config": "c/nc x4 1024 B", "backend": "c", "size": 1024, "time": 2.0},
+                             {"config": "c/nc x4 1024 B plain", "backend": "c", "size": 1024, "time": 3.0,
+                              "x out": 1.02}])
+    assert paired["c/nc x4 1024 B plain", 1024]["x out"] == 1.02  # the row's own, paired in its processes
 
 
 def test_figures_say_the_simd_paths_and_uncommitted_changes_they_ran_with(monkeypatch):
