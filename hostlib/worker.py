@@ -59,7 +59,7 @@ AUTO_WINDOW_MAX = 1024
 JOIN_ANSWERS = (wire.MSG_JOIN_WAIT, wire.MSG_JOIN_ACK, wire.MSG_ERROR)
 
 
-def auto_window(granted: int, payload: int, world_size: int, elements: int = 1) -> int:
+def auto_window(granted: int, payload: int, world_size: int, elements: int) -> int:
     """The window for packets of `payload` bytes carrying `elements` elements: IN_FLIGHT_BYTES of packets and
     IN_FLIGHT_ELEMENTS of elements, and no more than half the switch's socket buffer shared by every worker's
     window (past it, results are dropped and wait for a retransmission timeout); at least 4 packets, at most
