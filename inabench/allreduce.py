@@ -122,10 +122,16 @@ WARMUP = 2  # calls before the timed ones (nccl-tests' -w, default 5): by the se
 # buffers exist (hostlib keeps two per size, so `y = allreduce(x)` takes turns) and the steady state is timed
 
 
+TIMED_BYTES = 256 << 20  # timed calls per size without --iters: about this many bytes per rank,
+TIMED_CALLS = (4, 100)  # at least 4 and at most 100 calls. 20 calls of 1 KiB were ~10 ms of timing, and one
+# call of 64 MiB a row of its own: rows the scheduler of a shared 2-core VM moved by 10-40 % between rounds
+
+
 def _iterations(size: int, iters: int | None = None) -> tuple[int, int]:
-    """(warm-up, timed) calls per size: `iters` timed calls (nccl-tests' -n), else about 32 MiB per size,
-    1 to 20 calls."""
-    return WARMUP, iters or max(1, min(20, (32 << 20) // size))
+    """(warm-up, timed) calls per size: `iters` timed calls (nccl-tests' -n), else about TIMED_BYTES per size
+    within TIMED_CALLS."""
+    lo, hi = TIMED_CALLS
+    return WARMUP, iters or max(lo, min(hi, TIMED_BYTES // size))
 
 
 def _nc_grid_round(v: np.ndarray, unit: np.ndarray, up: bool) -> np.ndarray:

@@ -140,7 +140,7 @@ def _add_sweeps(bench_parser):
                          "nccl-tests' top is 256M)")
     sp.set_defaults(backends="c")  # the python reference switch: `--backends python,c`; shared memory: shm
     sp.add_argument("--iters", type=int, default=None, metavar="N",
-                    help="timed calls per size (nccl-tests' -n; default: about 32 MiB per size, 1 to 20)")
+                    help="timed calls per size (nccl-tests' -n; default: about 256 MiB per size, 4 to 100)")
     sp.add_argument("--repeat", type=int, default=1, metavar="R",
                     help="run every configuration and gloo R times, alternating, and report each row's median, "
                          "min and max, and its ratio to gloo's median (default %(default)s)")
