@@ -23,7 +23,7 @@ typedef struct {
     uint8_t call_kind, writer;     /* the round's call (of its first packet) and the rank that sent that */
     uint16_t call;
     uint32_t call_len;
-    uint8_t narrow;  /* an NC round summed in int32 lanes, counted from narrow_floor (values()) */
+    uint8_t narrow;  /* a round summed in int32 lanes (NC: counted from narrow_floor; values()) */
     int8_t narrow_floor;
     int64_t *acc;    /* max_elements: int64 sums, or int32 ones in the first half (narrow) */
     uint8_t *result; /* INA_BLOCK_EXT_SIZE + max_elements * 4: the result payload, kept for unicast resends */
@@ -344,13 +344,43 @@ static int nc_values(const ina_switch *sw, const job_t *j, const header *h, cons
     return 1;
 }
 
+/* An int32 round is summed in int32 lanes until an add wraps: that packet widens it to int64. Every earlier
+ * add fit, so each lane's wrapped sum less the packet's element (mod 2^32) is its exact sum before it; the
+ * int64 sums then decide OVERFLOW at finish as before. Half the memory and twice the lanes per vector of
+ * int64 sums, and the bytes and flags of the model (no peer sees the difference). */
+static void widen_int32(slot_set *st, const uint8_t *p, uint32_t n)
+{
+    for (uint32_t i = n; i-- > 0;) { /* backwards, as widen() */
+        int32_t s;
+        memcpy(&s, (const uint8_t *)st->acc + 4 * (size_t)i, sizeof s);
+        uint32_t x = rd32(p + 4 * i);
+        st->acc[i] = (int64_t)(int32_t)((uint32_t)s - x) + (int32_t)x;
+    }
+    st->narrow = 0;
+}
+
+static void int32_values(const ina_switch *sw, const uint8_t *p, uint32_t n, slot_set *st, int add)
+{
+    const ina_lane_ops *l = sw->lanes;
+    int32_t *acc32 = (int32_t *)(void *)st->acc;
+    if (!add && l->int32_values32) {
+        l->int32_values32(p, n, acc32, 0);
+        st->narrow = 1;
+    } else if (add && st->narrow) {
+        if (l->int32_values32(p, n, acc32, 1))
+            widen_int32(st, p, n);
+    } else {
+        l->int32_values(p, n, st->acc, add);
+    }
+}
+
 static int values(const ina_switch *sw, const job_t *j, const header *h, const uint8_t *p, slot_set *st, int add)
 {
     uint32_t n = h->count;
     if (!add)
-        st->narrow = 0; /* nc_values sets it for the rounds it sums */
+        st->narrow = 0; /* nc_values and int32_values set it for the rounds they sum */
     if (h->codec == INA_CODEC_INT32) {
-        sw->lanes->int32_values(p, n, st->acc, add);
+        int32_values(sw, p, n, st, add);
         return 1;
     }
     if (h->exp_cur == INA_EXP_NONE) {
@@ -408,7 +438,9 @@ static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
         wr32(st->result + 4, st->next_block);
     }
     if (st->codec == INA_CODEC_INT32) {
-        if (sw->lanes->int32_finish(acc, n, res)) { /* wraps like the hardware; the flag says so */
+        if (st->narrow) /* every add fit: so does the sum */
+            sw->lanes->int32_finish32((const int32_t *)(const void *)acc, n, res);
+        else if (sw->lanes->int32_finish(acc, n, res)) { /* wraps like the hardware; the flag says so */
             st->flags |= INA_FLAG_OVERFLOW;
             sw->c.overflows++;
         }

@@ -34,6 +34,10 @@ typedef struct {
                        uint8_t *res);
     int (*nc_add_finish32)(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det, uint64_t key,
                            uint64_t base, uint8_t *res);
+    /* narrow int32 rounds (ina_core.c): v[i] (+)= element i in int32 lanes, wrapping; nonzero if an add
+     * wrapped (the caller widens the round); res = acc as big-endian int32. NULL: every round is wide */
+    int (*int32_values32)(const uint8_t *p, uint32_t n, int32_t *v, int add);
+    void (*int32_finish32)(const int32_t *acc, uint32_t n, uint8_t *res);
 } ina_lane_ops;
 
 extern const ina_lane_ops ina_lanes_scalar, ina_lanes_avx2, ina_lanes_avx512;

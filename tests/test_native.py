@@ -471,6 +471,50 @@ def test_narrow_rounds_and_rounds_that_widen_match_the_model(monkeypatch, path, 
     stats = model.stats(per_slot=True)
     assert core.stats(per_slot=True) == stats and stats["dropped"]["bad_codes"] == 0 and stats["overflows"] > 0
 
+@pytest.mark.parametrize("path", SIMD_PATHS)
+@pytest.mark.parametrize("workers", [4, 64])
+def test_int32_rounds_in_int32_lanes_widen_where_an_add_wraps(monkeypatch, path, workers):
+    """The core sums an int32 round in int32 lanes and widens it to int64 at the first packet whose add wraps
+    (the second packet, a middle one or the last), up or down: a sum that leaves int32 on the way and comes
+    back is exact without OVERFLOW; one that ends outside has OVERFLOW and wrapped bytes, its terms all of one
+    sign, so only a wrap test that is right for that sign widens it (the bytes alone wrap alike either way).
+    Sparse blocks too; one length with a scalar tail. Bytes and counters = the model's."""
+    k = 1031
+    config = dict(slots=4, max_elements=k, seed=3, boot=BOOT)
+    model = Switch({1: workers}, **config)
+    core = forced_core(monkeypatch, path, {1: workers}, **config)
+    for sw in (model, core):
+        sw.admit(1, 1, 0x5E55, 0, list(range(workers)))
+    rs = np.random.default_rng(workers)
+    top = int(np.iinfo(np.int32).max)
+    for q in range(16):
+        n = k if q % 3 else k - 5
+        wrap_at = [None, 1, workers // 2, workers - 1][q % 4]
+        sign = 1 if q % 8 < 4 else -1
+        comes_back = q >= 8 and wrap_at != workers - 1
+        sparse = q % 5 == 2
+        for r in range(workers):
+            x = sign * rs.integers(0, 1000, n, dtype=np.int64)
+            if wrap_at is not None:  # lanes ::3: rank 0 near the edge, rank wrap_at's add leaves int32
+                x[::3] = sign * {0: top - 500, wrap_at: 1000}.get(r, 0)
+                if comes_back and r == workers - 1:
+                    x[::3] = -sign * 1000  # the last rank's brings the sums back in
+            payload = x.astype(np.int32).astype(">i4").tobytes()
+            if sparse:
+                pkt = wire.pack_sparse(wire.MSG_SPARSE_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n,
+                                       wire.CODEC_INT32, wire.EXP_NONE, wire.EXP_NONE, 0, 7, 8, payload, 0x5E55)
+            else:
+                pkt = wire.pack(wire.MSG_UPDATE, 1, r, q // 4, q % 4, (q // 4) & 1, n, wire.CODEC_INT32,
+                                wire.EXP_NONE, wire.EXP_NONE, 0, payload, 0x5E55)
+            want = model.process(pkt, r)
+            assert core.process(pkt, r) == want, f"round {q}, rank {r}"
+        assert len(want) == workers
+        overflow = bool(wire.unpack(want[0][0]).flags & wire.FLAG_OVERFLOW)
+        assert overflow == (wrap_at is not None and not comes_back), f"round {q}"
+    stats = model.stats(per_slot=True)
+    assert core.stats(per_slot=True) == stats and stats["overflows"] == 8 and sum(stats["dropped"].values()) == 0
+
+
 def test_core_answers_control_requests_like_the_model():
     clocks = [Clock(), Clock()]
     model = Switch({1: 2}, secret=5, clock=clocks[0], boot=BOOT)
