@@ -9,7 +9,9 @@ configuration alternate there) and then its median over the invocations.
 
 Ratios: "x gloo" (time over gloo's), "x out" (a plain `y = allreduce(x)` row over the `out=` row of the same
 configuration, or the plain row's own, measured in batches alternating with out= in the same
-processes), "x hostlib" (a torch ina row over hostlib's row of the same backend, codec and payload).
+processes), "x hostlib" (a torch ina row's own: its `dist.all_reduce` calls over hostlib's `out=` calls with
+the same codec and packets, in batches alternating in the same processes; "x hostlib, rows": the torch row
+over hostlib's row of the same backend, codec and payload, separate process sets).
 The first line says the commit, the CPU model and the SIMD paths the switch and the workers take: figures
 move with each.
 """
@@ -25,6 +27,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # switchsim and hostlib, for the paths machine() reports
+
+
+RATIOS = ("x gloo", "x out", "x hostlib", "x hostlib, rows")
 
 
 def invocation(args) -> list[dict]:
@@ -51,7 +56,11 @@ def ratios(rows: list[dict]) -> dict:
             row["x out"] = r["x out"]
         elif config.endswith(" plain") and (config[:-6], size) in by:
             row["x out"] = r["time"] / by[config[:-6], size]["time"]
-        if config.startswith("torch ina ") and (config[len("torch ina "):], size) in by:
+        if "x hostlib" in r:  # a torch row's own: paired with hostlib's calls in its processes
+            row["x hostlib"] = r["x hostlib"]
+            row["x hostlib, rows"] = r["time"] / by[config[len("torch ina "):], size]["time"] \
+                if (config[len("torch ina "):], size) in by else None
+        elif config.startswith("torch ina ") and (config[len("torch ina "):], size) in by:
             row["x hostlib"] = r["time"] / by[config[len("torch ina "):], size]["time"]
         got[config, size] = row
     return got
@@ -66,8 +75,8 @@ def summary(invocations: list[dict]) -> list[dict]:
         times = [g["time"] for g in got]
         row = {"config": config, "size": size, "invocations": len(got), "time": statistics.median(times),
                "time min": min(times), "time max": max(times)}
-        for name in ("x gloo", "x out", "x hostlib"):
-            values = [g[name] for g in got if name in g]
+        for name in RATIOS:
+            values = [g[name] for g in got if g.get(name) is not None]
             if values:
                 row[name] = statistics.median(values)
                 row[name + " spread"] = (min(values), max(values))
@@ -110,10 +119,11 @@ def table(rows: list[dict], info: dict, args) -> str:
              f"worker kernels {info['worker kernels']}; {args.invocations} invocations of "
              f"`switchsim bench allreduce --repeat {args.repeat}` (medians of their medians; time spread = lowest "
              f"and highest median)",
-             "| config | size | time (us) | spread (us) | x gloo | x out | x hostlib |", "|---|---|---|---|---|---|---|"]
+             "| config | size | time (us) | spread (us) | " + " | ".join(RATIOS) + " |",
+             "|---|---|---|---|" + "---|" * len(RATIOS)]
     for r in rows:
         cells = [f"{r[name]:.3g} ({r[name + ' spread'][0]:.3g}-{r[name + ' spread'][1]:.3g})" if name in r else ""
-                 for name in ("x gloo", "x out", "x hostlib")]
+                 for name in RATIOS]
         lines.append(f"| {r['config']} | {r['size']} | {r['time']:.0f} | {r['time min']:.0f}-{r['time max']:.0f} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)

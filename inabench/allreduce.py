@@ -251,6 +251,50 @@ def _paired_batches(comm, x, res, warm, iters):
     return took, y
 
 
+def _renew_every(dist) -> int:
+    """Calls after which a torch row's in-place input is copied in again (RENEW_BITS of growth)."""
+    return max(1, RENEW_BITS // max(1, (dist.get_world_size() - 1).bit_length()))
+
+
+def _torch_batch(dist, t, src, iters: int, every: int) -> float:
+    """Seconds per in-place dist.all_reduce(t) over iters calls, t copied in from src first and again every
+    `every` calls, untimed."""
+    took = 0.0
+    for k in range(iters):
+        if k % every == 0 and src is not None:
+            t.copy_(src)
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        took += time.perf_counter() - t0
+    return took / iters
+
+
+def _paired_with_hostlib(dist, pg, t, src, x: np.ndarray, iters: int):
+    """dist.all_reduce(t) against hostlib's `allreduce(x, out=y)` on the group's own connection with the codec
+    and packet size the group takes for t: PAIRS pairs of batches of iters calls in the same processes, the
+    order swapped every other pair. [(seconds per torch call, per hostlib call)] per pair. The rows of separate
+    process sets moved the ratio by 0.3 between invocations (each set's processes, imports and the machine's
+    moment differ); in turn, the calls share them."""
+    codec, k, _ = pg._route(t)
+    y, every, comm = np.empty_like(x), _renew_every(dist), pg.comm
+
+    def hostlib_batch():
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            comm.allreduce(x, out=y, codec=codec, elements=k)
+        return (time.perf_counter() - t0) / iters
+
+    hostlib_batch()  # warm: y's pages, this shape's C-loop frame
+    took = []
+    for p in range(PAIRS):
+        if p % 2 == 0:
+            took.append((_torch_batch(dist, t, src, iters, every), hostlib_batch()))
+        else:
+            h = hostlib_batch()
+            took.append((_torch_batch(dist, t, src, iters, every), h))
+    return took
+
+
 def _timed_all_reduce(dist, x: np.ndarray, n_iters) -> float:
     """Seconds per in-place dist.all_reduce(t) of the current process group, t starting as input x: warm-up
     calls, a barrier, one more call, then the timed calls (nccl-tests' -w and -n). The call after the barrier
@@ -262,22 +306,21 @@ def _timed_all_reduce(dist, x: np.ndarray, n_iters) -> float:
     runs on zeros (its codec's cost does not depend on the values), the check's call on x."""
     import torch
 
-    src = torch.from_numpy(x)
-    t = torch.zeros_like(src) if x.dtype == np.int32 else src.clone()
-    every = max(1, RENEW_BITS // max(1, (dist.get_world_size() - 1).bit_length()))
+    t, src = _torch_input(x)
     warm, iters = _iterations(4 * x.size, n_iters)
     for _ in range(warm):
         dist.all_reduce(t)
     dist.barrier()
-    took = 0.0
-    for k in range(-1, iters):  # call -1: the one after the barrier, untimed
-        if k % every == 0 and x.dtype != np.int32:
-            t.copy_(src)
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        if k >= 0:
-            took += time.perf_counter() - t0
-    return took / iters
+    dist.all_reduce(t)  # the call after the barrier, untimed
+    return _torch_batch(dist, t, src, iters, _renew_every(dist))
+
+
+def _torch_input(x: np.ndarray):
+    """(t, src): the tensor a torch row sums in place, and what it is copied in from (None: int32 on zeros)."""
+    import torch
+
+    src = torch.from_numpy(x)
+    return (torch.zeros_like(src), None) if x.dtype == np.int32 else (src.clone(), src)
 
 
 def _gloo_sizes_rank(rank, n, port, counts, n_iters, out):
@@ -333,17 +376,19 @@ def _torch_ina_sizes_rank(rank, n, port, address, codec, elements, counts, n_ite
 
     pg = init_ina_group(rank, n, port, address, codec, elements)
     dtype = "int32" if codec == "int32" else "float32"
-    times, wrong = [], []
+    times, wrong, pairs = [], [], []
     for count in counts:
         x = make_input(dtype, count, rank)
         times.append(_timed_all_reduce(dist, x, n_iters))
+        t, src = _torch_input(x)
+        pairs.append(_paired_with_hostlib(dist, pg, t, src, x, _iterations(4 * count, n_iters)[1]))
         t = torch.from_numpy(x.copy())
         dist.all_reduce(t)
         wrong.append(count_wrong(codec, [make_input(dtype, count, r) for r in range(n)], t.numpy(), elements)
                      if rank == 0 else None)
     stats = pg.ina_stats()
     fell_back = stats["gloo_calls"]
-    out.put((rank, times, wrong, stats["recoveries"], fell_back))
+    out.put((rank, times, wrong, stats["recoveries"], fell_back, pairs))
     dist.destroy_process_group()
 
 
@@ -365,8 +410,13 @@ def _torch_ina_config(backend, codec, workers, payload, sizes, iters=None) -> li
             sw.stop()
     config["recoveries"] = max(r[3] for r in reports)
     config["gloo calls"] = max(r[4] for r in reports)  # > 0: some calls fell back (a switch fault)
-    return _rows(config, sizes, [r[:3] for r in reports], workers, "int32" if codec == "int32" else "float",
+    rows = _rows(config, sizes, [r[:3] for r in reports], workers, "int32" if codec == "int32" else "float",
                  in_place=True)
+    for i, row in enumerate(rows):  # the layer's cost: in turn with hostlib's calls in the same processes
+        row["x hostlib"] = paired_ratio([r[5][i] for r in reports])
+        row["hostlib here us"] = float(np.median([np.mean([r[5][i][k][1] for r in reports])
+                                                  for k in range(len(reports[0][5][i]))])) * 1e6
+    return rows
 
 
 def _rows(config: dict, sizes, reports, n: int, dtype: str, in_place: bool) -> list[dict]:
@@ -407,8 +457,9 @@ def _ina_config(backend, codec, workers, payload, sizes, window=None, iters=None
 
 
 def paired_ratio(ranks: list[list[tuple[float, float]]]) -> float:
-    """A plain row's "x out" from every rank's pairs (plain, out=) of batches: per pair, the ranks' mean plain
-    time over their mean out= time; the median over the pairs."""
+    """A paired ratio ("x out" of a plain row, "x hostlib" of a torch row) from every rank's pairs (the row's,
+    the baseline's) of batches: per pair, the ranks' mean time over their mean baseline time; the median over
+    the pairs."""
     return float(np.median([np.mean([r[k][0] for r in ranks]) / np.mean([r[k][1] for r in ranks])
                             for k in range(len(ranks[0]))]))
 
@@ -450,8 +501,9 @@ def _median_rows(rounds: list[list[dict]], n: int) -> list[dict]:
         wrong = [r["#wrong"] for r in same if r.get("#wrong") is not None]
         out.append({**row, "time": med, "algbw": algbw, "busbw": busbw, "#wrong": max(wrong) if wrong else None,
                     "min us": times[0], "max us": times[-1], "repeat": len(same)})
-        if "x out" in row:  # plain rows: the median of the rounds' paired ratios
-            out[-1]["x out"] = float(np.median([r["x out"] for r in same]))
+        for name in ("x out", "x hostlib", "hostlib here us"):  # plain and torch rows: the rounds' median
+            if name in row:
+                out[-1][name] = float(np.median([r[name] for r in same]))
     return out
 
 

@@ -35,7 +35,8 @@ def nccl_table(rows: list[dict]) -> str:
              "gloo and torch ina (init_process_group(\"ina\")): in place (all_reduce(t); the input copied in "
              "again, untimed, before it grows by 2^32); "
              "\"plain\": y = allreduce(x), as users call it, in batches alternating with out= in the same "
-             "processes (x out: plain over out=, per pair of batches, the median)"]
+             "processes (x out: plain over out=, per pair of batches, the median); torch ina's x hostlib: its "
+             "calls over hostlib's out= calls, in batches alternating in the same processes (the median)"]
     if repeat > 1:
         lines.append(f"# time: the median of {repeat} runs of each configuration, alternating (every other round in "
                      f"reverse order); min, max: of those runs; x gloo: time / gloo's median time")
@@ -44,8 +45,11 @@ def nccl_table(rows: list[dict]) -> str:
         note = ("memory bound: np.copyto of the same buffer, one core (algbw = size / copy time)"
                 if block[0]["backend"] == "memory" else
                 f"{config}: {'in place' if block[0].get('in place') else 'out of place'}")
-        if block[0].get("x out") is not None:
-            note += "; x out " + ", ".join(f"{r['x out']:.3f}" for r in block if r.get("x out") is not None)
+        for name in ("x out", "x hostlib"):
+            if block[0].get(name) is not None:
+                note += f"; {name} " + ", ".join(f"{r[name]:.3f}" for r in block if r.get(name) is not None)
+        if block[0].get("hostlib here us") is not None:
+            note += " (hostlib's calls there " + ", ".join(f"{r['hostlib here us']:.0f}" for r in block) + " us)"
         if block[0].get("recoveries") is not None:
             note += f"; no store operation per call ({block[0]['recoveries']} recoveries)"
             if block[0].get("gloo calls"):

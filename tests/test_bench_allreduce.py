@@ -114,6 +114,7 @@ def test_bench_allreduce_small_run_in_a_pipe():
     assert set(rows) == {"np.copyto", "gloo x2", "torch ina c/int32 x2 1024 B", "c/int32 x2 1024 B"}
     torch_ina = rows["torch ina c/int32 x2 1024 B"]
     assert torch_ina["#wrong"] == 0 and torch_ina["in place"] and torch_ina["recoveries"] == 0
+    assert 0.2 < torch_ina["x hostlib"] < 5  # paired with hostlib's calls in its own processes
     assert torch_ina["gloo calls"] == 0  # every call went through the switch
     ina = rows["c/int32 x2 1024 B"]
     assert ina["#wrong"] == 0 and ina["count"] == 1024 and ina["x gloo"] > 0 and rows["gloo x2"]["#wrong"] == 0
@@ -241,6 +242,14 @@ def test_figures_take_ratios_within_an_invocation_then_medians_over_invocations(
                              {"config": "c/nc x4 1024 B plain", "backend": "c", "size": 1024, "time": 3.0,
                               "x out": 1.02}])
     assert paired["c/nc x4 1024 B plain", 1024]["x out"] == 1.02  # the row's own, paired in its processes
+    torch = figures.ratios([{"config": "c/nc x4 1024 B", "backend": "c", "size": 1024, "time": 2.0},
+                            {"config": "torch ina c/nc x4 1024 B", "backend": "torch ina c", "size": 1024,
+                             "time": 3.0, "x hostlib": 1.07}])["torch ina c/nc x4 1024 B", 1024]
+    assert torch["x hostlib"] == 1.07 and torch["x hostlib, rows"] == 1.5  # its own paired ratio, and the rows'
+    table = figures.table(figures.summary([{("torch ina c/nc x4 1024 B", 1024): torch}]),
+                          {"commit": "c0ffee", "changes": False, "cpu": "cpu", "cores": 2, "switch lanes": "avx2",
+                           "worker kernels": "avx2"}, type("Args", (), {"invocations": 1, "repeat": 5}))
+    assert "| x hostlib | x hostlib, rows |" in table and "| 1.07 (1.07-1.07) | 1.5 (1.5-1.5) |" in table
 
 
 def test_figures_say_the_simd_paths_and_uncommitted_changes_they_ran_with(monkeypatch):
