@@ -304,8 +304,6 @@ def _timed_all_reduce(dist, x: np.ndarray, n_iters) -> float:
     size per call: x is copied in again every RENEW_BITS bits of growth (a copy before each call would cost
     every call: untimed on this rank, its CPU still delays the others on a machine the ranks share); int32
     runs on zeros (its codec's cost does not depend on the values), the check's call on x."""
-    import torch
-
     t, src = _torch_input(x)
     warm, iters = _iterations(4 * x.size, n_iters)
     for _ in range(warm):
