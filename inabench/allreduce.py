@@ -118,8 +118,10 @@ def bandwidths(size: int, seconds: float, ranks: int) -> tuple[float, float]:
 
 
 RENEW_BITS = 32  # torch rows: the growth in place (bits) after which the input is copied in again
-WARMUP = 2  # calls before the timed ones (nccl-tests' -w, default 5): by the second, a plain call's result
-# buffers exist (hostlib keeps two per size, so `y = allreduce(x)` takes turns) and the steady state is timed
+WARMUP = 2  # calls before the timed ones at least (nccl-tests' -w): by the second, a plain call's result
+# buffers exist (hostlib keeps two per size, so `y = allreduce(x)` takes turns); and at least as many as are
+# timed: in a freshly spawned set of torch ranks the first 80-150 calls of 1 KiB took 500-600 us, the next
+# 300-400 (ten-call chunks, three process sets), while the ranks' start-up still shared the cores
 
 
 TIMED_BYTES = 256 << 20  # timed calls per size without --iters: about this many bytes per rank,
@@ -131,7 +133,8 @@ def _iterations(size: int, iters: int | None = None) -> tuple[int, int]:
     """(warm-up, timed) calls per size: `iters` timed calls (nccl-tests' -n), else about TIMED_BYTES per size
     within TIMED_CALLS."""
     lo, hi = TIMED_CALLS
-    return WARMUP, iters or max(lo, min(hi, TIMED_BYTES // size))
+    timed = iters or max(lo, min(hi, TIMED_BYTES // size))
+    return max(WARMUP, timed), timed
 
 
 def _nc_grid_round(v: np.ndarray, unit: np.ndarray, up: bool) -> np.ndarray:

@@ -161,13 +161,15 @@ def test_plain_rows_pair_their_calls_with_out_in_the_same_processes():
 
 def test_timed_calls_cover_enough_bytes_and_at_least_four_calls_per_size():
     """Without --iters a size gets about TIMED_BYTES of calls within TIMED_CALLS: small calls are not timed over
-    ~10 ms (20 calls of 1 KiB were), nor a 64 MiB row by a single call; --iters wins."""
+    ~10 ms (20 calls of 1 KiB were), nor a 64 MiB row by a single call; --iters wins; as many warm-up calls
+    as timed ones, at least WARMUP."""
     from inabench import allreduce
 
     lo, hi = allreduce.TIMED_CALLS
-    assert allreduce._iterations(1024) == (allreduce.WARMUP, hi) == (2, 100)
-    assert allreduce._iterations(4 << 20)[1] == 64 and allreduce._iterations(64 << 20)[1] == lo == 4
-    assert allreduce._iterations(1 << 30)[1] == 4 and allreduce._iterations(64 << 20, 7) == (2, 7)
+    assert allreduce._iterations(1024) == (hi, hi) == (100, 100)  # as many warm-up calls as timed ones
+    assert allreduce._iterations(4 << 20) == (64, 64) and allreduce._iterations(64 << 20)[1] == lo == 4
+    assert allreduce._iterations(1 << 30)[1] == 4 and allreduce._iterations(64 << 20, 7) == (7, 7)
+    assert allreduce._iterations(1024, 1) == (allreduce.WARMUP, 1) == (2, 1)
 
 
 def test_repeat_reports_medians_spread_and_ratio_to_gloos_median(monkeypatch):
