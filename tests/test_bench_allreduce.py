@@ -107,11 +107,14 @@ def test_bench_allreduce_small_run_in_a_pipe():
     """One size, int32 on the C switch with gloo and the "ina" torch backend: the JSON rows and the table,
     without terminal codes."""
     cmd = [sys.executable, "-m", "switchsim", "bench", "allreduce", "--sizes", "4K", "--workers", "2",
-           "--backends", "c", "--codecs", "int32"]
+           "--backends", "c", "--codecs", "int32,nc"]
     run = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     _no_terminal_codes(run)
     rows = {r["config"]: r for r in json.loads(run.stdout)["allreduce"]}
-    assert set(rows) == {"np.copyto", "gloo x2", "torch ina c/int32 x2 1024 B", "c/int32 x2 1024 B"}
+    assert set(rows) == {"np.copyto", "gloo x2", "torch ina c/int32 x2 1024 B", "c/int32 x2 1024 B",
+                         "torch ina c/nc x2 1024 B", "c/nc x2 1024 B"}
+    assert not [r for r in rows.values() if "error" in r]  # floats summed in place 100 times: renewed, finite
+    assert rows["torch ina c/nc x2 1024 B"]["#wrong"] == 0 and rows["gloo x2"]["#wrong"] == 0
     torch_ina = rows["torch ina c/int32 x2 1024 B"]
     assert torch_ina["#wrong"] == 0 and torch_ina["in place"] and torch_ina["recoveries"] == 0
     assert 0.2 < torch_ina["x hostlib"] < 5  # paired with hostlib's calls in its own processes
