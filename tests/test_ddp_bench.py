@@ -24,7 +24,7 @@ def test_every_path_trains_the_same_parameters_on_every_rank_and_reports_percent
                                                           ("hook:int32", 2)]
     assert "integer gradients" in rows[-1]["error"]
     for r in rows[:-1]:
-        assert r["params equal"] is True, r
+        assert r.get("params equal") is True, r  # a row with an error shows it
         assert 0 < r["sec/iter p50"] <= r["sec/iter p75"] <= r["sec/iter p90"] <= r["sec/iter p95"]
         assert r["examples/s p50"] == pytest.approx(32 * r["workers"] / r["sec/iter p50"], rel=0.01)
     by = {r["path"]: r for r in rows}
