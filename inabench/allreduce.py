@@ -246,12 +246,20 @@ def _paired_batches(comm, x, res, warm, iters):
                 comm.allreduce(x, out=res)
         return (time.perf_counter() - t0) / iters
 
+    return _in_turn(lambda: batch(True), lambda: batch(False)), y
+
+
+def _in_turn(a, b) -> list[tuple[float, float]]:
+    """PAIRS pairs (a(), b()) of timed batches, b's first in every other pair."""
     took = []
     for k in range(PAIRS):
-        first = batch(k % 2 == 0)
-        second = batch(k % 2 == 1)
-        took.append((first, second) if k % 2 == 0 else (second, first))
-    return took, y
+        if k % 2 == 0:
+            first = a()
+            took.append((first, b()))
+        else:
+            first = b()
+            took.append((a(), first))
+    return took
 
 
 def _renew_every(dist) -> int:
@@ -288,14 +296,7 @@ def _paired_with_hostlib(dist, pg, t, src, x: np.ndarray, iters: int):
         return (time.perf_counter() - t0) / iters
 
     hostlib_batch()  # warm: y's pages, this shape's C-loop frame
-    took = []
-    for p in range(PAIRS):
-        if p % 2 == 0:
-            took.append((_torch_batch(dist, t, src, iters, every), hostlib_batch()))
-        else:
-            h = hostlib_batch()
-            took.append((_torch_batch(dist, t, src, iters, every), h))
-    return took
+    return _in_turn(lambda: _torch_batch(dist, t, src, iters, every), hostlib_batch)
 
 
 def _timed_all_reduce(dist, x: np.ndarray, n_iters) -> float:
