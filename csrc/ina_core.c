@@ -42,6 +42,7 @@ typedef struct {
     uint32_t first_id;  /* every slot's first packet id in this generation */
     uint32_t elements;  /* the generation's agreed elements per packet: a data packet with more is bad_slot */
     uint64_t addresses[INA_MAX_WORKERS]; /* rank -> the address it joined from */
+    uint64_t group;                      /* where results go once for every member; 0: a copy to each */
     uint64_t heard[INA_MAX_WORKERS];     /* rank -> admitted packets */
     /* the generation failed (failed_len > 0): the error payload (code, rank, text) its packets get */
     uint8_t failed[INA_ERROR_PAYLOAD_SIZE + INA_MAX_ERROR_TEXT];
@@ -205,7 +206,7 @@ static job_t *job_of(const ina_switch *sw, uint32_t job_id)
 }
 
 int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
-                     const uint64_t *addrs, uint32_t elements)
+                     const uint64_t *addrs, uint32_t elements, uint64_t group)
 {
     job_t *j = job_of(sw, job_id);
     if (!j || elements > sw->max_elements)
@@ -217,6 +218,7 @@ int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint3
     j->failed_len = 0;
     memset(j->told, 0, sizeof j->told);
     memcpy(j->addresses, addrs, j->world_size * sizeof *addrs);
+    j->group = group;
     job_reset_slots(sw, j);
     return 0;
 }
@@ -460,12 +462,14 @@ static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
 }
 
 /* model: Switch._result. The round's result to a rank, with the round's call and the switch's boot id */
+/* model: Switch._result. A copy for rank at dst (the group's one copy: INA_NO_RANK with INA_FLAG_GROUP) */
 static void result(const ina_switch *sw, const job_t *j, const header *h, const slot_set *st, uint8_t rank,
                    uint64_t dst, ina_out *o)
 {
     o->dst = dst;
+    uint8_t group = rank == INA_NO_RANK ? INA_FLAG_GROUP : 0;
     put_header(o->hdr, st->sparse ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT, (uint16_t)j->job_id, rank,
-               st->round_id, h->slot, h->set, st->n_elems, st->codec, st->exp_cur, st->exp_max, st->flags,
+               st->round_id, h->slot, h->set, st->n_elems, st->codec, st->exp_cur, st->exp_max, st->flags | group,
                j->session);
     put_call(o->hdr, st->call_kind, st->call, st->call_len);
     put_boot(o->hdr, sw->boot);
@@ -833,6 +837,10 @@ static int complete(ina_switch *sw, job_t *j, const header *h, slot_set *st, ina
     st->complete = 1;
     finish(sw, st, last);
     (*slot_counter(sw, j, INA_SLOT_MULTICAST, h->slot))++;
+    if (j->group) {
+        result(sw, j, h, st, INA_NO_RANK, j->group, out);
+        return 1;
+    }
     for (uint32_t r = 0; r < j->world_size; r++)
         result(sw, j, h, st, (uint8_t)r, j->addresses[r], &out[r]);
     return (int)j->world_size;

@@ -34,10 +34,11 @@ void ina_switch_free(ina_switch *sw);
 /* 0 on success, -1 for a bad id / world size or a job served twice */
 int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
 /* The control plane admits a generation (switchsim/control.py): the ranks' source addresses (world_size of
- * them), the session value and every slot's first packet id; the job's slots start clean. 0, or -1 for an
- * unknown job. */
+ * them), the session value and every slot's first packet id; the job's slots start clean. group: where a
+ * completed round's result goes once for every member (rank INA_NO_RANK, INA_FLAG_GROUP), 0 for a copy to
+ * each member. 0, or -1 for an unknown job. */
 int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint32_t session, uint32_t first_id,
-                     const uint64_t *addrs, uint32_t elements);
+                     const uint64_t *addrs, uint32_t elements, uint64_t group);
 /* whether pkt's (job, rank) is a member of the job's admitted generation (failed or not) sending from its
  * address: the control plane takes members' requests first (control.py ControlPlane.known) */
 int ina_switch_is_member(const ina_switch *sw, const uint8_t *pkt, size_t len, uint64_t src);

@@ -126,6 +126,10 @@ static inline uint64_t addr_id(const struct sockaddr_in *a)
 }
 
 /* ------------------------------------------------------------------ sending */
+/* a destination on this host: 127/8, or a job's results group (239.255/16, inaproto/net.py GROUP_NET), which
+ * the control plane names only for a switch bound on loopback and which leaves by lo with TTL 0 */
+static inline int on_loopback(uint64_t dst) { return dst >> 40 == 127 || dst >> 32 == 0xEFFF; }
+
 /* the send batch into giov/glen/gpkt, grouped by destination in queue order within each (each worker
  * sees its results in the order the core emitted them; the order across workers is nobody's concern) */
 static void group_by_destination(ina_udp *u)
@@ -156,7 +160,7 @@ static int pack(ina_udp *u, int from)
         while (k + same < u->n_send && u->sdst[u->gpkt[k + same]] == u->sdst[u->gpkt[k]])
             same++;
         uint64_t dst = u->sdst[u->gpkt[k]];
-        int gso = u->gso == INA_UDP_GSO_ALL || (u->gso == INA_UDP_GSO_LOOPBACK && dst >> 40 == 127);
+        int gso = u->gso == INA_UDP_GSO_ALL || (u->gso == INA_UDP_GSO_LOOPBACK && on_loopback(dst));
         int run = gso ? ina_gso_run(u->glen + k, same) : 1;
         struct msghdr *h = &u->gmsg[m].msg_hdr;
         memset(h, 0, sizeof *h);

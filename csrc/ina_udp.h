@@ -29,7 +29,8 @@ void ina_udp_free(ina_udp *u);
  * socket error, with errno set. Call it in a loop. */
 int ina_udp_run(ina_udp *u);
 void ina_udp_stop(ina_udp *u);
-/* which result runs go as UDP GSO sends: INA_UDP_GSO_OFF none, _LOOPBACK (the default) those to 127/8, _ALL
+/* which result runs go as UDP GSO sends: INA_UDP_GSO_OFF none, _LOOPBACK (the default) those to 127/8 and to a
+ * job's loopback group (239.255/16), _ALL
  * every destination's. A kernel that refuses UDP_SEGMENT turns it off by itself. Why not all by default:
  * a receiver reading a veth through a packet socket (DPDK's net_af_packet, bmv2) gets a GSO send uncut. */
 #define INA_UDP_GSO_OFF 0

@@ -92,9 +92,13 @@ static int rx_init(ina_wk *w, priv_t *p)
 {
     if (w->shm)
         w->gso = w->gro = 0; /* rings carry datagrams as they are */
-    p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0;
-    if (w->gro && !p->gro_on)
+    if (w->shm)
+        w->group_fd = -1;
+    p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0 && (w->group_fd <= 0 || ina_gro_set(w->group_fd, 1) == 0);
+    if (w->gro && !p->gro_on) {
         w->gro = 0;
+        ina_gro_set(w->fd, 0);
+    }
     p->rlen = p->gro_on ? INA_GRO_BUF : (p->pkt_max > INA_WK_ERROR_MAX ? p->pkt_max : INA_WK_ERROR_MAX) + 1;
     p->rbuf = malloc((size_t)INA_WK_BATCH * p->rlen);
     if (!p->rbuf)
@@ -185,8 +189,11 @@ void ina_wk_finish(ina_wk *w)
     priv_t *p = w->priv;
     if (!p)
         return;
-    if (p->gro_on)
-        ina_gro_set(w->fd, 0); /* results still queued stay coalesced; they are late duplicates */
+    if (p->gro_on) { /* results still queued stay coalesced; they are late duplicates */
+        ina_gro_set(w->fd, 0);
+        if (w->group_fd > 0)
+            ina_gro_set(w->group_fd, 0);
+    }
     free(p->win);
     free(p->pkts);
     free(p->sums);
@@ -642,11 +649,9 @@ static int receive_shm(ina_wk *w, priv_t *p)
     return got;
 }
 
-/* drain the socket in batches; the number of datagrams read, or -(result code) */
-static int receive(ina_wk *w, priv_t *p)
+/* drain socket fd in batches; the number of datagrams read, or -(result code) */
+static int receive_from(ina_wk *w, priv_t *p, int fd)
 {
-    if (w->shm)
-        return receive_shm(w, p);
     int got = 0;
     for (;;) {
         for (int i = 0; i < INA_WK_BATCH; i++) {
@@ -657,7 +662,7 @@ static int receive(ina_wk *w, priv_t *p)
             if (p->gro_on)
                 h->msg_control = p->rctrl[i], h->msg_controllen = sizeof p->rctrl[i];
         }
-        int r = recvmmsg(w->fd, p->rmsg, INA_WK_BATCH, MSG_DONTWAIT, NULL);
+        int r = recvmmsg(fd, p->rmsg, INA_WK_BATCH, MSG_DONTWAIT, NULL);
         if (r < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return got;
@@ -677,6 +682,18 @@ static int receive(ina_wk *w, priv_t *p)
         if (r < INA_WK_BATCH)
             return got;
     }
+}
+
+/* what waits: the rings, or the socket and the job's group; the number of datagrams read, or -(result code) */
+static int receive(ina_wk *w, priv_t *p)
+{
+    if (w->shm)
+        return receive_shm(w, p);
+    int got = receive_from(w, p, w->fd);
+    if (got < 0 || w->group_fd <= 0)
+        return got;
+    int more = receive_from(w, p, w->group_fd);
+    return more < 0 ? more : got + more;
 }
 
 /* resend every packet past its deadline (exponential backoff); INA_WK_TIMEOUT when one is past timeout */
@@ -782,8 +799,8 @@ static int run(ina_wk *w, int budget_ms)
                 continue;
             }
             struct timespec ts = {0, (long)(fmax(wait, 0) * 1e9)};
-            struct pollfd pfd = {.fd = w->fd, .events = POLLIN};
-            if (ppoll(&pfd, 1, &ts, NULL) < 0 && errno == EINTR)
+            struct pollfd pfd[2] = {{.fd = w->fd, .events = POLLIN}, {.fd = w->group_fd, .events = POLLIN}};
+            if (ppoll(pfd, w->group_fd > 0 ? 2 : 1, &ts, NULL) < 0 && errno == EINTR)
                 return INA_WK_AGAIN; /* let the caller handle the signal */
         } else if (t >= end) {
             return INA_WK_AGAIN;

@@ -31,6 +31,8 @@
 typedef struct {
     /* set by the caller before ina_wk_start */
     int fd; /* connected, non-blocking UDP socket (when shm is NULL) */
+    int group_fd; /* > 0: the job's loopback group socket (connected to the switch too), where results may come
+                   * (wire.FLAG_GROUP); 0 or -1: none */
     struct ina_shm_client *shm; /* or the shared-memory transport's port (ina_shm.h): rings instead of fd */
     uint16_t job;
     uint8_t rank, world;

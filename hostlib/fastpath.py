@@ -108,6 +108,7 @@ class _Frame:
         self.rounds = np.zeros(window, dtype=np.uint32)  # rounds per stream: read back by sparse calls
         t = self.template = ffi.new("ina_wk *")
         t.fd, t.job, t.rank, t.world = comm.sock.fileno(), comm.job, comm.rank, comm.world_size
+        t.group_fd = comm.group.fileno() if comm.group is not None else -1
         t.shm = comm.sock.handle if isinstance(comm.sock, ShmSocket) else ffi.NULL
         t.window, t.k, t.kind, t.n = window, k, kind_, n
         t.agreed, t.done = ffi.from_buffer("int8_t[]", self.agreed), ffi.from_buffer(self.done)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inaproto import auth
+from inaproto import auth, net
 from inaproto.timers import ABORT_WAIT, JOIN_REPEAT, REFUSED_AFTER, SWITCH_SILENT
 from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
@@ -113,6 +113,8 @@ def _of_generation(name: str, doc: str) -> property:
 class Communicator:
     """One worker's connection to an INA switch for one job. Use `hostlib.connect(...)`."""
 
+    group = None  # the socket on the job's loopback group (net.open_group), where the switch may multicast
+
     def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
                  window: int | None = None, elements_per_packet: int | None = None, timeout: float = 30.0,
                  join_timeout: float | None = None, rto: float = 0.03, max_rto: float = 0.1, seed: int = 0,
@@ -161,7 +163,7 @@ class Communicator:
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
-        self.sock = _open_socket(shm, self.address)
+        self.sock, self.group = _open_socket(shm, self.address), _open_group(shm, self.address, job, rank, self.key)
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
         self._sock_closed = False
@@ -171,7 +173,7 @@ class Communicator:
         except BaseException:
             self._heartbeat.stop()
             self._withdraw()
-            self.sock.close()
+            self._close_sockets()
             raise
 
     def _start_generation(self):
@@ -218,11 +220,14 @@ class Communicator:
         self.stats.bytes_sent += len(data)
 
     def _recv(self):
-        """One datagram as bytes, or None when nothing is waiting (b"": the switch's port refused)."""
+        """One datagram as bytes, from the socket or the job's group, or None when nothing is waiting (b"": the
+        switch's port refused)."""
         try:
             n = self.sock.recv_into(self._buf)
         except (BlockingIOError, InterruptedError):
-            return None
+            n = self._recv_group()
+            if n is None:
+                return None
         except ConnectionRefusedError:
             self.link.refused()
             return b""  # ICMP port unreachable: the switch is not there (yet)
@@ -233,6 +238,16 @@ class Communicator:
             self.stats.packets_received += 1
             self.stats.bytes_received += n
         return bytes(self._view[:n])
+
+    def _recv_group(self):
+        """The length of a datagram the switch sent to the job's group, or None (its socket takes the switch's
+        datagrams only: connected)."""
+        if self.group is None:
+            return None
+        try:
+            return self.group.recv_into(self._buf)
+        except (BlockingIOError, InterruptedError):
+            return None
 
     def check_switch(self):
         """Raise SwitchUnreachable when the switch's port has refused for REFUSED_AFTER seconds with nothing
@@ -271,7 +286,7 @@ class Communicator:
         if isinstance(self.sock, ShmSocket):
             self.sock.wait(seconds)
         else:
-            select.select([self.sock], [], [], max(0.0, seconds))
+            select.select([self.sock] if self.group is None else [self.sock, self.group], [], [], max(0.0, seconds))
 
     # ------------------------------------------------------------------ join barrier
     def _join(self, window: int, timeout: float, elements: int = 0) -> Generation:
@@ -281,7 +296,8 @@ class Communicator:
         window, elements = min(window, 0xFFFF), min(elements, 0xFFFF)
         mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window, elements) if self.key
                else bytes(wire.JOIN_MAC_SIZE))
-        join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac, elements)
+        join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac, elements,
+                              group=self.group is not None)
         echo = nonce & wire.PACKET_ID_MASK  # the switch's answers to this join carry it (others are not ours)
         deadline = time.monotonic() + timeout
         joined, heard, refused, confirmed = 0, False, False, False
@@ -791,7 +807,12 @@ class Communicator:
                                      boot=self.boot))
         except OSError:
             pass  # the switch learns it by the rank's silence
+        self._close_sockets()
+
+    def _close_sockets(self):
         self.sock.close()
+        if self.group is not None:
+            self.group.close()
 
     def __enter__(self):
         return self
@@ -821,6 +842,14 @@ def _open_socket(shm: str | None, address):
     sock.connect(address)
     sock.setblocking(False)
     return sock
+
+
+def _open_group(shm: str | None, address, job: int, rank: int, key) -> socket.socket | None:
+    """The job's loopback group socket (net.open_group) where the switch is on loopback, the job has no key (a
+    switch sends a keyed job's results to each member alone) and $INA_GROUP is not 0; else None."""
+    if shm is not None or key is not None or os.environ.get("INA_GROUP", "1") == "0":
+        return None
+    return net.open_group(address, job, rank)
 
 
 def _parse(data):

@@ -28,9 +28,11 @@ FIELD_MEANING = {
     "flags": f"bit 0 OVERFLOW ({wire.FLAG_OVERFLOW:#04x}): the aggregate does not fit the codec's range; bit 1 "
              f"PER_SLOT ({wire.FLAG_PER_SLOT:#04x}, stats_req): add each job's per-slot counters; bit 2 REPLY "
              f"({wire.FLAG_REPLY:#04x}, error): it answers the data packet whose `packet_id` and `pool_index` it "
-             f"echoes; other bits 0",
+             f"echoes; bit 3 GROUP ({wire.FLAG_GROUP:#04x}): in a join, the worker also listens on its job's "
+             f"loopback group; in a result, the one copy sent to that group (\"Results to a group\"); other bits 0",
     "job": "job id; jobs are isolated (own slots, bitmaps, counters)",
-    "rank": f"worker rank (0..{wire.MAX_WORKERS - 1}); in a result or error: the rank the copy is addressed to",
+    "rank": f"worker rank (0..{wire.MAX_WORKERS - 1}); in a result or error: the rank the copy is addressed to "
+            f"({wire.NO_RANK} in a result sent to the job's group)",
     "exp_cur": "signed: the agreed exponent the payload was encoded with (0 for int32)",
     "packet_id": "the slot's use number since the join plus the generation's first packet id, mod 2^32 "
                  "(set = its parity); echoed in results",

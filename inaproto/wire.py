@@ -51,6 +51,9 @@ ELEMENT_SIZE = {CODEC_INT32: 4, CODEC_NC8: 1}
 FLAG_OVERFLOW = 0x01  # the aggregate does not fit the codec's range (int32 sum, NC level > 2^63)
 FLAG_PER_SLOT = 0x02  # stats_req: answer with each job's per-slot counters too (switchsim stats --watch)
 FLAG_REPLY = 0x04  # error: it answers the data packet whose packet_id and pool it echoes (that round cannot complete)
+# join: the worker also listens on its job's loopback group (net.job_group); result: the one copy sent to that
+# group for every member (rank NO_RANK), where every member asked and joined from loopback (docs/protocol.md)
+FLAG_GROUP = 0x08
 MAX_STATS_REPLY = 60000  # a stats reply is one datagram: past this the per-slot arrays are left out
 
 # exponent byte values (signed int8): e means every |x| in the block is < 2^e
@@ -260,10 +263,12 @@ def call_mismatch_text(job: int, rank: int, call_id, other_rank: int, other_id) 
 
 
 def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE),
-              elements: int = 0) -> bytes:
-    """A join request, padded to JOIN_SIZE bytes (elements: per packet, 0 for the switch's maximum)."""
+              elements: int = 0, group: bool = False) -> bytes:
+    """A join request, padded to JOIN_SIZE bytes (elements: per packet, 0 for the switch's maximum; group: the
+    worker listens on its job's loopback group too, FLAG_GROUP)."""
     body = JOIN_PAYLOAD.pack(nonce, world, window, mac, elements)
-    return pack(MSG_JOIN, job=job, rank=rank, payload=body.ljust(JOIN_PAYLOAD_SIZE, b"\0"))
+    return pack(MSG_JOIN, job=job, rank=rank, flags=FLAG_GROUP if group else 0,
+                payload=body.ljust(JOIN_PAYLOAD_SIZE, b"\0"))
 
 
 def unpack(data) -> Header:

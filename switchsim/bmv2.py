@@ -282,9 +282,10 @@ class BMv2Server:
 
     # ------------------------------------------------------------------ DataPlane (what the control plane calls)
     def admit(self, job: int, generation: int, session: int, first_id: int, addresses: list,
-              elements: int | None = None):
+              elements: int | None = None, group=None):
         """A new generation: bind each rank to its address, multicast to their ports, the new session
-        (slot state of other sessions reads as clean in the data plane)."""
+        (slot state of other sessions reads as clean in the data plane). group is always None here (the
+        control plane has no group_port): the PRE replicates a result per member port, as Tofino's does."""
         from p4runtime_sh import shell as sh
 
         old = self.admitted.get(job)

@@ -74,6 +74,7 @@ class Pending:
     window: int
     elements: int  # per packet, as asked (0 already replaced by the switch's maximum), at most the maximum
     at: float  # when last (re)sent
+    group: bool = False  # it listens on the job's loopback group too (wire.FLAG_GROUP)
     confirmed: bool = False  # sent again from its address: it reads our answers, a worker waits there
     contested_at: float | None = None  # when another address first asked for this rank
 
@@ -89,6 +90,7 @@ class JobControl:
     failed: bool = False  # the generation failed (mismatch, abort, dead member): its ranks are free
     window: int = 0
     elements: int = 0  # the generation's agreed elements per packet
+    group: tuple | None = None  # where the generation's results go once for every member (_group), or None
     members: dict = field(default_factory=dict)  # rank -> Member of the current generation
     pending: dict = field(default_factory=dict)  # rank -> Pending for the next one
 
@@ -128,6 +130,9 @@ class ControlPlane:
         # found its receive queue empty (drained) marks the times it did not (the kernel may have dropped a
         # member's heartbeat there); None: a transport that always keeps up (the C loops)
         self.drained_at: float | None = None
+        # the port of a UDP switch bound on loopback, which may send a job's results once to its group
+        # (net.job_group); None elsewhere (shared memory, DPDK, BMv2, a switch reachable off this host)
+        self.group_port: int | None = None
         self.saturated_at = float("-inf")
 
     def handle(self, h: wire.Header, data, src) -> list[tuple[bytes, object]]:
@@ -210,7 +215,8 @@ class ControlPlane:
             return out + [self._join_wait(job, h, src)]
         else:  # no claim, or one nobody repeats (a stray join): this join takes the rank
             job.pending[h.rank] = Pending(src, nonce, min(window, self._window_cap(job)),
-                                          min(elements or self.max_elements, self.max_elements), now)
+                                          min(elements or self.max_elements, self.max_elements), now,
+                                          bool(h.flags & wire.FLAG_GROUP))
         if not self._barrier_complete(job, now):
             return out + (self._gone_peer(job, h, src) or [self._join_wait(job, h, src)])
         sizes = {r: q.elements for r, q in job.pending.items()}
@@ -298,13 +304,25 @@ class ControlPlane:
         job.first_id = (self.first_packet_id if self.first_packet_id is not None else
                         rng.derive_seed(self.secret, job.session, *nonces) & (wire.PACKET_ID_MASK - 1))
         job.members = {r: Member(job.pending[r].address, job.pending[r].nonce, now) for r in ranks}
+        job.group = self._group(job, [job.pending[r] for r in ranks])
         job.pending, job.failed = {}, False
         self.dataplane.admit(job.job_id, job.generation, job.session, job.first_id,
-                             [job.members[r].address for r in ranks], job.elements)
+                             [job.members[r].address for r in ranks], job.elements, job.group)
         counts = self.dataplane.member_packets(job.job_id)
         for r in ranks:
             job.members[r].seen_count = counts[r]
         return [(self._join_ack(job, r), job.members[r].address) for r in ranks]
+
+    def _group(self, job, joins: list) -> tuple[str, int] | None:
+        """Where the generation's results go once for every member (docs/protocol.md, "Results to a group"):
+        the job's loopback group when this switch sends on loopback (group_port), every rank asked and joined
+        from loopback, and the job has no key (any local process may join a group); else None, a copy each."""
+        if self.group_port is None or job.key is not None:
+            return None
+        if all(p.group and isinstance(p.address, tuple) and p.address[0] != net.SHM_HOST and net.is_loopback(p.address[0])
+               for p in joins):
+            return net.job_group(job.job_id, self.group_port)
+        return None
 
     def _join_ack(self, job, rank):
         payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, job.elements, job.window,
@@ -418,6 +436,7 @@ class ControlPlane:
         """Add each job's control state (members, pending joins, whether keyed) to a data plane's stats."""
         for j in self.jobs.values():
             stats["jobs"][str(j.job_id)].update(members=sum(not m.left for m in j.members.values()),
-                                                 pending=len(j.pending), keyed=j.key is not None)
+                                                 pending=len(j.pending), keyed=j.key is not None,
+                                                 group=net.format_address(j.group) if j.group else None)
         stats["boot"] = self.boot
         return stats

@@ -154,7 +154,7 @@ class LeafSwitch(Switch):
         st.complete = True
         self.down += 1
         job.counters["multicast"][h.slot] += 1
-        return [(self._result(job, h, st, r), job.addresses[r]) for r in range(job.world_size)]
+        return self._to_members(job, h, st)
 
     def stats(self, per_slot: bool = False) -> dict:
         s = super().stats(per_slot)

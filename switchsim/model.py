@@ -90,6 +90,7 @@ class Job:
     heard: list = field(default_factory=list)  # rank -> admitted packets (the control plane's liveness)
     failed: bytes | None = None  # the generation failed: the error (code, rank, text) every data packet gets
     elements: int = 0  # the generation's agreed elements per packet
+    group: object = None  # where a completed round's result goes once for every member; None: one per member
     told: list = field(default_factory=list)  # rank -> bitmask of TOLD_DROPS reasons answered this generation
 
     def __post_init__(self):
@@ -168,7 +169,7 @@ class Switch:
 
     # ------------------------------------------------------------------ what the control plane calls
     def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list,
-              elements: int | None = None):
+              elements: int | None = None, group=None):
         """A new generation: these ranks' addresses, its session and first packet id, clean slots. The
         control plane decides; the data plane only checks, so every backend gets the same decision.
 
@@ -180,6 +181,8 @@ class Switch:
             addresses: rank -> the address it joined from.
             elements: the generation's elements per packet (None: the switch's maximum); a data packet
                 with more is dropped as bad_slot.
+            group: where a completed round's result goes once for every member (rank NO_RANK, FLAG_GROUP),
+                or None: a copy to each member's address.
 
         Raises:
             KeyError: a job the switch does not serve.
@@ -189,6 +192,7 @@ class Switch:
         job.failed = None
         job.told = [0] * job.world_size
         job.elements = self.max_elements if elements is None else elements
+        job.group = group
         job.reset_slots()
 
     def set_boot(self, boot: int):
@@ -392,6 +396,13 @@ class Switch:
         st.complete = True
         self._finish(st)
         job.counters["multicast"][h.slot] += 1
+        return self._to_members(job, h, st)
+
+    def _to_members(self, job, h, st):
+        """The round's result for every member: one copy to the job's group where the control plane named one
+        (rank NO_RANK, FLAG_GROUP), else a copy to each member's address."""
+        if job.group is not None:
+            return [(self._result(job, h, st, wire.NO_RANK, wire.FLAG_GROUP), job.group)]
         return [(self._result(job, h, st, r), job.addresses[r]) for r in range(job.world_size)]
 
     @staticmethod
@@ -442,15 +453,16 @@ class Switch:
                 self.overflows += 1
             st.result = codes.tobytes()
 
-    def _result(self, job, h, st, rank):
+    def _result(self, job, h, st, rank, group=0):
+        """A copy of the round's result for rank (NO_RANK and FLAG_GROUP: the group's one copy)."""
         if st.sparse:
             return wire.pack_sparse(wire.MSG_SPARSE_RESULT, job.job_id, rank, st.round_id, h.slot, h.set,
-                                    st.n_elems, st.codec, st.exp_cur, st.exp_max, st.flags, st.block,
+                                    st.n_elems, st.codec, st.exp_cur, st.exp_max, st.flags | group, st.block,
                                     st.next_block, st.result, job.session, *_kind_call_len(st), self.boot)
         call, kind, n = st.call_id
         return wire.pack(wire.MSG_RESULT, job=job.job_id, rank=rank, packet_id=st.round_id, slot=h.slot,
                          set=h.set, count=st.n_elems, codec=st.codec, exp_cur=st.exp_cur,
-                         exp_next=st.exp_max, flags=st.flags, payload=st.result, session=job.session,
+                         exp_next=st.exp_max, flags=st.flags | group, payload=st.result, session=job.session,
                          call_kind=kind, call=call, call_len=n, boot=self.boot)
 
     # ------------------------------------------------------------------ counters

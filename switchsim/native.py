@@ -15,7 +15,7 @@ from .control import ControlPlane
 from .config import SwitchConfig, config_of
 from .model import DROP_REASONS, SLOT_COUNTERS
 from .capture import capture_address
-from .server import bind_udp, check_probabilities
+from .server import bind_udp, check_probabilities, offer_groups
 
 try:
     from ._native import ffi, lib
@@ -162,14 +162,15 @@ class CoreSwitch:
 
     # ------------------------------------------------------------------ the control plane's calls
     def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list,
-              elements: int | None = None):
+              elements: int | None = None, group=None):
         """model.Switch.admit: the control plane's decision, written into the core.
 
         Raises:
             KeyError: a job the switch does not serve.
         """
         ids = self.ffi.new("uint64_t[]", [self.address_id(a) for a in addresses])
-        if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids, elements or 0) != 0:
+        to = self.address_id(group) if group is not None else 0
+        if self.lib.ina_switch_admit(self.core, job_id, generation, session, first_id, ids, elements or 0, to) != 0:
             raise KeyError(f"job {job_id} is not served")
 
     def set_boot(self, boot: int):
@@ -314,6 +315,7 @@ class CUDPServer(_CLoopServer):
         self.capturing = False
         self.started = time.monotonic()
         backend.control.stats = self.stats  # stats replies carry the loop's counters too
+        offer_groups(self.sock, backend.control)
 
     def start_capture(self, path: str, max_mb: float):
         """As UDPServer.start_capture, written by the C loop (csrc/ina_capture.h).

@@ -1,7 +1,9 @@
 """UDP server around a switch backend, with an optional impaired network (loss, duplication, reordering)."""
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import random
 import select
 import socket
@@ -9,7 +11,7 @@ import sys
 import threading
 import time
 
-from inaproto import wire
+from inaproto import net, wire
 from inaproto.net import SOCKET_BUFFER, shm_name, size_buffers
 
 from .capture import DECIDE_DROP, DECIDE_DUP, DECIDE_HOLD, Capture
@@ -46,6 +48,19 @@ def bind_udp(host, port) -> socket.socket:
     size_buffers(sock, SOCKET_BUFFER)
     sock.bind((host, port))
     return sock
+
+
+def offer_groups(sock: socket.socket, control):
+    """A switch bound on loopback may send a job's results once to the job's group (docs/protocol.md, "Results
+    to a group"): its socket sends groups through lo, and the control plane learns the port. $INA_GROUP=0: never."""
+    host, port = sock.getsockname()[:2]
+    if os.environ.get("INA_GROUP", "1") == "0" or not ipaddress.ip_address(host).is_loopback:
+        return
+    try:
+        net.group_sender(sock)
+    except OSError:
+        return  # no multicast here: a copy to each member
+    control.group_port = port
 
 
 class Impairment:
@@ -128,6 +143,7 @@ class UDPServer:
         self.capture = None
         self.started = time.monotonic()
         backend.control.stats = self.stats  # stats replies carry the transport's counters too
+        offer_groups(self.sock, backend.control)
 
     def _send(self, items):
         for data, dst in items:

@@ -93,10 +93,12 @@ def claimed_udp_ports() -> frozenset[int]:
     return frozenset(int(p) for t, p, *_ in (line.split("\t") for line in out.splitlines()) if t == "udp.port")
 
 
-def tshark_fields(pcap: str, ports: set[int]) -> dict[int, dict[str, str]]:
-    """frame number -> ina field -> tshark's text, for the frames `-Y ina` keeps."""
+def tshark_fields(pcap: str, ports: set[int], switch_port: int | None = None) -> dict[int, dict[str, str]]:
+    """frame number -> ina field -> tshark's text, for the frames `-Y ina` keeps (to or from switch_port only,
+    if given: lo may carry another switch's packets, which the dissector reads as well)."""
     keys = VALUED + list(EXPERTS)
-    out = tshark(pcap, *decode_as_ina(ports), "-Y", "ina", "-T", "fields", "-E", "separator=/t", "-e", "frame.number",
+    shown = "ina" if switch_port is None else f"ina && udp.port == {switch_port}"
+    out = tshark(pcap, *decode_as_ina(ports), "-Y", shown, "-T", "fields", "-E", "separator=/t", "-e", "frame.number",
                  *(a for k in keys for a in ("-e", f"ina.{k}")))
     rows = {}
     for line in out.splitlines():
@@ -309,7 +311,7 @@ def test_tshark_reads_what_scapy_reads(capture):
     path, port = capture
     frames = {i + 1: p for i, p in enumerate(rdpcap(path)) if UDP in p and port in (p[UDP].sport, p[UDP].dport)}
     assert len(frames) > 100
-    rows = tshark_fields(path, {p[UDP].sport ^ p[UDP].dport ^ port for p in frames.values()})  # the peers' ports
+    rows = tshark_fields(path, {p[UDP].sport ^ p[UDP].dport ^ port for p in frames.values()}, port)  # the peers' ports
     assert sorted(rows) == sorted(frames), "tshark's ina frames are not the switch's packets"
     seen, codes = set(), set()
     for number, pkt in frames.items():

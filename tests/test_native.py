@@ -584,8 +584,9 @@ def test_core_and_kernels_under_address_sanitizer(tmp_path):
         records = [("boot", BOOT)]
         admit, fail = model.admit, model.fail
 
-        def logged_admit(job, generation, session, first, addresses, elements=None):
+        def logged_admit(job, generation, session, first, addresses, elements=None, group=None):
             assert elements in (None, model.max_elements)  # the replay admits with the switch's maximum
+            assert group is None  # addresses here are numbers, not loopback ports: a copy to each member
             records.append(("admit", job, generation, session, first, addresses))
             admit(job, generation, session, first, addresses, elements)
 

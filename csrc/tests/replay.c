@@ -36,7 +36,7 @@ static int control_record(FILE *in, ina_switch *sw, uint8_t kind)
                !rd(in, text, n) || ina_switch_fail(sw, job, code, rank, text, n, o) < 0;
     }
     return !rd(in, &job, 4) || !rd(in, &gen, 8) || !rd(in, &session, 4) || !rd(in, &first, 4) || !rd(in, &n, 4) ||
-           n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) || ina_switch_admit(sw, job, gen, session, first, addrs, 0);
+           n > INA_MAX_WORKERS || !rd(in, addrs, 8 * n) || ina_switch_admit(sw, job, gen, session, first, addrs, 0, 0);
 }
 
 static int kernels(void)
