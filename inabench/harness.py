@@ -6,6 +6,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import secrets
 import select
 import signal
 import socket
@@ -72,10 +73,42 @@ class SwitchProcess:
             return {}
 
 
+LISTEN_PORTS = (20000, 32768)  # below Linux's default ephemeral range (net.ipv4.ip_local_port_range)
+
+
 def free_port() -> int:
+    """A loopback port free for TCP and UDP now, for a process to bind later. Picked below the kernel's
+    ephemeral range where it can: a port the kernel handed out (bind to 0) goes back to that range when
+    released, and any outgoing connection made before its new owner binds it may take it (a rendezvous then
+    fails with "address in use")."""
+    lo, hi = _ephemeral_range()
+    span = (LISTEN_PORTS[0], min(LISTEN_PORTS[1], lo)) if lo > LISTEN_PORTS[0] + 1000 else None
+    for _ in range(200 if span else 0):
+        port = span[0] + secrets.randbelow(span[1] - span[0])  # not random's: a test may have seeded it
+        if _bindable(port):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
 
 
 def run_ranks(target, world: int, args: tuple, expect: int, timeout: float = 600) -> list:

@@ -52,12 +52,17 @@ def _job_families(jobs: dict, counter, gauge):
             for c in wire.SLOT_COUNTERS}
     state = {g: gauge(PREFIX + "job_" + g, f"the job's {g.replace('_', ' ')}", labels=["job"])
              for g in ("world_size", "generation", "members", "pending", "failed")}
+    grouped = gauge(PREFIX + "job_grouped", "1 while the job's results go once to its loopback group (docs/protocol.md)",
+                    labels=["job"])
     for job, j in jobs.items():
         for name, fam in (*slot.items(), *state.items()):
             if name in j:
                 fam.add_metric([job], float(j[name]))
+        if "group" in j:
+            grouped.add_metric([job], float(j["group"] is not None))
     yield from slot.values()
     yield from state.values()
+    yield grouped
 
 
 def serve_metrics(stats, host: str, port: int):

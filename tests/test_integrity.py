@@ -21,18 +21,13 @@ import pytest
 
 import hostlib
 from hostlib import errors, wire
+from inabench.harness import free_port
 
 from .test_e2e import run_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK_SCRIPT = os.path.join(ROOT, "tests", "scripts", "ina_rank.py")
 LOOPS = [True, False]  # the C worker loop, the Python loop
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_on(*backends):

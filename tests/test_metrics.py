@@ -49,6 +49,7 @@ def test_prometheus_exposition_is_the_switchs_counters(backend):
     assert job["received"] > 2 * 8000 // 64
     assert got[("ina_job_world_size", (("job", "1"),))] == 2
     assert got[("ina_job_generation", (("job", "1"),))] == job["generation"]
+    assert got[("ina_job_grouped", (("job", "1"),))] == (job["group"] is not None) == 1  # workers on loopback
     for reason in wire.DROP_REASONS:
         assert got[("ina_dropped_total", (("reason", reason),))] == stats["dropped"][reason]
     rx_lost = got[("ina_impairment_total", (("fault", "dropped"), ("side", "rx")))]
