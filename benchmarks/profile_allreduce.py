@@ -40,7 +40,7 @@ CATEGORIES = [
     ("encode (NC / fixed, Philox)", r"nc_encode|philox|fixed_quantize|_encode_|ina_nc_code"),
     ("decode", r"nc_decode|dequantize|_decode"),
     ("exponents, input checks", r"block_exp|exponent|isfinite|check_input"),
-    ("switch aggregation (C core)", r"nc_add_finish|nc_values|nc_finish|nc_valid|ina_switch_process|ina_core|ina_agg|ina_sw_|nc_to_int|int_to_nc|ina_round|simd_add|ina_shm_switch"),
+    ("switch aggregation (C core)", r"nc_add_finish|nc_values|int32_values|int32_finish|widen_int32|nc_finish|nc_valid|ina_switch_process|ina_core|ina_agg|ina_sw_|nc_to_int|int_to_nc|ina_round|simd_add|ina_shm_switch"),
     ("worker loop (C)", r"ina_wk_|on_result|store_elements|build|pack|flush|receive|scan\b"),
     ("gloo reduce/copy (torch)", r"gloo|libtorch|at::|c10::|sum_|reduce"),
     ("memcpy/memset", r"memmove|memcpy|memset|__memcpy|copy_page|clear_page"),
