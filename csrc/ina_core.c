@@ -461,8 +461,8 @@ static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
     st->result_len = ext + n;
 }
 
-/* model: Switch._result. The round's result to a rank, with the round's call and the switch's boot id */
-/* model: Switch._result. A copy for rank at dst (the group's one copy: INA_NO_RANK with INA_FLAG_GROUP) */
+/* model: Switch._result. The round's result for rank at dst, with the round's call and the switch's boot id (the
+ * group's one copy: rank INA_NO_RANK with INA_FLAG_GROUP) */
 static void result(const ina_switch *sw, const job_t *j, const header *h, const slot_set *st, uint8_t rank,
                    uint64_t dst, ina_out *o)
 {

@@ -90,10 +90,10 @@ static uint32_t held_from(const ina_wk *w, uint64_t from);
  * Python loop reads one datagram per recv, so GRO is on only while this call runs. */
 static int rx_init(ina_wk *w, priv_t *p)
 {
-    if (w->shm)
+    if (w->shm) {
         w->gso = w->gro = 0; /* rings carry datagrams as they are */
-    if (w->shm)
         w->group_fd = -1;
+    }
     p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0 && (w->group_fd <= 0 || ina_gro_set(w->group_fd, 1) == 0);
     if (w->gro && !p->gro_on) {
         w->gro = 0;
