@@ -1,7 +1,6 @@
 """UDP server around a switch backend, with an optional impaired network (loss, duplication, reordering)."""
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import random
@@ -54,7 +53,7 @@ def offer_groups(sock: socket.socket, control):
     """A switch bound on loopback may send a job's results once to the job's group (docs/protocol.md, "Results
     to a group"): its socket sends groups through lo, and the control plane learns the port. $INA_GROUP=0: never."""
     host, port = sock.getsockname()[:2]
-    if os.environ.get("INA_GROUP", "1") == "0" or not ipaddress.ip_address(host).is_loopback:
+    if os.environ.get("INA_GROUP", "1") == "0" or not net.is_loopback(host):
         return
     try:
         net.group_sender(sock)
