@@ -11,6 +11,8 @@ time-to-accuracy run the test accuracy after each epoch with its time.
 """
 from __future__ import annotations
 
+import faulthandler
+import gc
 import hashlib
 import json
 import os
@@ -137,6 +139,10 @@ def run(spec: dict) -> dict:
         report["paths"] = stats["paths"]
     if spec["path"] != "local":
         dist.barrier()
+        # DDP's reducer holds the group: drop it first, so that the group's threads end here, in order, and
+        # not in the interpreter's finalization (where gloo's threads can abort the process after the run)
+        del net, step
+        gc.collect()
         dist.destroy_process_group()
     return report
 
@@ -151,5 +157,6 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # an abort in torch's C++ (SIGABRT) leaves the Python stacks in the error tail
     np.seterr(all="ignore")
     sys.exit(main(sys.argv[1:]))
