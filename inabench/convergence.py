@@ -4,6 +4,7 @@ default hook) and the INA hook with each codec. Reports test accuracy, bytes eac
 exponent histogram of the real gradients (the NC paper's Fig. 7)."""
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -84,6 +85,8 @@ def _worker(rank, world, port, switch, modes, epochs, lr, batch, queue):
                    "float32_bytes": steps * 4 * params, "seconds": seconds,
                    "exponents": exponents.tolist() if rank == 0 and mode == "gloo" else None})
         dist.barrier()
+    del ddp  # its reducer holds the group: the group's threads end at destroy, not in finalization
+    gc.collect()
     dist.destroy_process_group()
 
 
