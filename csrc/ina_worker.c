@@ -550,15 +550,18 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
 {
     header h;
     p->refused_since = 0; /* something listens */
-    if (parse(d, len, &h) == 0 && h.msg_type == INA_MSG_HEARTBEAT) {
-        w->heartbeat_answers++; /* the switch is alive; not a call's traffic (as heartbeats are not sent packets) */
+    int ok = parse(d, len, &h) == 0;
+    int ours = ok && h.job == w->job && h.session == w->session; /* of this generation: the switch */
+    w->switch_heard += (uint64_t)ours;
+    if (ok && h.msg_type == INA_MSG_HEARTBEAT) {
+        w->heartbeat_answers++; /* not a call's traffic (as heartbeats are not sent packets) */
         return INA_WK_AGAIN;
     }
     w->packets_received++;
     w->bytes_received += len;
-    if (parse(d, len, &h))
+    if (!ok)
         return INA_WK_AGAIN;
-    if (h.job != w->job || h.session != w->session) {
+    if (!ours) {
         w->stale_results++; /* not of this job's generation (an error of another session too) */
         return INA_WK_AGAIN;
     }

@@ -73,6 +73,8 @@ typedef struct {
     uint32_t streams, streams_done;
     uint64_t packets_sent, bytes_sent, packets_received, bytes_received;
     uint64_t heartbeat_answers; /* the switch's answers to this worker's heartbeats (not in packets_received) */
+    uint64_t switch_heard; /* datagrams of this job's generation (session checked), heartbeat answers included:
+                            * what counts as hearing the switch (junk from its address does not) */
     uint64_t retransmissions, duplicate_results, stale_results;
     int overflow;
     uint32_t timeout_pid, timeout_slot, timeout_tries;

@@ -173,8 +173,8 @@ def _run(comm, w, n: int, progress) -> int:
     lib = kernels.lib
     reported = heard = 0
     while True:
-        if w.packets_received + w.heartbeat_answers != heard:  # anything at all is the switch
-            heard = w.packets_received + w.heartbeat_answers
+        if w.switch_heard != heard:  # a packet of this generation (junk from the switch's address is not)
+            heard = w.switch_heard
             comm.link.heard()
         comm.check_silence()
         rc = lib.ina_wk_run(w, RUN_MS)

@@ -231,7 +231,7 @@ class Communicator:
         except ConnectionRefusedError:
             self.link.refused()
             return b""  # ICMP port unreachable: the switch is not there (yet)
-        self.link.heard()
+        self.link.refused_since = None  # something listens; it is heard once a packet proves it is the switch
         if n == wire.HEADER_SIZE and self._view[1] == wire.MSG_HEARTBEAT:
             self.stats.heartbeat_answers += 1  # a heartbeat's answer is not a call's traffic (as heartbeats)
         else:
@@ -296,8 +296,10 @@ class Communicator:
         window, elements = min(window, 0xFFFF), min(elements, 0xFFFF)
         mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window, elements) if self.key
                else bytes(wire.JOIN_MAC_SIZE))
+        # a member of a generation re-joining from its address proves it with that generation's session
+        proof = self.gen.session if self.gen is not None else 0
         join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac, elements,
-                              group=self.group is not None)
+                              group=self.group is not None, session=proof)
         echo = nonce & wire.PACKET_ID_MASK  # the switch's answers to this join carry it (others are not ours)
         deadline = time.monotonic() + timeout
         joined, heard, refused, confirmed = 0, False, False, False
@@ -323,7 +325,8 @@ class Communicator:
                         raise self._join_error(data)
                     if h.msg_type == wire.MSG_JOIN_WAIT:
                         joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
-                        if not confirmed:  # the switch counts a join once it is repeated: do it at once
+                        join = wire.confirm_join(join, data)  # its cookie: the switch counts the join with it
+                        if not confirmed:  # at once the first time, then with every repeat
                             confirmed = True
                             self._send(join)
                     if h.msg_type == wire.MSG_JOIN_ACK:
@@ -751,8 +754,9 @@ class Communicator:
             if h.job != self.job or h.session != gen.session:
                 self.stats.stale_results += 1  # not of this job's generation
                 continue
+            self.link.heard()  # of this generation: the switch (junk from its address is not)
             if h.msg_type == wire.MSG_HEARTBEAT:
-                continue  # the switch's answer to a heartbeat: it is alive (_recv noted when)
+                continue  # the switch's answer to a heartbeat: it is alive
             if h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
                 continue
             if h.msg_type == wire.MSG_ERROR:

@@ -218,12 +218,15 @@ class InaSwitch:
 def _join(socks) -> int:
     import select
 
+    joins = [wire.pack_join(1, r, 1000 + r, len(socks), 64) for r in range(len(socks))]
     for _ in range(50):
         for r, s in enumerate(socks):
-            s.send(wire.pack_join(1, r, 1000 + r, len(socks), 64))
+            s.send(joins[r])
         ready, _, _ = select.select(socks, [], [], 0.2)
         for s in ready:
             data = s.recv(2048)
+            if data[1] == wire.MSG_JOIN_WAIT:  # its cookie: the join counts once repeated with it
+                joins[socks.index(s)] = wire.confirm_join(joins[socks.index(s)], data)
             if data[1] == wire.MSG_JOIN_ACK:
                 while select.select(socks, [], [], 0.3)[0]:  # the other ack, and those of repeated joins
                     for other in socks:

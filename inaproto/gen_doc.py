@@ -93,7 +93,8 @@ DROPS = {
                  "switch never receives",
     "unknown_job": "a job the switch does not serve",
     "unknown_worker": "a rank out of range, or a job with no admitted generation (answered: not_member)",
-    "spoofed": "a rank's packet from another address than it joined from",
+    "spoofed": "a rank's packet from another address than it joined from, or a join from a live member's address "
+               "that does not carry its generation's session (a forged re-join, keyless jobs)",
     "wrong_session": "another generation's session (answered: not_member)",
     "bad_slot": "a slot beyond the job's pool, or more elements than the job's packet size",
     "stale": "an older packet id than the slot's round",
@@ -251,20 +252,23 @@ def example_switch():
 
 
 def example_packets() -> list[tuple[str, str, bytes]]:
-    """The example's requests: (who sends, what, datagram): two joins each (a join counts once repeated), one
-    update of 4 int32 elements from each rank."""
+    """The example's requests: (who sends, what, datagram): two joins each (the second carries the cookie of
+    the first's join_wait: the join counts then), one update of 4 int32 elements from each rank."""
     nonces = {0: 0x1111111111111111, 1: 0x2222222222222222}
-    joins = [(f"rank {r}", f"join (nonce {nonces[r]:#x}, world 2, window 2, 4 elements per packet)",
-              wire.pack_join(1, r, nonces[r], 2, 2, elements=4))
-             for r in (0, 1) for _ in range(2)]
     sw = example_switch()
-    session = first = boot = None
-    for who, _, data in joins:
-        for out, _ in sw.process(data, who):
-            h = wire.unpack(out)
-            if h.msg_type == wire.MSG_JOIN_ACK:
-                session, boot = h.session, h.boot
-                first = wire.JOIN_ACK_PAYLOAD.unpack_from(out, wire.HEADER_SIZE)[-1]
+    joins, session, first, boot = [], None, None, None
+    for r in (0, 1):
+        join = wire.pack_join(1, r, nonces[r], 2, 2, elements=4)
+        what = f"join (nonce {nonces[r]:#x}, world 2, window 2, 4 elements per packet)"
+        for again in (False, True):
+            joins.append((f"rank {r}", what + (", again with the join_wait's cookie" if again else ""), join))
+            for out, _ in sw.process(join, f"rank {r}"):
+                h = wire.unpack(out)
+                if h.msg_type == wire.MSG_JOIN_WAIT:
+                    join = wire.confirm_join(join, out)
+                if h.msg_type == wire.MSG_JOIN_ACK:
+                    session, boot = h.session, h.boot
+                    first = wire.JOIN_ACK_PAYLOAD.unpack_from(out, wire.HEADER_SIZE)[-1]
     import numpy as np
 
     updates = []

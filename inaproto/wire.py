@@ -263,12 +263,22 @@ def call_mismatch_text(job: int, rank: int, call_id, other_rank: int, other_id) 
 
 
 def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE),
-              elements: int = 0, group: bool = False) -> bytes:
+              elements: int = 0, group: bool = False, session: int = 0) -> bytes:
     """A join request, padded to JOIN_SIZE bytes (elements: per packet, 0 for the switch's maximum; group: the
-    worker listens on its job's loopback group too, FLAG_GROUP)."""
+    worker listens on its job's loopback group too, FLAG_GROUP; session: the cookie of the switch's join_wait,
+    which confirms the claim, or before one came the session of the generation this worker is a member of,
+    which proves a re-join from a member's address)."""
     body = JOIN_PAYLOAD.pack(nonce, world, window, mac, elements)
     return pack(MSG_JOIN, job=job, rank=rank, flags=FLAG_GROUP if group else 0,
-                payload=body.ljust(JOIN_PAYLOAD_SIZE, b"\0"))
+                payload=body.ljust(JOIN_PAYLOAD_SIZE, b"\0"), session=session)
+
+
+def confirm_join(join: bytes, wait: bytes) -> bytes:
+    """The join again, carrying the cookie of the switch's join_wait (its session field): the join then
+    counts for the barrier (docs/protocol.md, "join")."""
+    out = bytearray(join)
+    out[OFFSETS["session"]:OFFSETS["session"] + 4] = wait[OFFSETS["session"]:OFFSETS["session"] + 4]
+    return bytes(out)
 
 
 def unpack(data) -> Header:

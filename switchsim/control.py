@@ -7,12 +7,13 @@ What it guarantees (docs/protocol.md, threat model):
   of the generation) is a keyed hash of the switch's secret, the job, the generation and the ranks' nonces;
 - each rank's packets are accepted only from the address it joined from;
 - with a job key, a join must carry the MAC of it (inaproto.auth); without one, a rank held by a live
-  member (heard within `member_idle` seconds, not left) is not handed to another address;
+  member (heard within `member_idle` seconds, not left) is not handed to another address, nor re-joined
+  from its own address by a join that does not carry the generation's session (a forged re-join);
 - a pending join counts for the barrier only once confirmed (sent again from the same address with the
-  same nonce: workers answer their first join_wait at once, then repeat every 100 ms), a confirmed claim
-  holds its rank against other addresses, and pending joins not repeated for `join_expiry` seconds
-  expire; a member re-sending its own join is always answered. So a stray join, which nobody confirms,
-  can neither wedge a barrier nor take a rank in it;
+  same nonce and the cookie of its join_wait: workers answer their first join_wait at once, then repeat
+  every 100 ms), a confirmed claim holds its rank against other addresses, and pending joins not repeated
+  for `join_expiry` seconds expire; a member re-sending its own join is always answered. So a stray join,
+  which does not read its answers, can neither wedge nor complete a barrier, nor take a rank in it;
 - no answer is larger than the request it answers (joins are padded to JOIN_SIZE), errors and stats are
   rate-limited, and stats go only to control hosts (loopback by default);
 - members first: a request from a member of a job (its rank, from the address it joined from) is handled
@@ -26,6 +27,7 @@ What it guarantees (docs/protocol.md, threat model):
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -38,6 +40,7 @@ from inaproto.timers import (CLAIM_ACTIVE, CONTROL_RATE, ERROR_RATE, HEARTBEAT_E
                              MEMBER_IDLE, MEMBER_RATE, PEER_SILENT, SOURCE_RATE, SOURCES_KEPT, STATS_RATE,
                              TAKEN_AFTER)
 
+COOKIE = 0xC0C1E  # a salt: the secret's cookies differ from its session values
 SATURATED = 0.25  # a transport that has not found its receive queue empty for this long is behind it
 
 
@@ -200,12 +203,17 @@ class ControlPlane:
         m = job.members.get(h.rank)
         if m is not None and m.nonce == nonce and m.address == src and not m.left:
             return out + [(self._join_ack(job, h.rank), src)]  # its ack was lost: send it again
-        if job.key is None and m is not None and m.address != src and not self._failed(job) and self._live(job, h.rank, m, now):
-            return out + self._contested(job, h, src, m, now)  # in use: no takeover by another address
         job.pending = {r: p for r, p in job.pending.items() if now - p.at <= self.join_expiry}
         p = job.pending.get(h.rank)
-        if p is not None and p.address == src and p.nonce == nonce:
-            p.confirmed, p.at = True, now
+        ours = p is not None and p.address == src and p.nonce == nonce  # a claim this join made before
+        if job.key is None and m is not None and not ours and not self._failed(job) and self._live(job, h.rank, m, now):
+            if m.address != src:
+                return out + self._contested(job, h, src, m, now)  # in use: no takeover by another address
+            if h.session != job.session:  # from a live member's address, without its session: a forged re-join
+                self.dataplane.count_drop("spoofed")
+                return out + [self._join_wait(job, h, src)]
+        if ours:  # repeated; with the cookie of our join_wait it counts: a worker that reads answers waits there
+            p.confirmed, p.at = p.confirmed or h.session == self._cookie(job, h.rank, h.packet_id, src), now
         elif p is not None and p.confirmed and now - p.at <= CLAIM_ACTIVE:  # a live claim holds its rank
             if p.address == src:  # another nonce from its address (a forged join): the claim stays
                 return out + [self._join_wait(job, h, src)]
@@ -331,9 +339,19 @@ class ControlPlane:
                          boot=self.boot, packet_id=job.members[rank].nonce & wire.PACKET_ID_MASK)
 
     def _join_wait(self, job, h, src):
-        bitmap = sum(1 << r for r in job.pending)
+        """The answer to a join that does not complete the barrier: the bitmap of the ranks whose joins count,
+        the join's nonce echoed, and in `session` the claim's cookie, which the joiner's next join carries
+        to confirm that it reads answers at its address."""
+        bitmap = sum(1 << r for r, q in job.pending.items() if q.confirmed)
         return wire.pack(wire.MSG_JOIN_WAIT, job=h.job, rank=h.rank, payload=wire.JOIN_WAIT_PAYLOAD.pack(bitmap),
-                         boot=self.boot, packet_id=h.packet_id), src
+                         boot=self.boot, packet_id=h.packet_id, session=self._cookie(job, h.rank, h.packet_id, src)), src
+
+    def _cookie(self, job, rank: int, echo: int, src) -> int:
+        """A claim's cookie: nonzero, a keyed hash of the switch's secret, the join and its source address,
+        so only a joiner that reads the answers sent to that address can confirm its claim (a blind stray,
+        or a join forged from another's address, never can). Stateless, like a SYN cookie."""
+        where = int.from_bytes(hashlib.blake2b(repr(src).encode(), digest_size=8).digest(), "big")
+        return (rng.derive_seed(self.secret, COOKIE, job.job_id, rank, echo, where) & 0xFFFFFFFF) or 1
 
     # ------------------------------------------------------------------ failure of a generation
     def _member(self, h, src):

@@ -21,6 +21,29 @@ from switchsim.server import UDPServer
 STAMPED = (wire.MSG_UPDATE, wire.MSG_SPARSE_UPDATE, wire.MSG_LEAVE)
 
 
+def spoof_udp(src: tuple[str, int], dst: tuple[str, int], payload: bytes):
+    """One UDP datagram with a forged IPv4 source (a raw socket: root), as an attacker on the same host or
+    network sends it. Tests call it on loopback only."""
+    import socket
+    import struct
+
+    if os.geteuid() != 0:
+        pytest.skip("forging a source address needs a raw socket (root)")
+    udp = struct.pack(">HHHH", src[1], dst[1], 8 + len(payload), 0) + payload  # checksum 0: none (IPv4)
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))  # the kernel fills in the checksum
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as s:
+        s.sendto(ip + udp, (dst[0], 0))
+
+
+def confirmed_join(process, join: bytes, src) -> list:
+    """In-process switch (process(data, src) -> [(data, dst)]): a join, then again with its join_wait's cookie,
+    as a worker sends them (the join counts then); everything it was answered."""
+    out = process(join, src)
+    waits = [d for d, _ in out if d[1] == wire.MSG_JOIN_WAIT]
+    return out + (process(wire.confirm_join(join, waits[-1]), src) if waits else [])
+
+
 class Harness:
     """What every harness shares: rank r of the first job sends from port r (rank r of another job j from
     port 1000 j + r), and every job is joined at the start, as workers would (join=False: not).
@@ -36,12 +59,38 @@ class Harness:
         mac = auth.join_mac(key, job, rank, nonce, n, window) if key else bytes(wire.JOIN_MAC_SIZE)
         return wire.pack_join(job, rank, nonce, n, window, mac)
 
-    def join_all(self, nonce: int = 1, window: int = 64):
-        """Join every rank of every job (rank r with nonce + r, each join sent twice: the switch counts a
-        join once confirmed); returns {job: session}."""
+    def confirm(self, port: int, join: bytes) -> list[tuple[int, bytes]]:
+        """Send a join as a worker does: once, then again with the cookie of the switch's join_wait (the join
+        then counts); everything that came back. Without a join_wait (an ack, an error) it is not repeated."""
+        echo, out = wire.JOIN_PAYLOAD.unpack_from(join, wire.HEADER_SIZE)[0] & wire.PACKET_ID_MASK, []
+        for _ in range(5):  # a slow switch (BMv2's first packet waits for ARP) may answer after `quiet`: again
+            out += self.send(port, join)
+            mine = [d for p, d in out if p == port and wire.unpack(d).packet_id == echo]
+            if mine:
+                break
+        waits = [d for d in mine if d[1] == wire.MSG_JOIN_WAIT]
+        return out + (self.send(port, wire.confirm_join(join, waits[-1])) if waits else [])
+
+    def send_from(self, pairs: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Each (port, packet) sent, then everything that came back (a served switch: awaited once)."""
+        return [o for port, data in pairs for o in self.send(port, data)]
+
+    def join_all(self, nonce: int = 1, window: int = 64, proven: bool = False):
+        """Join every rank of every job as workers do, all at once (rank r with nonce + r): each join, then
+        again with the cookie of its join_wait (the switch counts a join then); proven: the first joins carry
+        the job's current session, as members re-joining do. Returns {job: session}."""
         for job, n in self.jobs.items():
-            for r in range(n):
-                out = self.blast(self.port_of(job, r), [self.join_packet(job, r, nonce + r, window)] * 2)
+            joins = {self.port_of(job, r): self.join_packet(job, r, nonce + r, window) for r in range(n)}
+            if proven:
+                joins = {p: wire.confirm_join(j, wire.pack(wire.MSG_JOIN_WAIT, session=self.sessions[job]))
+                         for p, j in joins.items()}
+            waits: dict = {}
+            for _ in range(5):  # a slow switch (BMv2's first packet waits for ARP) may answer after `quiet`
+                out = self.send_from([(p, j) for p, j in joins.items() if p not in waits])
+                waits.update((p, d) for p, d in out if p in joins and d[1] == wire.MSG_JOIN_WAIT)
+                if len(waits) == n:
+                    break
+            out = self.send_from([(p, wire.confirm_join(j, waits[p]) if p in waits else j) for p, j in joins.items()])
             acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
             deadline = time.monotonic() + 2.0  # a loaded machine may deliver the last acks after `quiet`
             while len(acks) < n and time.monotonic() < deadline:
@@ -127,9 +176,17 @@ class UDPHarness(Harness):
     def send(self, port, data):
         return self.blast(port, [data])
 
+    def send_from(self, pairs):
+        for port, data in pairs[:-1]:
+            self._emit(port, data)
+        return self.blast(pairs[-1][0], [pairs[-1][1]]) if pairs else []
+
+    def _emit(self, port, data):
+        self._sock(port).sendto(self.stamp(data), self.server.address)
+
     def blast(self, port, packets):
         for data in packets:
-            self._sock(port).sendto(self.stamp(data), self.server.address)
+            self._emit(port, data)
         out, deadline = [], time.monotonic() + self.quiet
         by_fd = {s.fileno(): p for p, s in self.socks.items()}
         while (left := deadline - time.monotonic()) > 0:
@@ -183,12 +240,15 @@ class CShmHarness(UDPHarness):
             self.socks[port] = ShmSocket(self.name)
         return self.socks[port]
 
+    def _emit(self, port, data):
+        try:
+            self._sock(port).send(self.stamp(data))
+        except BlockingIOError:
+            pass  # a full ring: lost, as a datagram to a full socket buffer
+
     def blast(self, port, packets):
         for data in packets:
-            try:
-                self._sock(port).send(self.stamp(data))
-            except BlockingIOError:
-                pass  # a full ring: lost, as a datagram to a full socket buffer
+            self._emit(port, data)
         out, buf, deadline = [], bytearray(1 << 17), time.monotonic() + self.quiet
         while time.monotonic() < deadline:
             got = 0

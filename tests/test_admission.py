@@ -11,6 +11,7 @@ import pytest
 from hostlib import wire
 from switchsim import control
 
+from .conftest import confirmed_join
 from .test_conformance import V, update
 
 STRANGER = 50  # a port no rank joined from
@@ -64,6 +65,50 @@ def test_a_stray_join_cannot_wedge_the_barrier(switch_backend):
     assert sw.send(1, wire.pack(wire.MSG_LEAVE, job=1, rank=1)) == []
     sessions = sw.join_all(nonce=10)
     assert sw.stats()["jobs"]["1"]["generation"] == 2 and sessions[1]
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    out = sw.send(1, update(1, 0, 0, 1, 0, 0))
+    assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)
+
+
+def test_a_forged_rejoin_from_members_addresses_does_not_reform_the_job(switch_backend):
+    """Issue 57, 1: keyless, joins for every rank forged from each member's own address (sent twice, and
+    even confirmed with the cookie an on-path reader would see) carry no session: they re-form nothing,
+    and the running generation's rounds stay exact. A member's own re-join, proven by its session, does."""
+    sw = switch_backend({1: 2}, slots=2, max_elements=64)
+    alive = [(r, wire.pack(wire.MSG_HEARTBEAT, job=1, rank=r, session=sw.session)) for r in (0, 1)]  # as workers beat
+    forged = {r: wire.pack_join(1, r, 0xF0F0 + r, 2, 64) for r in (0, 1)}
+    out = sw.send_from(alive + list(forged.items()) * 2)
+    waits = {p: d for p, d in out if d[1] == wire.MSG_JOIN_WAIT}
+    sw.send_from(alive + [(r, wire.confirm_join(forged[r], waits[r])) for r in waits])
+    assert len(waits) == 2 and sw.stats()["jobs"]["1"]["generation"] == 1
+    assert sw.stats()["dropped"]["spoofed"] >= 2
+    sw.send(0, update(0, 0, 0, 1, 0, 0))
+    out = sw.send(1, update(1, 0, 0, 1, 0, 0))
+    assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)
+    old = sw.session  # the members re-join (a worker whose call gave up does): each proves it with its session
+    assert sw.join_all(nonce=0xABC0, proven=True)[1] != old and sw.stats()["jobs"]["1"]["generation"] == 2
+
+
+@pytest.mark.parametrize("elements", [32, 64])
+def test_a_stray_join_sent_twice_never_completes_a_barrier(switch_backend, elements):
+    """Issue 57, 2: rank 1 waits in the barrier; a stray join for rank 0 comes twice, 100 ms apart, from
+    the stray's own address (asking another packet size, or the same): it never reads the join_wait, so it
+    never counts. Rank 1 is not refused and keeps waiting; rank 0's real join then starts the generation
+    with the real ranks, and its rounds are exact."""
+    sw = switch_backend({1: 2}, join=False, slots=2, max_elements=64)
+    sw.confirm(1, sw.join_packet(1, 1, 21))
+    stray = wire.pack_join(1, 0, 0x5757, 2, 64, elements=elements)
+    first = sw.send(STRANGER, stray)
+    sw.send(1, sw.join_packet(1, 1, 21))  # rank 1 repeats its join as it waits (its cookie not needed any more)
+    time.sleep(0.1)
+    second = sw.send(STRANGER, stray)
+    assert [wire.unpack(d).msg_type for _, d in first + second] == [wire.MSG_JOIN_WAIT] * 2
+    again = sw.send(1, sw.join_packet(1, 1, 21))
+    assert [(p, wire.unpack(d).msg_type) for p, d in again] == [(1, wire.MSG_JOIN_WAIT)]
+    assert wire.JOIN_WAIT_PAYLOAD.unpack_from(again[0][1], wire.HEADER_SIZE)[0] == 0b10  # rank 1 alone counts
+    acks = [(p, wire.unpack(d)) for p, d in sw.confirm(0, sw.join_packet(1, 0, 20)) if d[1] == wire.MSG_JOIN_ACK]
+    assert sorted(p for p, _ in acks) == [0, 1] and sw.stats()["jobs"]["1"]["generation"] == 1
+    sw.sessions[1] = acks[0][1].session
     sw.send(0, update(0, 0, 0, 1, 0, 0))
     out = sw.send(1, update(1, 0, 0, 1, 0, 0))
     assert sorted(p for p, _ in out) == [0, 1] and summed(out, 2)
@@ -130,7 +175,7 @@ def test_keyed_job_admits_only_joins_with_the_mac(switch_backend):
     # with a key, the holder may restart the job from new ports at once (no liveness wait)
     sw.sessions.clear()
     for r in (0, 1):
-        out = sw.blast(10 + r, [sw.join_packet(1, r, 40 + r)] * 2)
+        out = sw.confirm(10 + r, sw.join_packet(1, r, 40 + r))
     assert sorted(p for p, d in out if wire.unpack(d).msg_type == wire.MSG_JOIN_ACK) == [10, 11]
 
 
@@ -292,6 +337,6 @@ def test_switch_that_drops_bursts_grants_a_window_within_its_limit():
         acks = []
         for r in range(n):
             join = wire.pack_join(job, r, 100 + r, n, 64)
-            acks += [d for _ in range(2) for d, _ in sw.process(join, (job, r)) if d[1] == wire.MSG_JOIN_ACK]
+            acks += [d for d, _ in confirmed_join(sw.process, join, (job, r)) if d[1] == wire.MSG_JOIN_ACK]
         windows = {wire.JOIN_ACK_PAYLOAD.unpack_from(d, wire.HEADER_SIZE)[3] for d in acks}
         assert len(acks) == n and windows == {expected}

@@ -255,7 +255,7 @@ def control_traffic(switch):
         for r, s in enumerate(socks):
             join = wire.pack_join(9, r, 1234 + r, 2, 8)
             s.sendto(join, switch)
-            s.sendto(join, switch)  # a join is confirmed by its repeat
+            s.sendto(wire.confirm_join(join, s.recv(1 << 16)), switch)  # confirmed with its join_wait's cookie
         for r, s in enumerate(socks):
             while r not in acks:
                 data = s.recv(1 << 16)

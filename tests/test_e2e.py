@@ -204,8 +204,11 @@ def test_control_replies_keep_their_payload_in_one_batch_with_impairment_on(swit
             time.sleep(0.2)
         finally:
             os.kill(sw.proc.pid, signal.SIGCONT)
-        for s in socks[:2]:  # confirm (the switch counts a join once repeated), as workers do
-            s.sendto(wire.pack_join(1, socks.index(s), socks.index(s) + 1, 2, 64), (host, int(port)))
+        for s in socks[:2]:  # confirm with the join_wait's cookie (the switch counts the join then), as workers do
+            wait = s.recv(2048)
+            assert wire.unpack(wait).msg_type == wire.MSG_JOIN_WAIT
+            join = wire.pack_join(1, socks.index(s), socks.index(s) + 1, 2, 64)
+            s.sendto(wire.confirm_join(join, wait), (host, int(port)))
         for s in socks[:2]:
             data = s.recv(2048)
             while wire.unpack(data).msg_type == wire.MSG_JOIN_WAIT:  # the waits come first

@@ -300,10 +300,16 @@ def test_a_strangers_join_before_the_job_names_the_holder_at_once(switch_process
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     stop = threading.Event()
 
-    def claim():
+    def claim():  # a live process: it reads the join_wait and repeats its join with the cookie
         join = wire.pack_join(1, 0, 12345, 2, 8)
+        stranger.settimeout(0.05)
         while not stop.is_set():
             stranger.sendto(join, (host, int(port)))
+            try:
+                wait = stranger.recv(2048)
+                join = wire.confirm_join(join, wait) if wait[1] == wire.MSG_JOIN_WAIT else join
+            except OSError:
+                pass
             stop.wait(0.05)
 
     t = threading.Thread(target=claim, daemon=True)

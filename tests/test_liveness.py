@@ -20,9 +20,11 @@ import hostlib
 from hostlib import errors, wire
 from hostlib.worker import AUTO_WINDOW_MAX, auto_window
 from inabench.harness import SwitchProcess
+from inaproto.net import parse_address
 from switchsim import control
 from switchsim.server import query_stats
 
+from .conftest import confirmed_join, spoof_udp
 from .test_admission import STRANGER
 from .test_integrity import LOOPS, lines, procs, serve_on  # noqa: F401 - procs: a fixture
 
@@ -81,8 +83,8 @@ def test_many_strangers_share_one_budget_and_a_member_goes_first():
     from switchsim.model import Switch
 
     sw = Switch({1: 2}, first_packet_id=0)
-    acks = [sw.process(wire.pack_join(1, r, 5 + r, 2, 64), r) for r in (0, 1, 0, 1)]
-    session = wire.unpack(acks[-1][0][0]).session
+    acks = [confirmed_join(sw.process, wire.pack_join(1, r, 5 + r, 2, 64), r) for r in (0, 1)]
+    session = wire.unpack(acks[-1][-1][0]).session
     t0 = time.monotonic()
     for port in range(100, 5100):
         sw.process(heartbeat(1, 0, session), port)
@@ -99,8 +101,8 @@ def test_a_switch_behind_its_queue_names_no_silent_member():
 
     now = [0.0]
     sw = Switch({1: 2}, first_packet_id=0, clock=lambda: now[0])
-    acks = [sw.process(wire.pack_join(1, r, 5 + r, 2, 64), r) for r in (0, 1, 0, 1)]
-    session = wire.unpack(acks[-1][0][0]).session
+    acks = [confirmed_join(sw.process, wire.pack_join(1, r, 5 + r, 2, 64), r) for r in (0, 1)]
+    session = wire.unpack(acks[-1][-1][0]).session
     sw.control.drained()
     now[0] = 0.5  # behind its queue from here (no drained() for more than SATURATED)
     for t in (1.0, 2.0, 4.0, 6.0):
@@ -122,9 +124,8 @@ def test_join_answers_echo_the_nonce(switch_backend):
     assert [(wire.unpack(d).msg_type, wire.unpack(d).packet_id) for _, d in wait] == [(wire.MSG_JOIN_WAIT, 0x11223344)]
     bad = sw.send(1, wire.pack_join(1, 1, 0x55667788, 3, 64))  # a world size of 3: refused
     assert [(wire.unpack(d).msg_type, wire.unpack(d).packet_id) for _, d in bad] == [(wire.MSG_ERROR, 0x55667788)]
-    sw.send(0, sw.join_packet(1, 0, 0x0102030411223344))
-    sw.send(1, sw.join_packet(1, 1, 0xAABBCCDD))
-    acks = sw.send(1, sw.join_packet(1, 1, 0xAABBCCDD))
+    sw.confirm(0, sw.join_packet(1, 0, 0x0102030411223344))
+    acks = [a for a in sw.confirm(1, sw.join_packet(1, 1, 0xAABBCCDD)) if a[1][1] == wire.MSG_JOIN_ACK]
     assert sorted((p, wire.unpack(d).msg_type, wire.unpack(d).packet_id) for p, d in acks) == [
         (0, wire.MSG_JOIN_ACK, 0x11223344), (1, wire.MSG_JOIN_ACK, 0xAABBCCDD)]
 
@@ -309,7 +310,8 @@ def raw_int32_worker(address, rank, world, window, n, k=256):
                 d = s.recv(4096)
                 h = wire.unpack(d)
                 if h.msg_type == wire.MSG_JOIN_WAIT and h.packet_id == nonce:
-                    s.send(join)  # a join counts once repeated
+                    join = wire.confirm_join(join, d)  # its cookie: the join counts once repeated with it
+                    s.send(join)
                 if h.msg_type == wire.MSG_JOIN_ACK and h.packet_id == nonce:
                     ack = (h, wire.JOIN_ACK_PAYLOAD.unpack_from(d, wire.HEADER_SIZE))
                     break
@@ -364,3 +366,120 @@ def test_an_independent_worker_with_the_agreed_window_and_hostlib(switch_process
     W, raw = got["raw"]
     assert W == window == (512 if hostlib_window else auto_window(AUTO_WINDOW_MAX, 256 * 4, 2, 256))
     assert np.all(res == 3) and np.all(raw == 3)
+
+
+# ---------------------------------------------------------------- forged joins and junk (issue 57)
+
+
+def _worker_address(comm) -> tuple[str, int]:
+    host, port = comm.sock.getsockname()[:2]
+    return ("127.0.0.1" if host == "0.0.0.0" else host), port
+
+
+@serve_on("python", "c")
+def test_forged_rejoins_from_the_members_addresses_fail_no_call(switch_process):
+    """Keyless: joins for every rank forged from each member's own address and port (a raw socket), sent
+    twice 100 ms apart while the job runs, carry no session: no call fails, every result is exact."""
+    sw = switch_process("--workers", 2)
+    switch = parse_address(sw.address)
+    x = np.arange(60_000, dtype=np.int32)
+    comms = each_rank(lambda r: hostlib.connect(sw.address, r, 2, codec="int32", timeout=20))
+    try:
+        assert all(isinstance(c, hostlib.Communicator) for c in comms), comms
+        assert all(np.array_equal(o, 2 * x) for o in each_rank(lambda r: comms[r].allreduce(x)))
+        for _ in range(2):
+            for r, c in enumerate(comms):
+                spoof_udp(_worker_address(c), switch, wire.pack_join(1, r, 0xBAD0 + r, 2, 64))
+            time.sleep(0.1)
+        outs = each_rank(lambda r: [comms[r].allreduce(x) for _ in range(3)])
+        assert all(not isinstance(o, Exception) for o in outs), outs
+        assert all(np.array_equal(y, 2 * x) for o in outs for y in o)
+        stats = query_stats(switch)
+        assert stats["jobs"]["1"]["generation"] == 1 and stats["dropped"]["spoofed"] >= 4
+    finally:
+        for c in comms:
+            if isinstance(c, hostlib.Communicator):
+                c.close()
+
+
+@serve_on("python", "c")
+@pytest.mark.parametrize("elements", [32, 0])
+def test_a_stray_join_sent_twice_refuses_no_live_joiner(switch_process, elements):
+    """Rank 1 waits in the barrier; a stray join for rank 0 (its own address, another packet size or the
+    same) comes twice, 100 ms apart: rank 1 is neither refused nor joined with the stray; when rank 0
+    comes, both join and the call is exact."""
+    sw = switch_process("--workers", 2)
+    x = np.arange(10_000, dtype=np.int32)
+    got = [None, None]
+
+    def rank(r):
+        try:
+            with hostlib.connect(sw.address, r, 2, codec="int32", timeout=20) as c:
+                got[r] = c.allreduce(x)
+        except Exception as e:  # noqa: BLE001 - the test checks
+            got[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (1, 0)]
+    threads[0].start()
+    time.sleep(0.5)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stray:
+        for _ in range(2):
+            stray.sendto(wire.pack_join(1, 0, 0x5757, 2, 64, elements=elements), parse_address(sw.address))
+            time.sleep(0.1)
+    time.sleep(0.5)
+    threads[1].start()
+    for t in threads:
+        t.join(40)
+    assert all(isinstance(g, np.ndarray) and np.array_equal(g, 2 * x) for g in got), got
+
+
+@serve_on("python", "c")
+@pytest.mark.parametrize("fast", LOOPS)
+def test_junk_from_the_switchs_address_does_not_hide_a_stopped_switch(switch_process, fast):
+    """SIGSTOP the switch, then forge datagrams from its address to every rank every 20 ms (junk, a
+    heartbeat answer and a result of another session, a truncated header): only a packet of the current
+    generation counts as hearing the switch, so the call still raises SwitchSilent within 5 s."""
+    sw = switch_process("--workers", 2)
+    switch = parse_address(sw.address)
+    x = np.ones(200_000, np.int32)
+    comms = each_rank(lambda r: hostlib.connect(sw.address, r, 2, codec="int32", timeout=30, fast=fast))
+    stop = threading.Event()
+
+    def forge():
+        junk = [bytes(range(64)), wire.pack(wire.MSG_HEARTBEAT, job=1, rank=0, session=1),
+                wire.pack(wire.MSG_RESULT, 1, 0, 0, 0, 0, 0, wire.CODEC_INT32, session=2), bytes(8)]
+        for _ in range(1000):
+            if stop.wait(0.02):
+                return
+            for c in comms:
+                for j in junk:
+                    spoof_udp(switch, _worker_address(c), j)
+
+    try:
+        assert all(isinstance(c, hostlib.Communicator) for c in comms), comms
+        os.kill(sw.proc.pid, signal.SIGSTOP)
+        forger = threading.Thread(target=forge, daemon=True)
+        forger.start()
+
+        def call(r):
+            t0 = time.monotonic()
+            try:
+                comms[r].allreduce(x)
+            except errors.INAError as e:
+                return e, time.monotonic() - t0
+
+        seen = each_rank(call)
+        stop.set()
+        forger.join(5)
+        os.kill(sw.proc.pid, signal.SIGCONT)
+        for s in seen:
+            assert isinstance(s, tuple) and isinstance(s[0], errors.SwitchSilent), s
+            assert s[1] < 5.0
+        outs = each_rank(lambda r: comms[r].allreduce(x))
+        assert all(np.array_equal(o, 2 * x) for o in outs), outs
+    finally:
+        stop.set()
+        os.kill(sw.proc.pid, signal.SIGCONT)
+        for c in comms:
+            if isinstance(c, hostlib.Communicator):
+                c.close()

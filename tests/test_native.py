@@ -144,13 +144,16 @@ class Traffic:
         self.calls = {}  # (job, slot, round) -> the round's call: number, kind, length
         self.failed = set()  # jobs whose generation failed (their workers re-join soon, as hostlib's do)
         self.log = []  # (data, src, what the model answered, the clock then)
+        self.cookies = {}  # (destination, job, rank, echoed nonce) -> the cookie of a join_wait the model sent
 
     def send(self, data, src):
         self.clock.t += 0.001
         out = self.model.process(data, src)
         self.log.append((data, src, out, self.clock.t))
-        for pkt, _ in out:
+        for pkt, dst in out:
             h = wire.unpack(pkt)
+            if h.msg_type == wire.MSG_JOIN_WAIT:
+                self.cookies[(dst, h.job, h.rank, h.packet_id)] = pkt
             if h.msg_type == wire.MSG_JOIN_ACK:
                 if h.session != self.sessions[h.job]:
                     self.round = {k: v for k, v in self.round.items() if k[0] != h.job}
@@ -168,14 +171,18 @@ class Traffic:
         for r in range(JOBS[job]):
             data = join(job, r, int(self.rs.integers(1, 2**40)))
             self.send(data, addr(job, r))
-            self.send(data, addr(job, r))  # confirmed
+            waits = [pkt for pkt, _ in self.log[-1][2] if pkt[1] == wire.MSG_JOIN_WAIT]
+            self.send(wire.confirm_join(data, waits[-1]) if waits else data, addr(job, r))  # confirmed: its cookie
 
     def control(self, job, rank, src):
         rs, c = self.rs, self.rs.random()
         if c < 0.4:
             world = None if rs.random() < 0.9 else JOBS.get(job, 2) + 1
             mac = bytes(16) if rs.random() < 0.5 else None
-            return join(job, rank, int(rs.integers(0, 3)), world, mac)
+            data = join(job, rank, int(rs.integers(0, 3)), world, mac)
+            echo = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)[0] & wire.PACKET_ID_MASK
+            wait = self.cookies.get((src, job, rank, echo))  # a worker that read its join_wait confirms
+            return wire.confirm_join(data, wait) if wait is not None and rs.random() < 0.7 else data
         session = self.sessions.get(job, 0)
         if c < 0.5:
             return wire.pack(wire.MSG_LEAVE, job=job, rank=rank, session=session)
