@@ -1,7 +1,7 @@
 """cffi (API mode) builders for the native parts; setup.py runs them at install time.
 
 switchsim._native  the aggregator core, its recvmmsg/sendmmsg UDP loop and its shared-memory loop; the
-                   benchmarks' packet blaster (ina_blast)
+                   benchmarks' packet blaster (ina_blast); the link delay stage's forwarding loop (ina_delay)
 hostlib._kernels   NC / fixed-point codec kernels, the worker protocol loop (sendmmsg/recvmmsg or shared-memory
                    rings), the worker's end of the shared-memory transport and its heartbeat thread
 switchsim._dpdk    the core behind a DPDK poll loop (only where pkg-config finds libdpdk)
@@ -55,8 +55,8 @@ def _ffi(name, header_includes, sources, **kw):
     return ffi
 
 
-core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h", "ina_shm_switch.h", "ina_blast.h"],
-                _src("ina_core.c", "ina_core_simd.c", "ina_udp.c", "ina_shm_switch.c", "ina_blast.c"))
+core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h", "ina_shm_switch.h", "ina_blast.h", "ina_delay.h"],
+                _src("ina_core.c", "ina_core_simd.c", "ina_udp.c", "ina_shm_switch.c", "ina_blast.c", "ina_delay.c"))
 kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_shm.h", "ina_worker.h", "ina_beat.h"],
                    _src("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c", "ina_bloom.c", "ina_shm.c",
                         "ina_worker.c", "ina_beat.c"),

@@ -843,6 +843,7 @@ def _open_socket(shm: str | None, address):
         return ShmSocket(shm)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     size_buffers(sock)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0)  # ECN-capable: a congested queue marks, not drops
     sock.connect(address)
     sock.setblocking(False)
     return sock

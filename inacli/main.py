@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     topo_cli.add_ddp_bench(bench_parser("ddp", "DDP training steps (sec/iter p50-p95, examples/s) per world size "
                                                "and gradient path, on loopback or --topo links; --tta: time to "
                                                "accuracy; --diff A B (not in `all`)"), csv)
+    topo_cli.add_net_bench(bench_parser("net", "INA beside TCP on one bottleneck (namespaces, root): goodput, "
+                                               "share and Jain's index, short flows' completion times, queueing "
+                                               "delay and ECN marks, per INA congestion policy (not in `all`)",
+                                        plot="goodput of INA and TCP over time, per policy"), csv)
     model_cli.add_parser(sub, csv)
     return p
 

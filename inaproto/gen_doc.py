@@ -251,6 +251,11 @@ def example_switch():
     return Switch({1: 2}, slots=4, max_elements=64, secret=0x5EC2E7, boot=0xB0075EED)
 
 
+# where the example's ranks send from (a join_wait's cookie depends on the address; tests replay from these)
+EXAMPLE_ADDRESSES = {"rank 0": ("127.0.0.1", 40000), "rank 1": ("127.0.0.1", 40001)}
+EXAMPLE_NAMES = {v: k for k, v in EXAMPLE_ADDRESSES.items()}
+
+
 def example_packets() -> list[tuple[str, str, bytes]]:
     """The example's requests: (who sends, what, datagram): two joins each (the second carries the cookie of
     the first's join_wait: the join counts then), one update of 4 int32 elements from each rank."""
@@ -262,7 +267,7 @@ def example_packets() -> list[tuple[str, str, bytes]]:
         what = f"join (nonce {nonces[r]:#x}, world 2, window 2, 4 elements per packet)"
         for again in (False, True):
             joins.append((f"rank {r}", what + (", again with the join_wait's cookie" if again else ""), join))
-            for out, _ in sw.process(join, f"rank {r}"):
+            for out, _ in sw.process(join, EXAMPLE_ADDRESSES[f"rank {r}"]):
                 h = wire.unpack(out)
                 if h.msg_type == wire.MSG_JOIN_WAIT:
                     join = wire.confirm_join(join, out)
@@ -292,9 +297,9 @@ def _example():
         shown = data if len(data) <= 64 else data[:64]
         out += [f"**{who} → switch**: {what}, {len(data)} bytes" + (" (the first 64 shown; the rest zeros)"
                                                                    if len(data) > 64 else ""), "```", _hex(shown), "```"]
-        for reply, dst in sw.process(data, who):
+        for reply, dst in sw.process(data, EXAMPLE_ADDRESSES[who]):
             h = wire.unpack(reply)
-            out += [f"**switch → {dst}**: {wire.MSG_NAMES[h.msg_type]}, {len(reply)} bytes", "```", _hex(reply), "```"]
+            out += [f"**switch → {EXAMPLE_NAMES[dst]}**: {wire.MSG_NAMES[h.msg_type]}, {len(reply)} bytes", "```", _hex(reply), "```"]
     return out
 
 

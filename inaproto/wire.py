@@ -262,6 +262,10 @@ def call_mismatch_text(job: int, rank: int, call_id, other_rank: int, other_id) 
             f"rank {other_rank} with {on}")
 
 
+ECT0 = 0x02  # the IP header's ECN field of every worker datagram: ECN-capable transport (RFC 3168 ECT(0))
+CE = 0x03  # what a congested queue that marks writes into it instead of dropping
+
+
 def pack_join(job: int, rank: int, nonce: int, world: int, window: int, mac: bytes = bytes(JOIN_MAC_SIZE),
               elements: int = 0, group: bool = False, session: int = 0) -> bytes:
     """A join request, padded to JOIN_SIZE bytes (elements: per packet, 0 for the switch's maximum; group: the

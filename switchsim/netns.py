@@ -8,6 +8,7 @@ All need root and iproute2; `close()` removes what they made.
 """
 from __future__ import annotations
 
+import json
 import itertools
 import os
 import shutil
@@ -104,6 +105,10 @@ class Topology:
       in two on its far end's host and a user-space forwarding stage (switchsim/delay.py, AF_PACKET sockets)
       holds every frame `delay_ms` before passing it on. The link's veths then compute checksums and
       segment in software (ethtool -K ... off): a frame leaves the stage as it will be read.
+    - ECN (`ecn`): this kernel has no RED either, so with ecn the stage is the link (delay 0 included): it
+      serializes each direction at the link's rate itself (no tbf then: its queue is the bottleneck), marks
+      CE on ECN-capable IPv4 packets that arrive while more than `ecn_bytes` wait, drops beyond 100 ms of
+      queue, and counts both; TCP in every host negotiates ECN (net.ipv4.tcp_ecn=1).
 
     Names carry this process's id and a counter (an interface name has at most 15 characters). `close()`
     also ends whatever still runs in the namespaces (which would keep them and their veths alive), so a
@@ -112,25 +117,29 @@ class Topology:
 
     _seq = itertools.count()
 
-    def __init__(self, rate_mbit: float | None = None, loss: float = 0.0, delay_ms: float = 0.0):
+    def __init__(self, rate_mbit: float | None = None, loss: float = 0.0, delay_ms: float = 0.0, ecn: bool = False):
+        if ecn and not rate_mbit:
+            raise ValueError("ECN marks at a rate-limited link's queue: give the links a rate (--bw)")
         if rate_mbit is not None and rate_mbit <= 0:
             raise ValueError(f"link rate must be > 0 Mbit/s, not {rate_mbit}")
         if not 0.0 <= loss < 1.0:
             raise ValueError(f"link loss must be in [0, 1), not {loss}")
         if delay_ms < 0:
             raise ValueError(f"link delay must be >= 0 ms, not {delay_ms}")
-        reason = self.why_not(loss, delay_ms)
+        reason = self.why_not(loss, delay_ms, ecn)
         if reason:
             raise RuntimeError(reason)
-        self.rate_mbit, self.loss, self.delay_ms = rate_mbit, loss, delay_ms
+        self.rate_mbit, self.loss, self.delay_ms, self.ecn = rate_mbit, loss, delay_ms, ecn
+        self.staged = bool(delay_ms) or ecn  # the links are cut for a stage (switchsim/delay.py)
         self.tag = f"{os.getpid():x}{next(Topology._seq) % 16:x}"  # <= 7 characters
         self.made: list[str] = []  # namespaces created so far: what close() removes
         self.procs: list[subprocess.Popen] = []
         self.stages: dict[str, list[str]] = {}  # namespace -> the delay stage's "a:b" interface pairs
+        self.stage_procs: dict[str, subprocess.Popen] = {}  # namespace -> its running stage
         self._links = 0
 
     @staticmethod
-    def why_not(loss: float = 0.0, delay_ms: float = 0.0) -> str:
+    def why_not(loss: float = 0.0, delay_ms: float = 0.0, ecn: bool = False) -> str:
         """Why this machine cannot build the topology ("" if it can)."""
         if os.geteuid() != 0:
             return "network namespaces need root"
@@ -139,7 +148,7 @@ class Topology:
                 return f"network namespaces need {what} command"
         if loss and not shutil.which("nft"):
             return "lossy links need nftables' nft command (apt-get install nftables)"
-        if delay_ms and not shutil.which("ethtool"):
+        if (delay_ms or ecn) and not shutil.which("ethtool"):
             return "delayed links need the ethtool command (apt-get install ethtool)"
         return ""
 
@@ -161,14 +170,15 @@ class Topology:
         self._ip("-n", ns, "link", "set", "lo", "up")
         # no IPv6 chatter (router solicitations, MLD) on the links
         self.run(ns, ["sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; "
-                                  "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"], capture_output=True)
+                                  "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6"
+                                  + ("; echo 1 > /proc/sys/net/ipv4/tcp_ecn" if self.ecn else "")], capture_output=True)
         return ns
 
     def add_link(self, a: str, a_if: str, b: str, b_if: str, a_ip: str | None = None):
         """A link from host a (interface a_if, address a_ip/24) to host b (b_if, no address: a bridge's or
         a switch's port). Loss is applied on a's end; delay by a stage on b's host."""
         self._links += 1
-        if self.delay_ms:
+        if self.staged:
             x, y = f"dx{self.tag}-{self._links}", f"dy{self.tag}-{self._links}"
             self._ip("link", "add", a_if, "netns", a, "type", "veth", "peer", "name", x, "netns", b)
             self._ip("link", "add", y, "netns", b, "type", "veth", "peer", "name", b_if, "netns", b)
@@ -181,12 +191,12 @@ class Topology:
             self._ip("-n", a, "addr", "add", f"{a_ip}/24", "dev", a_if)
         for ns, dev in ends:
             self._ip("-n", ns, "link", "set", dev, "up")
-            if self.delay_ms:
+            if self.staged:
                 self.run(ns, ["ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off"],
                          capture_output=True)
         if self.loss:
             self._lossy(a, a_if)
-        if self.rate_mbit:
+        if self.rate_mbit and not self.ecn:  # with ecn the stage serializes at the rate: its queue is the link's
             self._shape(a, a_if)
             self._shape(b, b_if)
 
@@ -221,12 +231,40 @@ class Topology:
         """The delay stages, one process per host that holds cut links (after the links are up)."""
         from . import delay
 
+        link = ["--rate-mbit", self.rate_mbit, "--ecn-bytes", self.ecn_bytes(self.rate_mbit),
+                "--limit-bytes", self.queue_bytes(self.rate_mbit)] if self.ecn else []
         for ns, pairs in self.stages.items():
-            p = self.popen(ns, [sys.executable, delay.__file__, "--delay-ms", self.delay_ms, *pairs],
+            p = self.popen(ns, [sys.executable, delay.__file__, "--delay-ms", self.delay_ms, *link, *pairs],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             line = p.stdout.readline()  # "ready" once its sockets are bound: no frame is lost before
             if not line.startswith("ready"):
                 raise RuntimeError(f"topology: delay stage in {ns} failed: {p.stderr.read()[-1000:]}")
+            self.stage_procs[ns] = p
+
+    @staticmethod
+    def ecn_bytes(rate_mbit: float) -> int:
+        """The queue above which a link marks CE: 2.4 ms at 100 Mbit/s (30 KB, DCTCP's K at 1 Gbit/s), 1 ms of
+        the rate above 240 Mbit/s."""
+        return max(30_000, int(rate_mbit * 1e6 / 8 / 1000))
+
+    @staticmethod
+    def queue_bytes(rate_mbit: float) -> int:
+        """A staged link's queue: 100 ms of its rate (as tbf's latency), at least 64 frames."""
+        return max(64 * 1514, int(rate_mbit * 1e6 / 8 / 10))
+
+    def stage_counters(self) -> dict:
+        """Stop the stages; per namespace what each forwarded, marked and dropped (its exit line)."""
+        out = {}
+        for ns, p in self.stage_procs.items():
+            if p.poll() is None:
+                p.terminate()
+            try:
+                text, _ = p.communicate(timeout=10)
+                out[ns] = json.loads([x for x in text.splitlines() if x.startswith("{")][-1])
+            except (subprocess.TimeoutExpired, IndexError, ValueError):
+                out[ns] = {}
+        self.stage_procs = {}
+        return out
 
     # ------------------------------------------------------------------ running things inside
     def command(self, ns: str, argv: list) -> list[str]:
@@ -303,7 +341,7 @@ class Star(Topology):
     prefix = "10.215.0"
 
     def __init__(self, n: int, loss: float = 0.0, rate_mbit: float | None = None, bridge: bool | str = False,
-                 delay_ms: float = 0.0):
+                 delay_ms: float = 0.0, ecn: bool = False):
         """n workers; loss per packet and direction; rate_mbit: every link's rate both ways; delay_ms: every
         link's delay each way; bridge: join the switch's ends in a Linux bridge holding switch_ip (a switch on
         a kernel socket, python or c: worker-to-worker traffic such as gloo's crosses it too), else they stay
@@ -311,7 +349,7 @@ class Star(Topology):
         whose far end `switch_port` a switch that drives one interface (DPDK's net_af_packet) takes."""
         if not 1 <= n <= 253:
             raise ValueError(f"a star has 1..253 workers, not {n}")
-        super().__init__(rate_mbit, loss, delay_ms)
+        super().__init__(rate_mbit, loss, delay_ms, ecn)
         tag = self.tag
         self.n, self.bridge = n, bridge
         self.switch_ns, self.worker_ns = f"ina-{tag}-s", [f"ina-{tag}-w{i}" for i in range(n)]
@@ -358,10 +396,10 @@ class Tree(Topology):
     leaf's subnet to its uplink: a leaf's switch joins the root from the address its workers know."""
 
     def __init__(self, leaves: int, per_leaf: int, loss: float = 0.0, rate_mbit: float | None = None,
-                 delay_ms: float = 0.0):
+                 delay_ms: float = 0.0, ecn: bool = False):
         if not (1 <= leaves <= 32 and 1 <= per_leaf <= 32):
             raise ValueError(f"a tree has 1..32 leaves of 1..32 workers, not {leaves} x {per_leaf}")
-        super().__init__(rate_mbit, loss, delay_ms)
+        super().__init__(rate_mbit, loss, delay_ms, ecn)
         tag = self.tag
         self.leaves, self.per_leaf, self.n = leaves, per_leaf, leaves * per_leaf
         self.root_ns, self.root_ip = f"ina-{tag}-r", "10.216.0.254"

@@ -16,9 +16,10 @@ from topologies.run import Spec, run, wait_workers
 GLOO = os.path.join(ROOT, "topologies", "gloo_worker.py")
 
 
-def gloo_run(workers: int, bw: float | None, loss: float, delay_ms: float, size: int, timeout: float) -> dict:
+def gloo_run(workers: int, bw: float | None, loss: float, delay_ms: float, size: int, timeout: float,
+             ecn: bool = False) -> dict:
     """gloo's allreduce of size float32 per worker across a star's bridge (worker to worker over two links)."""
-    with Star(workers, loss, bw, bridge=True, delay_ms=delay_ms) as star, tempfile.TemporaryDirectory() as tmp:
+    with Star(workers, loss, bw, bridge=True, delay_ms=delay_ms, ecn=ecn) as star, tempfile.TemporaryDirectory() as tmp:
         master = f"{star.worker_ips[0]}:29500"
         procs = [star.popen(w, [sys.executable, GLOO, master, w, workers, size, os.path.join(tmp, f"{w}.json")],
                             env={**os.environ, "GLOO_SOCKET_IFNAME": star.worker_ifs[w]}, cwd=ROOT,
@@ -45,19 +46,20 @@ def _row(bw, loss, config, r, workers) -> dict:
 
 def bench_topo(workers: int = 4, size: int = 1 << 18, rates=(10, 100, 1000, 10000), losses=(0, 0.01, 0.05, 0.1),
                loss_rate: float = 100, codecs=("int32", "fixed", "nc"), backend: str = "c", delay_ms: float = 0.0,
-               timeout: float = 300, repeat: int = 3, progress=None) -> list[dict]:
+               timeout: float = 300, repeat: int = 3, progress=None, ecn: bool = False) -> list[dict]:
     """Rows: every (rate, loss 0) and (loss_rate, loss) setting, each codec's INA and gloo, with the time as a
     multiple of gloo's in the same setting ("x gloo"); a lossy setting's row is the median of `repeat` runs."""
     settings = [(bw, 0.0) for bw in rates] + [(loss_rate, p) for p in losses if p]
     rows = []
     for bw, loss in settings:
         n = repeat if loss else 1  # under loss one run's time is one draw of a wide distribution (TCP's too)
-        base = median([gloo_run(workers, bw, loss, delay_ms, size, timeout) for _ in range(n)])
+        base = median([gloo_run(workers, bw, loss, delay_ms, size, timeout, ecn and bw is not None) for _ in range(n)])
         got = [_row(bw, loss, "gloo", base, workers)]
         for codec in codecs:
             if progress:
                 progress(f"{bw} Mbit/s, loss {loss}: {codec}")
-            r = median([run(Spec(workers, backend, bw, delay_ms, loss), codec, size, window=64, timeout=timeout / 2)
+            r = median([run(Spec(workers, backend, bw, delay_ms, loss, ecn=ecn and bw is not None), codec, size,
+                             window=64, timeout=timeout / 2)
                          for _ in range(n)])
             got.append(_row(bw, loss, f"ina-{codec}", r, workers))
         for g in got:

@@ -28,6 +28,8 @@ def add_parser(sub):
     t.add_argument("--delay", type=_ms, metavar="D", help="every link's delay each way (e.g. 1ms, 500us; a "
                                                           "user-space stage: this kernel has no netem)")
     t.add_argument("--loss", type=float, help="drop probability per packet and direction on every link")
+    t.add_argument("--ecn", action="store_true", default=None,
+                   help="every link's queue marks CE (counted) above a threshold instead of dropping (needs --bw)")
     t.add_argument("--codec", choices=("int32", "fixed", "nc"), default="int32")
     t.add_argument("--size", type=int, default=1 << 16, help="elements per worker")
     t.add_argument("--window", type=int, default=32, help="the workers' window (the switch may grant fewer)")
@@ -50,7 +52,7 @@ def spec_from_args(args):
     from topologies.run import Spec
 
     flags = dict(workers=args.workers, backend=args.backend, bw_mbit=args.bw, delay_ms=args.delay,
-                 loss=args.loss, leaves=args.leaves, jobs=args.jobs)
+                 loss=args.loss, leaves=args.leaves, jobs=args.jobs, ecn=args.ecn)
     if args.file:
         return Spec.load(args.file, **flags)
     return Spec(**{k: v for k, v in flags.items() if v is not None})
@@ -183,6 +185,7 @@ def add_bench(sp, csv):
     sp.add_argument("--codecs", type=csv(str), default="int32,fixed,nc", metavar="LIST")
     sp.add_argument("--backend", choices=("python", "c"), default="c")
     sp.add_argument("--delay", type=_ms, default=0.0, metavar="D", help="every link's delay each way")
+    sp.add_argument("--ecn", action="store_true", help="the links' queues mark CE above a threshold")
     sp.set_defaults(func=cmd_bench_topo)
 
 
@@ -194,11 +197,47 @@ def cmd_bench_topo(args) -> int:
     progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
     try:
         rows = bench_topo(args.workers, args.size, args.rates, args.losses, args.loss_rate, args.codecs,
-                          args.backend, args.delay, progress=progress)
+                          args.backend, args.delay, progress=progress, ecn=args.ecn)
     except (RuntimeError, ValueError, OSError) as e:
         print(f"switchsim bench topo: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"topo": rows}, indent=2) if as_json else f"\n== topo\n{table(rows)}")
+    if getattr(args, "plot", None):
+        plot(rows, args.plot)
+    return 0
+
+
+def add_net_bench(sp, csv):
+    """`switchsim bench net`'s flags (sp: its sub-parser, made by inabench/cli.py's bench_parser)."""
+    sp.add_argument("--hosts", type=int, default=4, help="worker hosts of the star (at least 2; default %(default)s)")
+    sp.add_argument("--bw", type=float, default=100.0, help="every link's rate, Mbit/s (default %(default)s)")
+    sp.add_argument("--delay", type=_ms, default=1.0, metavar="D", help="every link's delay each way (default 1ms)")
+    sp.add_argument("--seconds", type=float, default=20.0, help="each phase's length (default %(default)s)")
+    sp.add_argument("--ecn", action="store_true", help="the links' queues mark CE above a threshold (counted)")
+    sp.add_argument("--cc", dest="ccs", type=csv(str), default="none", metavar="LIST",
+                    help="INA congestion policies, a row pair each (today: none, SwitchML's fixed window)")
+    sp.add_argument("--codec", choices=("int32", "fixed", "nc"), default="int32")
+    sp.add_argument("--elements", type=int, default=1 << 20, help="elements per allreduce call (default %(default)s)")
+    sp.add_argument("--window", type=int, default=None,
+                    help="INA slots per worker (default: 10 ms of the link's rate in 1 KiB packets, as bench ddp --topo)")
+    sp.add_argument("--short-rate", type=float, default=50.0, help="short flows per second (default %(default)s)")
+    sp.add_argument("--short-kb", type=float, default=16.0, help="each short flow's response, KB (default %(default)s)")
+    sp.set_defaults(func=cmd_bench_net)
+
+
+def cmd_bench_net(args) -> int:
+    from inabench.report import table
+    from topologies.net import bench_net, plot, table_rows
+
+    as_json = getattr(args, "json", False)
+    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
+    try:
+        rows = bench_net(args.hosts, args.bw, args.delay, args.seconds, args.ecn, args.ccs, args.codec, args.elements,
+                         args.window or topo_window(args.bw), args.short_rate, args.short_kb, progress=progress)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"switchsim bench net: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"net": rows}, indent=2) if as_json else f"\n== net\n{table(table_rows(rows))}")
     if getattr(args, "plot", None):
         plot(rows, args.plot)
     return 0
@@ -265,6 +304,7 @@ def add_ddp_bench(sp, csv):
     sp.add_argument("--bw", type=float, default=100.0, help="--topo: link rate, Mbit/s (default %(default)s)")
     sp.add_argument("--delay", type=_ms, default=1.0, metavar="D", help="--topo: every link's delay each way (ms)")
     sp.add_argument("--loss", type=float, default=0.0, help="--topo: per packet and direction")
+    sp.add_argument("--ecn", action="store_true", help="--topo: the links' queues mark CE above a threshold")
     sp.add_argument("--tta", action="store_true",
                     help="time to accuracy instead: the digits MLP for --epochs, epochs and seconds to --target")
     sp.add_argument("--target", type=float, default=0.95, help="--tta: test accuracy (default %(default)s)")
@@ -327,4 +367,4 @@ def topo_window(bw_mbit: float, seconds: float = 0.01) -> int:
 def _ddp_hosts(args):
     from .ddp import Hosts
 
-    return lambda world: Hosts(world, args.backend, args.bw, args.delay, args.loss)
+    return lambda world: Hosts(world, args.backend, args.bw, args.delay, args.loss, args.ecn)

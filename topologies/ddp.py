@@ -20,9 +20,9 @@ class Hosts:
     """A Placement (inabench.ddp) on a star of `world` hosts around a switch of `backend`."""
 
     def __init__(self, world: int, backend: str = "c", bw: float | None = None, delay_ms: float = 0.0,
-                 loss: float = 0.0):
+                 loss: float = 0.0, ecn: bool = False):
         self._logs = tempfile.TemporaryDirectory()
-        self.dep = Deployment(Spec(world, backend, bw, delay_ms, loss), self._logs.name)
+        self.dep = Deployment(Spec(world, backend, bw, delay_ms, loss, ecn=ecn), self._logs.name)
         self.world = world
 
     def master(self) -> str:

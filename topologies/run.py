@@ -27,13 +27,14 @@ BACKENDS = ("python", "c", "dpdk", "bmv2")
 @dataclass
 class Spec:
     """What to build; the CLI flags, or a TOML file (`topo run --file`, examples in topologies/examples/):
-    top-level workers, backend, leaves, jobs; a [links] table with bw_mbit, delay_ms, loss."""
+    top-level workers, backend, leaves, jobs; a [links] table with bw_mbit, delay_ms, loss, ecn."""
 
     workers: int = 4
     backend: str = "python"  # the switch (a star's; a tree's root: its leaves run the reference model)
     bw_mbit: float | None = None  # every link's rate (None: the veth's own speed)
     delay_ms: float = 0.0  # every link's delay, each way
     loss: float = 0.0  # every link's drop probability, per packet and direction
+    ecn: bool = False  # every link's queue marks CE above a threshold instead of dropping (switchsim.netns)
     leaves: int = 0  # 0: a star; else two-level aggregation, workers split evenly over the leaves
     jobs: int = 1  # jobs sharing the switch(es), workers split evenly over them (a star only)
 
@@ -62,7 +63,7 @@ class Spec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(flat) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown keys {unknown} (known: {sorted(known)}, links: bw_mbit, delay_ms, loss)")
+            raise ValueError(f"{path}: unknown keys {unknown} (known: {sorted(known)}, links: bw_mbit, delay_ms, loss, ecn)")
         return cls(**{**flat, **{k: v for k, v in overrides.items() if v is not None}})
 
 
@@ -85,10 +86,12 @@ class Deployment:
         self.spec, self.logs = spec, logs
         self.switches: dict[str, tuple] = {}  # name -> (Popen, log path, address)
         if spec.leaves:
-            self.topo = Tree(spec.leaves, spec.workers // spec.leaves, spec.loss, spec.bw_mbit, spec.delay_ms)
+            self.topo = Tree(spec.leaves, spec.workers // spec.leaves, spec.loss, spec.bw_mbit, spec.delay_ms,
+                             spec.ecn)
         else:
             bridge = {"bmv2": False, "dpdk": "port"}.get(spec.backend, True)
-            self.topo = Star(spec.workers, spec.loss, spec.bw_mbit, bridge=bridge, delay_ms=spec.delay_ms)
+            self.topo = Star(spec.workers, spec.loss, spec.bw_mbit, bridge=bridge, delay_ms=spec.delay_ms,
+                             ecn=spec.ecn)
         try:
             self.members = self._start_tree() if spec.leaves else self._start_star()
         except BaseException:

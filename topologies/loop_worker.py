@@ -1,0 +1,45 @@
+"""One rank of an INA job that allreduces in a loop for a while, for `switchsim bench net` (a training job's
+steady gradient traffic beside other flows):
+
+    python -m topologies.loop_worker SWITCH RANK WORLD CODEC ELEMENTS SECONDS OUT.json [KEY=JSON ...]
+
+connects to SWITCH as RANK of WORLD with hostlib.connect(..., KEY=value), allreduces ELEMENTS int32 (or
+float32) elements again and again for SECONDS, checks every int32 result against the exact sum (every rank
+contributes rank + 1, so the sum is known), and writes OUT.json: each call's end time since the first
+call's end (time.monotonic(), the same clock in every namespace), its seconds, the tensor's bytes, the CommStats and whether every result was exact.
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+import hostlib
+
+
+def main(argv):
+    switch, rank, world, codec, elements, seconds, out = argv[:7]
+    kw = {k: json.loads(v) for k, v in (a.split("=", 1) for a in argv[7:])}
+    rank, world, elements, seconds = int(rank), int(world), int(elements), float(seconds)
+    dtype = np.int32 if codec == "int32" else np.float32
+    x = np.full(elements, rank + 1, dtype)
+    want = world * (world + 1) // 2
+    calls, exact = [], True
+    with hostlib.connect(switch, rank, world, codec=codec, **kw) as comm:
+        comm.allreduce(x)  # the join and the first call's start-up are not the steady state
+        print("started", flush=True)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            t = time.monotonic()
+            y = comm.allreduce(x)
+            calls.append([time.monotonic(), time.monotonic() - t])
+            if codec == "int32":
+                exact = exact and bool(np.all(y == want))
+        stats = comm.stats.as_dict()
+    with open(out, "w") as f:
+        json.dump({"calls": calls, "bytes_per_call": int(x.nbytes), "exact": exact if codec == "int32" else None,
+                   "stats": stats}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
