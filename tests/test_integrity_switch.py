@@ -334,6 +334,6 @@ def test_a_new_generation_tells_again(switch_backend):
     check_told(told(sw, 0, version2(data(0))), 0, 0, "malformed", sw.session, boot, size)
     assert told(sw, 0, data(0, slot=9)) == [] and told(sw, 0, version2(data(0))) == []
     old = sw.session
-    assert sw.join_all(nonce=50)[1] != old  # re-admitted: told again, in the new generation's session
+    assert sw.join_all(nonce=50, proven=True)[1] != old  # re-admitted (the members re-join): told again, in the new generation's session
     check_told(told(sw, 0, data(0, slot=9)), 0, 0, "bad_slot", sw.session, boot, size, (0, 9, 0))
     check_told(told(sw, 0, version2(data(0))), 0, 0, "malformed", sw.session, boot, size)
