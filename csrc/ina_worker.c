@@ -393,6 +393,15 @@ static int sendable(const ina_wk *w, uint32_t q)
 
 /* the estimator takes the smallest of every RTT_BATCH samples: a result that waited for a peer's
  * retransmission is not a round trip, and under loss such samples would hold the timeout at max_rto */
+/* a result for a resent packet that comes sooner than half a round trip after its last send answers an
+ * earlier send: that resend was spurious (the packet or its result was late, not lost; worker.py
+ * _answered counts the same) */
+static void note_answer(ina_wk *w, const entry *e, double t)
+{
+    if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2)
+        w->spurious_retransmissions++;
+}
+
 static void rtt_sample(ina_wk *w, double r)
 {
     priv_t *p = w->priv;
@@ -495,6 +504,7 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     }
     e->busy = 0;
     double now_ = now();
+    note_answer(w, e, now_);
     rtt_sample(w, now_ - e->first_sent);
     p->round[s]++;
     p->target[s] = nx;
@@ -608,7 +618,9 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     entry *e = &p->win[q % w->window];
     if (e->busy && e->q == q) {
         e->busy = 0;
-        rtt_sample(w, now() - e->first_sent); /* from the first send: RttEstimator says why */
+        double t = now();
+        note_answer(w, e, t);
+        rtt_sample(w, t - e->first_sent); /* from the first send: RttEstimator says why */
     }
     return INA_WK_AGAIN;
 }

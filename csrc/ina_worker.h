@@ -76,6 +76,7 @@ typedef struct {
     uint64_t switch_heard; /* datagrams of this job's generation (session checked), heartbeat answers included:
                             * what counts as hearing the switch (junk from its address does not) */
     uint64_t retransmissions, duplicate_results, stale_results;
+    uint64_t spurious_retransmissions; /* resends answered within half a round trip: the original was not lost */
     int overflow;
     uint32_t timeout_pid, timeout_slot, timeout_tries;
     int sys_errno;

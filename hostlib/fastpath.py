@@ -54,7 +54,8 @@ def out_dtype(kind_: int):
 
 # the C loop's counters, added by name to the Communicator's CommStats after each call
 COUNTERS = ("packets_sent", "bytes_sent", "packets_received", "bytes_received", "heartbeat_answers",
-            "retransmissions", "duplicate_results", "stale_results", "gso_sends", "gro_segments", "switch_drops")
+            "retransmissions", "spurious_retransmissions", "duplicate_results", "stale_results", "gso_sends",
+            "gro_segments", "switch_drops")
 STATUS = {"INA_WK_DONE": "done", "INA_WK_SWITCH_ERROR": "switch_error", "INA_WK_TIMEOUT": "timeout",
           "INA_WK_REFUSED": "refused", "INA_WK_ENCODE_ERROR": "encode_error", "INA_WK_BAD_RESULT": "bad_result",
           "INA_WK_SYSTEM_ERROR": "system_error"}

@@ -79,6 +79,7 @@ class CommStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     retransmissions: int = 0
+    spurious_retransmissions: int = 0  # resends answered within half a round trip: the original was late, not lost
     duplicate_results: int = 0
     stale_results: int = 0
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
@@ -646,7 +647,7 @@ class Communicator:
                 if key is None:
                     continue
                 rec = inflight.pop(key)
-                self.rtt.sample(time.monotonic() - rec.first_sent)
+                self._answered(rec, time.monotonic())
                 if progress is not None and (done := stream.report(key)) is not None:
                     progress(done)
             now = time.monotonic()
@@ -659,6 +660,14 @@ class Communicator:
         if progress is not None:
             progress(stream.N)
         self._check_result(stream.call, stream.exps, stream.agreed, stream.overflow)
+
+    def _answered(self, rec: InFlight, now: float):
+        """A packet's result came: a round-trip sample; a resend answered sooner than half a round trip
+        after it went (its deadline less its timeout) answered an earlier send: it was spurious."""
+        srtt = self.rtt.srtt
+        if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
+            self.stats.spurious_retransmissions += 1
+        self.rtt.sample(now - rec.first_sent)
 
     def _scan(self, stream, inflight: dict, now: float):
         """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout."""

@@ -46,6 +46,7 @@ def test_bench_net_counts_add_up(ecn):
         assert r["short p50 ms"] <= r["short p99 ms"]
     assert 0 < tcp["tcp Mbit/s"] <= 50.0 * 1.05
     assert ina["exact"] is True and both["exact"] is True
+    assert 0 <= ina["spurious"] <= ina["retx"] and 0 <= both["spurious"] <= both["retx"]
     assert 0 < ina["ina Mbit/s"] <= 50.0 * 1.05 and 0 < both["ina Mbit/s"] <= 50.0 * 1.05
     total = both["ina Mbit/s"] + both["tcp Mbit/s"]
     assert both["ina share"] == round(both["ina Mbit/s"] / total, 3)

@@ -5,7 +5,8 @@ as RPCs). Four phases of `seconds` each, on a fresh topology each: short flows a
 time on an idle link), TCP alone, INA alone, all together; per INA congestion policy (`cc`; today "none",
 SwitchML's fixed window) the last two are rows. Per row: INA goodput (tensor bytes allreduced per second
 per worker), TCP goodput, INA's share of the bottleneck and Jain's index of the two, short flows' completion
-time p50/p99 (and as a multiple of the idle link's), INA retransmissions, the round trip of pings across the
+time p50/p99 (and as a multiple of the idle link's), INA retransmissions (spurious ones apart: answered within
+half a round trip of the resend, so the original was late, not lost), the round trip of pings across the
 link (queueing delay: above the idle one) and, with `ecn`, the packets the link's queue marked CE.
 """
 from __future__ import annotations
@@ -129,7 +130,7 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
 
 def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: list, links: dict) -> dict:
     mbit = lambda b, s: 8 * b / s / 1e6  # noqa: E731
-    row = {"tcp Mbit/s": None, "ina Mbit/s": None, "retx": None, "exact": None}
+    row = {"tcp Mbit/s": None, "ina Mbit/s": None, "retx": None, "spurious": None, "exact": None}
     if "sink" in got:
         bins = got["sink"]["bytes"]
         row["tcp Mbit/s"] = round(mbit(sum(bins[:int(seconds / got["sink"]["bin_s"])]), seconds), 2)
@@ -141,6 +142,7 @@ def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: lis
             per.append(mbit(len(calls) * o["bytes_per_call"], seconds))
         row["ina Mbit/s"] = round(min(per), 2)
         row["retx"] = sum(o["stats"]["retransmissions"] for o in ina_out)
+        row["spurious"] = sum(o["stats"].get("spurious_retransmissions", 0) for o in ina_out)
         row["exact"] = all(o["exact"] is not False for o in ina_out)
         o = ina_out[0]
         row["ina series"] = [[round(c[0] - c[1] - start, 3), round(mbit(o["bytes_per_call"], c[1]), 2)]
@@ -190,7 +192,7 @@ def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds:
 
 
 COLUMNS = ("phase", "cc", "ina Mbit/s", "tcp Mbit/s", "ina share", "jain", "short p50 ms", "short p99 ms",
-           "short p99 x idle", "retx", "queue ms", "marked", "dropped", "exact")
+           "short p99 x idle", "retx", "spurious", "queue ms", "marked", "dropped", "exact")
 
 
 def table_rows(rows: list[dict]) -> list[dict]:
