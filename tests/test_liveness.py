@@ -52,6 +52,15 @@ def each_rank(fn, world=2, timeout=60) -> list:
     return got
 
 
+def failed_call(comm, x):
+    """(the INAError an allreduce raised, seconds until it did); None if it returned."""
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(x)
+    except errors.INAError as e:
+        return e, time.monotonic() - t0
+
+
 def heartbeat(job, rank, session):
     return wire.pack(wire.MSG_HEARTBEAT, job=job, rank=rank, session=session)
 
@@ -197,14 +206,7 @@ def test_a_stopped_switch_is_named_within_5_s(switch_process, fast):
     try:
         os.kill(sw.proc.pid, signal.SIGSTOP)
 
-        def call(r):
-            t0 = time.monotonic()
-            try:
-                comms[r].allreduce(x)
-            except errors.INAError as e:
-                return e, time.monotonic() - t0
-
-        seen = each_rank(call)
+        seen = each_rank(lambda r: failed_call(comms[r], x))
         os.kill(sw.proc.pid, signal.SIGCONT)
         for e, took in seen:
             assert isinstance(e, errors.SwitchSilent), e
@@ -461,14 +463,7 @@ def test_junk_from_the_switchs_address_does_not_hide_a_stopped_switch(switch_pro
         forger = threading.Thread(target=forge, daemon=True)
         forger.start()
 
-        def call(r):
-            t0 = time.monotonic()
-            try:
-                comms[r].allreduce(x)
-            except errors.INAError as e:
-                return e, time.monotonic() - t0
-
-        seen = each_rank(call)
+        seen = each_rank(lambda r: failed_call(comms[r], x))
         stop.set()
         forger.join(5)
         os.kill(sw.proc.pid, signal.SIGCONT)

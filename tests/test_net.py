@@ -59,6 +59,17 @@ def test_bench_net_counts_add_up(ecn):
         assert not ina["marked"] and not both["marked"]  # no marking queue: 0 (a delay stage) or None
 
 
+def test_a_second_ina_job_shares_the_links():
+    """A second INA job of 2 ranks on the same hosts and switch: both exact, both move data, and the share
+    and Jain's index are of the two jobs."""
+    r = net.phase(Spec(2, "c", 50.0, 1.0), 2.0, ina=True, tcp=False, short=False, elements=1 << 16, window=32,
+                  job2=True)
+    assert r["exact"] is True and r["job2 exact"] is True
+    assert r["ina Mbit/s"] > 0 and r["job2 Mbit/s"] > 0
+    assert r["ina Mbit/s"] + r["job2 Mbit/s"] <= 50.0 * 1.1
+    assert r["jain"] == round(net.jain([r["ina Mbit/s"], r["job2 Mbit/s"]]), 3)
+
+
 def test_bench_net_failure_leaves_nothing():
     """A phase whose INA ranks fail (an unknown connect argument): a named error, the topology gone."""
     with pytest.raises(RuntimeError, match="INA rank"):

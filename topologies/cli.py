@@ -194,12 +194,10 @@ def cmd_bench_topo(args) -> int:
     from topologies.bench import bench_topo, plot
 
     as_json = getattr(args, "json", False)
-    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
-    try:
-        rows = bench_topo(args.workers, args.size, args.rates, args.losses, args.loss_rate, args.codecs,
-                          args.backend, args.delay, progress=progress, ecn=args.ecn)
-    except (RuntimeError, ValueError, OSError) as e:
-        print(f"switchsim bench topo: {e}", file=sys.stderr)
+    rows = _measure("topo", args, lambda progress: bench_topo(args.workers, args.size, args.rates, args.losses,
+                                                              args.loss_rate, args.codecs, args.backend, args.delay,
+                                                              progress=progress, ecn=args.ecn))
+    if rows is None:
         return 2
     print(json.dumps({"topo": rows}, indent=2) if as_json else f"\n== topo\n{table(rows)}")
     if getattr(args, "plot", None):
@@ -222,22 +220,34 @@ def add_net_bench(sp, csv):
                     help="INA slots per worker (default: 10 ms of the link's rate in 1 KiB packets, as bench ddp --topo)")
     sp.add_argument("--short-rate", type=float, default=50.0, help="short flows per second (default %(default)s)")
     sp.add_argument("--short-kb", type=float, default=16.0, help="each short flow's response, KB (default %(default)s)")
+    sp.add_argument("--second-job", action="store_true",
+                    help="one more phase per policy: INA beside a second INA job (2 ranks on workers 0 and 1)")
     sp.set_defaults(func=cmd_bench_net)
+
+
+def _measure(name: str, args, run):
+    """run(progress) of `switchsim bench NAME`: its rows, or None when it failed (the error named once);
+    progress lines go to a terminal's stderr only, never with --json or into a pipe."""
+    as_json = getattr(args, "json", False)
+    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
+    try:
+        return run(progress)
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"switchsim bench {name}: {e}", file=sys.stderr)
+        return None
 
 
 def cmd_bench_net(args) -> int:
     from inabench.report import table
     from topologies.net import bench_net, plot, table_rows
 
-    as_json = getattr(args, "json", False)
-    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
-    try:
-        rows = bench_net(args.hosts, args.bw, args.delay, args.seconds, args.ecn, args.ccs, args.codec, args.elements,
-                         args.window or topo_window(args.bw), args.short_rate, args.short_kb, progress=progress)
-    except (RuntimeError, ValueError, OSError) as e:
-        print(f"switchsim bench net: {e}", file=sys.stderr)
+    rows = _measure("net", args, lambda progress: bench_net(
+        args.hosts, args.bw, args.delay, args.seconds, args.ecn, args.ccs, args.codec, args.elements,
+        args.window or topo_window(args.bw), args.short_rate, args.short_kb, progress=progress, job2=args.second_job))
+    if rows is None:
         return 2
-    print(json.dumps({"net": rows}, indent=2) if as_json else f"\n== net\n{table(table_rows(rows))}")
+    print(json.dumps({"net": rows}, indent=2) if getattr(args, "json", False) else
+          f"\n== net\n{table(table_rows(rows))}")
     if getattr(args, "plot", None):
         plot(rows, args.plot)
     return 0
@@ -259,11 +269,9 @@ def cmd_bench_model(args) -> int:
     from inabench.report import table
 
     as_json = getattr(args, "json", False)
-    progress = None if as_json or not sys.stderr.isatty() else (lambda s: print(f"... {s}", file=sys.stderr))
-    try:
-        rows = validate.validate(args.workers, args.codecs, args.losses, args.size, args.bw, progress=progress)
-    except (RuntimeError, ValueError, OSError) as e:
-        print(f"switchsim bench model: {e}", file=sys.stderr)
+    rows = _measure("model", args, lambda progress: validate.validate(args.workers, args.codecs, args.losses,
+                                                                      args.size, args.bw, progress=progress))
+    if rows is None:
         return 2
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(json.dumps({"model vs emulator": rows}, indent=2) if as_json else

@@ -3,7 +3,8 @@ on emulated links; worker 0's link carries the INA job's traffic and, beside it,
 0 -> worker 1, as data loading or a checkpoint) and short request/response flows (worker 1 answers worker 0,
 as RPCs). Four phases of `seconds` each, on a fresh topology each: short flows alone (their completion
 time on an idle link), TCP alone, INA alone, all together; per INA congestion policy (`cc`; today "none",
-SwitchML's fixed window) the last two are rows. Per row: INA goodput (tensor bytes allreduced per second
+SwitchML's fixed window) the last two are rows, and with `job2` a fifth: INA beside a second INA job of 2
+ranks on workers 0 and 1 (their links shared), through the same switch. Per row: INA goodput (tensor bytes allreduced per second
 per worker), TCP goodput, INA's share of the bottleneck and Jain's index of the two, short flows' completion
 time p50/p99 (and as a multiple of the idle link's), INA retransmissions (spurious ones apart: answered within
 half a round trip of the resend, so the original was late, not lost), the round trip of pings across the
@@ -21,9 +22,10 @@ import time
 import numpy as np
 
 from inabench.harness import ROOT
-from topologies.run import Deployment, Spec
+from topologies.run import Deployment, Member, Spec
 
 TCP_PORT, RR_PORT = 5201, 5202
+JOB2 = 2  # the second INA job's id (cross traffic)
 START_LIMIT = 60.0  # seconds for the INA ranks to join and finish a first call
 
 
@@ -58,16 +60,44 @@ def _last_json(p: subprocess.Popen, limit: float, what: str, tmp: str) -> dict:
     return json.loads(lines[-1])
 
 
-def _ina_start(dep, tmp: str, codec: str, elements: int, seconds: float, window: int | None, cc: str) -> list:
-    kw = [f"timeout={json.dumps(30.0)}", f"job={dep.members[0].job}"] + ([f"window={window}"] if window else [])
+def _ina_start(dep, tmp: str, members: list, codec: str, elements: int, seconds: float, window: int | None,
+               cc: str, name: str = "ina") -> list:
+    """A loop_worker per member (topologies.run.Member), each (its Popen, its output file)."""
+    kw = [f"timeout={json.dumps(30.0)}"] + ([f"window={window}"] if window else [])
     if cc != "none":
         kw.append(f"cc={json.dumps(cc)}")
     procs = []
-    for w, m in enumerate(dep.members):
-        out = os.path.join(tmp, f"ina{w}.json")
+    for w, m in enumerate(members):
+        out = os.path.join(tmp, f"{name}{w}.json")
         procs.append((_spawn(dep, m.host, ["-m", "topologies.loop_worker", m.switch, m.rank, m.world, codec, elements,
-                                           seconds, out, *kw], tmp, f"ina{w}"), out))
+                                           seconds, out, *kw, f"job={m.job}"], tmp, f"{name}{w}"), out))
     return procs
+
+
+def _started(procs: list, tmp: str, name: str):
+    """Each rank printed "started" (it joined and made a first call), else its error."""
+    for w, (p, _) in enumerate(procs):
+        if not p.stdout.readline().startswith("started"):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise RuntimeError(f"bench net: INA rank {w} ({name}) failed: "
+                               f"{open(os.path.join(tmp, f'{name}{w}.err')).read()[-1500:]}")
+
+
+def _ina_wait(procs: list, tmp: str, limit: float, name: str = "ina") -> list[dict]:
+    out = []
+    for w, (p, path) in enumerate(procs):
+        try:
+            p.wait(limit)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"bench net: INA rank {w} ({name}) did not end") from None
+        if p.returncode:
+            raise RuntimeError(f"bench net: INA rank {w} ({name}) failed: "
+                               f"{open(os.path.join(tmp, f'{name}{w}.err')).read()[-1500:]}")
+        out.append(json.load(open(path)))
+    return out
 
 
 def _ping(dep, seconds: float):
@@ -86,9 +116,10 @@ def _rtts(p) -> list[float]:
 
 def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: str = "int32",
           elements: int = 1 << 20, window: int | None = None, cc: str = "none", short_rate: float = 50.0,
-          short_kb: float = 16.0) -> dict:
-    """One phase on a fresh topology: what each flow achieved over the same `seconds`."""
-    with tempfile.TemporaryDirectory() as tmp, Deployment(spec, tmp) as dep:
+          short_kb: float = 16.0, job2: bool = False) -> dict:
+    """One phase on a fresh topology: what each flow achieved over the same `seconds`; job2: a second INA
+    job (2 ranks, on workers 0 and 1, the same policy) beside the first."""
+    with tempfile.TemporaryDirectory() as tmp, Deployment(spec, tmp, {JOB2: 2} if job2 else None) as dep:
         w0, w1 = dep.topo.worker_ns[0], dep.topo.worker_ns[1]
         servers = []
         if tcp:
@@ -98,11 +129,11 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
                                                 tmp, "rr-server")))
         for what, p in servers:
             _ready(p, what, tmp)
-        inas = _ina_start(dep, tmp, codec, elements, seconds + 1, window, cc) if ina else []
-        for w, (p, _) in enumerate(inas):  # every rank joined and made a first call: the others start now
-            if not p.stdout.readline().startswith("started"):
-                p.wait(10)
-                raise RuntimeError(f"bench net: INA rank {w} failed: {open(os.path.join(tmp, f'ina{w}.err')).read()[-1500:]}")
+        inas = _ina_start(dep, tmp, dep.members, codec, elements, seconds + 1, window, cc) if ina else []
+        second = [Member(dep.members[r].host, dep.members[r].switch, JOB2, r, 2) for r in range(2)] if job2 else []
+        job2_procs = _ina_start(dep, tmp, second, codec, elements, seconds + 1, window, cc, "job2")
+        _started(inas, tmp, "ina")  # every rank joined and made a first call: the others start now
+        _started(job2_procs, tmp, "job2")
         start = time.monotonic()
         clients = []
         if tcp:
@@ -114,18 +145,24 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
                                                           short_kb], tmp, "rr-client")))
         ping = _ping(dep, seconds)
         got = {what: _last_json(p, seconds + 30, what, tmp) for what, p in clients + servers}
-        ina_out = []
-        for w, (p, path) in enumerate(inas):
-            try:
-                p.wait(seconds + START_LIMIT)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"bench net: INA rank {w} did not end") from None
-            if p.returncode:
-                raise RuntimeError(f"bench net: INA rank {w} failed: {open(os.path.join(tmp, f'ina{w}.err')).read()[-1500:]}")
-            ina_out.append(json.load(open(path)))
+        ina_out = _ina_wait(inas, tmp, seconds + START_LIMIT)
+        job2_out = _ina_wait(job2_procs, tmp, seconds + START_LIMIT, "job2")
         rtts = _rtts(ping)
-        links = dep.topo.stage_counters() if hasattr(dep.topo, "stage_counters") else {}
-    return _summarize(start, seconds, got, ina_out, rtts, links)
+        links = dep.topo.stage_counters()
+    row = _summarize(start, seconds, got, ina_out, rtts, links)
+    if job2_out:
+        row["job2 Mbit/s"] = round(_goodput(job2_out, start, seconds), 2)
+        row["job2 exact"] = all(o["exact"] is not False for o in job2_out)
+        total = row["ina Mbit/s"] + row["job2 Mbit/s"]
+        row["ina share"] = round(row["ina Mbit/s"] / total, 3) if total else None
+        row["jain"] = round(jain([row["ina Mbit/s"], row["job2 Mbit/s"]]), 3)
+    return row
+
+
+def _goodput(outs: list[dict], start: float, seconds: float) -> float:
+    """Mbit/s of tensor bytes whose calls ended inside [start, start + seconds], the slowest rank's."""
+    return min(8 * o["bytes_per_call"] * sum(start <= c[0] <= start + seconds for c in o["calls"]) / seconds / 1e6
+               for o in outs)
 
 
 def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: list, links: dict) -> dict:
@@ -136,11 +173,7 @@ def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: lis
         row["tcp Mbit/s"] = round(mbit(sum(bins[:int(seconds / got["sink"]["bin_s"])]), seconds), 2)
         row["tcp series"] = [round(mbit(b, got["sink"]["bin_s"]), 2) for b in bins]
     if ina_out:
-        per = []
-        for o in ina_out:  # calls that ended inside the timed window
-            calls = [c for c in o["calls"] if start <= c[0] <= start + seconds]
-            per.append(mbit(len(calls) * o["bytes_per_call"], seconds))
-        row["ina Mbit/s"] = round(min(per), 2)
+        row["ina Mbit/s"] = round(_goodput(ina_out, start, seconds), 2)
         row["retx"] = sum(o["stats"]["retransmissions"] for o in ina_out)
         row["spurious"] = sum(o["stats"].get("spurious_retransmissions", 0) for o in ina_out)
         row["exact"] = all(o["exact"] is not False for o in ina_out)
@@ -165,9 +198,10 @@ def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: lis
 
 def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds: float = 20.0, ecn: bool = False,
               ccs=("none",), codec: str = "int32", elements: int = 1 << 20, window: int | None = None,
-              short_rate: float = 50.0, short_kb: float = 16.0, backend: str = "c", progress=None) -> list[dict]:
-    """Rows: the idle link's short flows, TCP alone, then per policy INA alone and INA beside TCP and the
-    short flows; each phase on a fresh topology."""
+              short_rate: float = 50.0, short_kb: float = 16.0, backend: str = "c", progress=None,
+              job2: bool = False) -> list[dict]:
+    """Rows: the idle link's short flows, TCP alone, then per policy INA alone, INA beside TCP and the
+    short flows, and with job2 INA beside a second INA job; each phase on a fresh topology."""
     if hosts < 2:
         raise ValueError("bench net needs at least 2 hosts (TCP runs from worker 0 to worker 1)")
     spec = Spec(hosts, backend, bw, delay_ms, 0.0, ecn=ecn)
@@ -175,11 +209,13 @@ def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds:
     plan = [("idle (short flows)", "-", False, False, True), ("tcp alone", "-", False, True, False)]
     for cc in ccs:
         plan += [("ina alone", cc, True, False, False), ("ina + tcp + short", cc, True, True, True)]
+        plan += [("ina + second job", cc, True, False, False)] if job2 else []
     rows = []
     for name, cc, ina, tcp, short in plan:
         if progress:
             progress(f"{name} (cc {cc})")
-        r = phase(spec, seconds, ina, tcp, short, cc=cc if cc != "-" else "none", **common)
+        r = phase(spec, seconds, ina, tcp, short, cc=cc if cc != "-" else "none", job2=name == "ina + second job",
+                  **common)
         rows.append({"phase": name, "cc": cc, **r})
     idle = rows[0]
     for r in rows:
@@ -191,7 +227,7 @@ def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds:
     return rows
 
 
-COLUMNS = ("phase", "cc", "ina Mbit/s", "tcp Mbit/s", "ina share", "jain", "short p50 ms", "short p99 ms",
+COLUMNS = ("phase", "cc", "ina Mbit/s", "tcp Mbit/s", "job2 Mbit/s", "ina share", "jain", "short p50 ms", "short p99 ms",
            "short p99 x idle", "retx", "spurious", "queue ms", "marked", "dropped", "exact")
 
 

@@ -81,9 +81,11 @@ class Member:
 class Deployment:
     """A topology with its switches running. close() (or the context manager) ends everything."""
 
-    def __init__(self, spec: Spec, logs: str):
-        """logs: a directory for the switches' output (their start-up line and, on exit, their counters)."""
-        self.spec, self.logs = spec, logs
+    def __init__(self, spec: Spec, logs: str, extra_jobs: dict[int, int] | None = None):
+        """logs: a directory for the switches' output (their start-up line and, on exit, their counters);
+        extra_jobs: job id -> world size the star's switch serves besides the spec's (cross traffic: a
+        second INA job whose ranks run on the spec's hosts)."""
+        self.spec, self.logs, self.extra_jobs = spec, logs, dict(extra_jobs or {})
         self.switches: dict[str, tuple] = {}  # name -> (Popen, log path, address)
         if spec.leaves:
             self.topo = Tree(spec.leaves, spec.workers // spec.leaves, spec.loss, spec.bw_mbit, spec.delay_ms,
@@ -113,6 +115,7 @@ class Deployment:
         t, s = self.topo, self.spec
         per_job = s.workers // s.jobs
         jobs = [a for j in range(s.jobs) for a in ("--job", f"{j + 1}:{per_job}")]
+        jobs += [a for j, n in self.extra_jobs.items() for a in ("--job", f"{j}:{n}")]
         args = [*jobs, "--control", t.worker_ips[0]]
         if s.backend == "bmv2":  # the links are its ports
             args += ["--iface", ",".join(t.switch_ifs)]
