@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from inaproto import wire
 from switchsim.netns import Topology
 from topologies import net
 from topologies.run import Spec
@@ -111,5 +112,5 @@ def test_a_marked_packet_reaches_the_switch_with_ce():
         seen = ast.literal_eval(sniff.communicate(timeout=20)[0])
         marked = sum(c.get("marked", 0) for c in dep.topo.stage_counters().values())
     assert report["exact"] is True
-    assert seen.get(3, 0) > 0 and seen.get(2, 0) > 0, seen  # CE and ECT(0): marks above the threshold only
-    assert seen[3] <= marked
+    assert seen.get(wire.CE, 0) > 0 and seen.get(wire.ECT0, 0) > 0, seen  # marked above the threshold only
+    assert seen[wire.CE] <= marked
