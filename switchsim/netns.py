@@ -8,8 +8,8 @@ All need root and iproute2; `close()` removes what they made.
 """
 from __future__ import annotations
 
-import json
 import itertools
+import json
 import os
 import shutil
 import signal

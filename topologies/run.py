@@ -267,6 +267,8 @@ def run_mininet(spec: Spec, codec: str = "int32", size: int = 1 << 16, window: i
         raise RuntimeError(reason)
     if spec.leaves or spec.jobs != 1 or spec.backend == "bmv2":
         raise ValueError("the mininet topology is a star of one job around a python or c switch")
+    if spec.ecn:
+        raise ValueError("the mininet topology has no --ecn links (its links are TCLink's htb); drop --mininet")
     with tempfile.TemporaryDirectory() as tmp:
         xs = inputs(codec, spec.workers, size, seed)
         for w, x in enumerate(xs):
