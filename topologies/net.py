@@ -29,6 +29,11 @@ JOB2 = 2  # the second INA job's id (cross traffic)
 START_LIMIT = 60.0  # seconds for the INA ranks to join and finish a first call
 
 
+def mbit(nbytes: float, seconds: float) -> float:
+    """Mbit/s of nbytes in seconds."""
+    return 8 * nbytes / seconds / 1e6
+
+
 def jain(xs: list[float]) -> float | None:
     """Jain's fairness index of the throughputs xs: 1 when equal, 1/n when one takes everything."""
     xs = [x for x in xs if x is not None]
@@ -161,12 +166,11 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
 
 def _goodput(outs: list[dict], start: float, seconds: float) -> float:
     """Mbit/s of tensor bytes whose calls ended inside [start, start + seconds], the slowest rank's."""
-    return min(8 * o["bytes_per_call"] * sum(start <= c[0] <= start + seconds for c in o["calls"]) / seconds / 1e6
+    return min(mbit(o["bytes_per_call"] * sum(start <= c[0] <= start + seconds for c in o["calls"]), seconds)
                for o in outs)
 
 
 def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: list, links: dict) -> dict:
-    mbit = lambda b, s: 8 * b / s / 1e6  # noqa: E731
     row = {"tcp Mbit/s": None, "ina Mbit/s": None, "retx": None, "spurious": None, "exact": None}
     if "sink" in got:
         bins = got["sink"]["bytes"]
