@@ -4,6 +4,7 @@ DDP and FSDP2 against gloo in the same processes; the fallback to gloo when the 
 when it is back. One spawn per scenario and switch backend, checked by several tests."""
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import re
@@ -177,11 +178,11 @@ def _inline_calls(pg, r):
     shared = pg.allreduce([avg], opts) is pg._done
     work = dist.all_reduce(m, async_op=True)
     future = work.get_future().wait()
-    lanes = {(n, str(dtype)) for (_, n, dtype) in pg._lanes}
+    lanes = {(n, str(dtype)) for (_, n, dtype) in pg.calls.lanes}
     return {"2d": two_d, "float": float_sum, "int32": as_int.tolist(), "async": m.tolist(),
             "strided": strided.tolist(), "avg": averaged, "shared": shared,
             "async own": work is not pg._done and future[0] is m, "lanes": sorted(lanes),
-            "strided lane": (strided.data_ptr(), 8, torch.float32) in pg._lanes}
+            "strided lane": (strided.data_ptr(), 8, torch.float32) in pg.calls.lanes}
 
 
 def _caught(fn):
@@ -317,10 +318,10 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
         dist.all_reduce(t)  # call 0: through the switch
         from hostlib import errors
 
-        real = pg._switch_sum
+        real = pg.calls._switch_sum
 
         def dies_as_call_1_ends(x, *lane):  # the switch "dies" as call 1 ends: rank 0 misses its result, rank 1
-            n = pg._calls - 1  # has it (lane: the inline path's calls, dist.all_reduce from this thread)
+            n = pg.calls.number - 1  # has it (lane: the inline path's calls, dist.all_reduce from this thread)
             if rank == 0 and n == 1:
                 real(x, *lane)
                 raise errors.SwitchUnreachable("injected: the last result never came", switch=pg.switch)
@@ -328,7 +329,7 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
                 raise errors.SwitchUnreachable("injected: the switch is gone", switch=pg.switch)
             return real(x, *lane)
 
-        pg._switch_sum = dies_as_call_1_ends
+        pg.calls._switch_sum = dies_as_call_1_ends
         t = torch.arange(5, dtype=torch.float32) * (rank + 1)
         dist.all_reduce(t)  # call 1: rank 0 recovers it from rank 1's kept result
         result = t.tolist()
@@ -336,7 +337,7 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
         dist.all_reduce(t)  # call 2: on gloo for both (rank 1 failed on it, rank 0 is down)
         out["end fault"] = (result, dict(pg.ina_stats()))
         out["after end fault"] = t.tolist()
-        pg._switch_sum = real
+        pg.calls._switch_sum = real
         for _ in range(RETRY_EVERY):  # calls 3, 4 on gloo; call 5 (2 + RETRY_EVERY) re-joins
             dist.all_reduce(torch.ones(4))
         out["rejoined live"] = dict(pg.ina_stats())
@@ -364,15 +365,15 @@ def _fallback_rank(rank, port, address, step_done, killed, want_restart, restart
         out["restart"] = (before, dict(pg.ina_stats()), sums)
         # the switch "dies" as a call ends on rank 0 only; rank 1, with the result, makes no other call through
         # the switch but waits in a barrier of another group: its watcher joins rank 0's recovery
-        real = pg._switch_sum
+        real = pg.calls._switch_sum
 
         def last_result_lost(x, *lane):
-            pg._switch_sum = real
+            pg.calls._switch_sum = real
             real(x, *lane)
             raise errors.SwitchUnreachable("injected: the last result never came", switch=pg.switch)
 
         if rank == 0:
-            pg._switch_sum = last_result_lost
+            pg.calls._switch_sum = last_result_lost
         t = torch.arange(4, dtype=torch.float32) * (rank + 1)
         dist.all_reduce(t)
         dist.barrier(group=gloo)
@@ -393,8 +394,8 @@ def _landing_rank(rank, port, address, queue):
         from hostlib import errors
 
         dist.all_reduce(torch.ones(4))
-        real = pg._switch_sum
-        k = min(pg._route(torch.ones(1000))[1], pg.comm.max_elements)
+        real = pg.calls._switch_sum
+        k = min(pg.calls.route(torch.ones(1000))[1], pg.comm.max_elements)
         n = 10 * k + 7  # 11 blocks, the last one short
 
         def values(r):
@@ -402,13 +403,13 @@ def _landing_rank(rank, port, address, queue):
 
         def lands(blocks, window=None):
             def call(x, *lane):
-                pg._switch_sum = real
+                pg.calls._switch_sum = real
                 inline.append(bool(lane) and lane[0] is not None)
                 before = x.clone()
                 total, path = real(x, *lane)
                 assert total.data_ptr() == x.data_ptr(), "the sum did not land in place"
                 if window is not None:
-                    pg._landing = (pg._landing[0], window, pg._landing[2])
+                    pg.calls.landing = dataclasses.replace(pg.calls.landing, window=window)
                 if blocks is None:
                     return total, path
                 landed = np.zeros(11, dtype=bool)
@@ -418,7 +419,7 @@ def _landing_rank(rank, port, address, queue):
                 error = errors.SwitchUnreachable("injected: the switch died mid-call", switch=pg.switch)
                 error.landed = landed
                 raise error
-            pg._switch_sum = call
+            pg.calls._switch_sum = call
 
         out = {"exact": values(0) + values(1)}
         inline = out["inline"] = []  # per injected call: whether it came through the inline path (a lane)
@@ -432,7 +433,7 @@ def _landing_rank(rank, port, address, queue):
         dist.all_reduce(t)
         out["ahead"] = (t, pg.ina_stats())
         if rank == 1:  # its next call fails (rank 0 is down already: it sums that call on gloo)
-            pg._switch_sum = lambda x, *lane: (_ for _ in ()).throw(errors.SwitchUnreachable("injected: gone",
+            pg.calls._switch_sum = lambda x, *lane: (_ for _ in ()).throw(errors.SwitchUnreachable("injected: gone",
                                                                                            switch=pg.switch))
         t = torch.full((5,), 2.0)
         dist.all_reduce(t)
@@ -860,7 +861,7 @@ def test_call_vote_agrees_and_keeps_the_store_small():
     last voter of each call deletes the previous call's keys."""
     import threading
 
-    from hostlib.integrations.torch_backend import CallVote
+    from hostlib.integrations.torch_failover import CallVote
 
     store = dist.HashStore()
     votes = [CallVote(store, 2), CallVote(store, 2)]
