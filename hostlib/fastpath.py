@@ -6,10 +6,12 @@ per-packet path. Communicator uses it when the kernels are built and the input h
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
 from inaproto import wire
+from inaproto.timers import SWITCH_SILENT
 
 from . import kernels
 from .codecs import natural
@@ -19,7 +21,7 @@ from .shm import ShmSocket
 RUN_MS = 50  # the C loop returns this often, so signals (Ctrl-C), progress callbacks and silence checks are served
 
 
-def gso_modes(comm) -> tuple[bool, bool]:
+def gso_modes(link) -> tuple[bool, bool]:
     """Whether the C loop sends runs of same-size packets as UDP GSO sends, and receives with UDP_GRO
     (csrc/ina_gso.h); the datagrams are the same either way.
 
@@ -32,12 +34,6 @@ def gso_modes(comm) -> tuple[bool, bool]:
         return False, False
     if mode == "1":
         return True, True
-    link = comm.link
-    if link.loopback is None:  # the peer does not change: asked once per connection
-        try:
-            link.loopback = comm.sock.getpeername()[0].startswith("127.")
-        except OSError:
-            link.loopback = False
     return link.loopback, True
 
 
@@ -65,11 +61,12 @@ def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=Non
     """Run one call's packet stream (call: generation.Call, started) in the C loop; its Outcome. Done, the
     Outcome holds the result (native int32 sums for int32 and fixed, NC codes per element; with out,
     contiguous of out_dtype(kind_) and possibly flat itself, the loop decodes each result into out instead),
-    the agreed exponents and the overflow flag, and the call's generation has moved its slots on. Otherwise
-    it says what stopped the stream, for Communicator.failure. Every packet carries the call's identity;
-    results of another call are stale. Between the C loop's chunks (RUN_MS) comm.check_silence() raises
-    SwitchSilent when nothing came for SWITCH_SILENT seconds (the heartbeat thread beats meanwhile; the
-    switch answers each). held (a bool per block: this worker's block is non-zero): block-sparse."""
+    the agreed exponents, the overflow flag and how far the call's slots moved. Otherwise
+    it says what stopped the stream, for Communicator.failure: "silent" too when nothing of the generation
+    came for SWITCH_SILENT seconds (the heartbeat thread beats meanwhile; the switch answers each), checked
+    between the C loop's chunks (RUN_MS). Every packet carries the call's identity; results of another call are
+    stale. It writes nothing of comm's: what it learned is in the Outcome (Communicator.learn takes it in).
+    held (a bool per block: this worker's block is non-zero): block-sparse."""
     lib = kernels.lib
     w, keep = _loop_args(comm, call, kind_, flat, exps, held, out)
     rc = lib.ina_wk_start(w)
@@ -78,15 +75,16 @@ def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=Non
     if rc != 0:
         raise ValueError(f"native worker loop: bad parameters (window {w.window}, k {w.k}, world {w.world}, "
                          f"kind {w.kind}, exponents {'given' if exps is not None else 'none'})")
+    heard_at = comm.link.heard_at
     try:
-        rc = _run(comm, w, flat.size, progress)
-    except BaseException as e:  # silence, an interrupt: raised between the loop's chunks, out partly written
+        rc, heard_at = _run(w, flat.size, progress, heard_at)
+    except BaseException as e:  # an interrupt: raised between the loop's chunks, out partly written
         e.landed = _landed(w, keep, held is not None)
+        e.outcome = _learned(Outcome("interrupted"), w, heard_at)
         raise
     finally:
         lib.ina_wk_finish(w)
-        _collect(comm, w)
-    return _outcome(comm, call, w, rc, keep, held is not None)
+    return _learned(_outcome(w, rc, keep, held is not None), w, heard_at)
 
 
 FRAMES = 8  # call shapes (elements, packet size, window, kind) whose C-loop frame a connection keeps
@@ -117,14 +115,22 @@ class _Frame:
         self.w = ffi.new("ina_wk *")
 
 
+class Frames(dict):
+    """A connection's frames, per call shape (at most FRAMES)."""
+
+    def get_frame(self, comm, n: int, k: int, window: int, kind_: int) -> _Frame:
+        key = (n, k, window, kind_, comm.sock)
+        frame = self.get(key)
+        if frame is None:
+            if len(self) >= FRAMES:
+                self.clear()
+            frame = self[key] = _Frame(comm, n, k, window, kind_)
+        return frame
+
+
 def _frame(comm, n: int, k: int, window: int, kind_: int) -> _Frame:
     """This call shape's frame on comm's socket, reset for a call: counters zero, agreed and done cleared."""
-    key = (n, k, window, kind_, comm.sock)
-    frame = comm.c_frames.get(key)
-    if frame is None:
-        if len(comm.c_frames) >= FRAMES:
-            comm.c_frames.clear()
-        frame = comm.c_frames[key] = _Frame(comm, n, k, window, kind_)
+    frame = comm.c_frames.get_frame(comm, n, k, window, kind_)
     kernels.ffi.memmove(frame.w, frame.template, WK_SIZE)
     frame.agreed.fill(wire.EXP_NONE)
     frame.done.fill(0)
@@ -160,7 +166,7 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
     w.have_srtt = rtt.srtt is not None
     w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
     # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
-    gso, gro = gso_modes(comm)
+    gso, gro = gso_modes(comm.link)
     w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
     if held is not None:
         frame.rounds.fill(0)
@@ -169,15 +175,17 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
     return w, keep
 
 
-def _run(comm, w, n: int, progress) -> int:
-    """The C loop in RUN_MS chunks until it ends; its status. Between chunks: silence, progress."""
+def _run(w, n: int, progress, heard_at: float) -> tuple[int, float]:
+    """The C loop in RUN_MS chunks until it ends; its status (SILENT when nothing of the generation came for
+    SWITCH_SILENT seconds) and when the switch was last heard. Between chunks: silence, progress."""
     lib = kernels.lib
     reported = heard = 0
     while True:
+        now = time.monotonic()
         if w.switch_heard != heard:  # a packet of this generation (junk from the switch's address is not)
-            heard = w.switch_heard
-            comm.link.heard()
-        comm.check_silence()
+            heard, heard_at = w.switch_heard, now
+        if now - heard_at >= SWITCH_SILENT:
+            return SILENT, heard_at
         rc = lib.ina_wk_run(w, RUN_MS)
         if progress is not None and w.ndone != reported:
             reported = w.ndone
@@ -186,51 +194,56 @@ def _run(comm, w, n: int, progress) -> int:
             break
     if rc == lib.INA_WK_DONE and progress is not None:
         progress(n)
-    return rc
+    if w.switch_heard != heard:
+        heard_at = time.monotonic()
+    return rc, heard_at
 
 
-def _collect(comm, w):
-    """What the C loop counted and learned, into the Communicator: counters, drop notes, offloads, RTT."""
-    ffi, s = kernels.ffi, comm.stats
-    for name in COUNTERS:
-        n = getattr(w, name)
-        if n:  # most are zero on a healthy call (retransmissions, duplicates, drops...)
-            setattr(s, name, getattr(s, name) + n)
+SILENT = -1000  # _run's status for a silent switch (not one of the C loop's)
+
+
+def _learned(outcome: Outcome, w, heard_at: float) -> Outcome:
+    """What the C loop counted and learned, into its Outcome: counters, drop notes, offloads, RTT."""
+    ffi = kernels.ffi
+    # most are zero on a healthy call (retransmissions, duplicates, drops...)
+    outcome.counters = {name: n for name in COUNTERS if (n := getattr(w, name))}
     if w.dropped_len:  # the last ERR_DROPPED's words, for a timeout's message (as worker.py _dropped_note)
         _, reason, text = wire.unpack_error(bytes(ffi.buffer(w.dropped, w.dropped_len)))
-        comm.gen.note_drop(text or wire.drop_reason(reason))
-    comm.link.gso_ok, comm.link.gro_ok = comm.link.gso_ok and bool(w.gso), comm.link.gro_ok and bool(w.gro)
+        outcome.drop_note = text or wire.drop_reason(reason)
+    outcome.gso_ok, outcome.gro_ok = bool(w.gso), bool(w.gro)
     if w.have_srtt:
-        comm.rtt.srtt, comm.rtt.rttvar, comm.rtt.rto = w.srtt, w.rttvar, w.rto
+        outcome.rtt = (w.srtt, w.rttvar, w.rto)
+    outcome.heard_at = heard_at
+    return outcome
 
 
 def _status_of(rc: int) -> str:
     """The Outcome status of the C loop's return code (the table made once)."""
     if not _BY_RC:
         _BY_RC.update({getattr(kernels.lib, name): status for name, status in STATUS.items()})
+        _BY_RC[SILENT] = "silent"
     return _BY_RC[rc]
 
 
 _BY_RC: dict = {}
 
 
-def _outcome(comm, call, w, rc: int, keep: dict, sparse: bool) -> Outcome:
-    """The C loop's status as an Outcome; done, the call's slots move on."""
+def _outcome(w, rc: int, keep: dict, sparse: bool) -> Outcome:
+    """The C loop's status as an Outcome; done, with how far the call's slots moved."""
     ffi = kernels.ffi
     status = _status_of(rc)
     error = bytes(ffi.buffer(w.error, w.error_len)) if w.error_len else None
-    if status == "refused" and w.shm == ffi.NULL:
-        comm.link.refused()  # the Python loop's state: refused_error words it "refused"
     if status != "done":
         landed = _landed(w, keep, sparse)
         return Outcome(status, error=error if status == "switch_error" else None,
                        where=(w.timeout_pid, w.timeout_slot, w.timeout_tries), errno=w.sys_errno,
                        pending=error if status != "switch_error" else None, landed=landed)
-    if sparse:
-        call.gen.advance(call.slots, rounds=keep["rounds"][:w.streams].tolist())
+    done = Outcome("done", pending=error, result=keep["result"], agreed=keep["agreed"], overflow=bool(w.overflow))
+    if sparse:  # where the call's slots go on (Communicator.learn moves the generation on)
+        done.rounds = keep["rounds"][:w.streams].tolist()
     else:
-        call.gen.advance(call.slots, total=w.total)
-    return Outcome("done", pending=error, result=keep["result"], agreed=keep["agreed"], overflow=bool(w.overflow))
+        done.total = w.total
+    return done
 
 
 def _landed(w, keep: dict, sparse: bool):

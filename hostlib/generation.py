@@ -4,8 +4,10 @@ it; the Call, whose identity every packet carries; the Outcome that says how a c
 
 A generation lives from a join_ack to its first failure. A failure the switch multicasts while this rank's
 call can still complete is *pending*: the call ends exactly, and the next one raises it (every rank raises
-the same). Every failure *ends* the generation: the next call joins a new one first. Communicator maps an
-Outcome to its exception in one place (worker.py `failure`).
+the same). Every failure *ends* the generation: the next call joins a new one first; a corrupt result
+*breaks* the connection (every later call raises until the user reconnects). Generation.settle is the one
+place where what happened becomes a transition (TRANSITIONS); the loops report what happened (an Outcome)
+and Communicator.failure builds the exception and settles it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,25 @@ from inaproto import wire
 from .streams import CallSlots
 
 DROP_NOTES_KEPT = 4  # the switch's last words about this worker's dropped packets, for a timeout's message
+
+# (state, what happened, next state): every transition Generation.settle makes; an event not listed for a
+# state leaves it as it is (a done call, a local error before the abort). tools/draw_architecture.py draws them.
+TRANSITIONS = (
+    ("live", "pending", "pending"),  # the switch failed the generation; this call can still complete exactly
+    ("ended", "pending", "pending"),  # ... told after this rank gave up the generation (kept for the next call)
+    ("pending", "raised", "ended"),  # a call raised the pending failure (every rank raises the same)
+    ("live", "raised", "ended"),
+    ("live", "switch_error", "ended"),  # an error answering this call, or the switch no longer has the generation
+    ("live", "timeout", "ended"),  # no result within the timeout
+    ("live", "silent", "ended"),  # nothing heard from the switch for SWITCH_SILENT seconds
+    ("live", "refused", "ended"),  # nobody listens at the switch's port, or the shm switch is gone
+    ("live", "aborted", "ended"),  # this rank's call failed on its own: aborted at the switch
+    ("live", "bad_result", "broken"),  # a corrupt result: the connection is unusable, reconnect
+    ("pending", "bad_result", "broken"),
+    ("ended", "bad_result", "broken"),
+)
+EVENTS = frozenset(e for _, e, _ in TRANSITIONS) | {"done", "encode_error", "system_error"}
+_NEXT = {(a, e): b for a, e, b in TRANSITIONS}
 
 
 class Generation:
@@ -34,8 +55,8 @@ class Generation:
         self.uses = np.full(self.window, self.first_id, dtype=np.uint32)
         self.next_slot = 0
         self.calls = 0  # the call number on the wire: calls since this join
-        self.pending = None  # a failure told while a call could still complete: the next call raises it
-        self.ended = False  # failed, given up or left: the next call joins a new generation
+        self.state = "live"  # live, pending, ended or broken (TRANSITIONS)
+        self.pending = None  # in state pending, the failure told while a call could still complete
         self.drop_notes: list[str] = []
 
     def call(self, kind: int, length: int, codec, k: int) -> "Call":
@@ -54,20 +75,28 @@ class Generation:
         self.calls += 1
 
     # ---------------------------------------------------------------- failure transitions
-    def end(self):
-        """The generation is gone (a failure, a timeout, a switch that is silent or refuses): re-join next."""
-        self.ended = True
-
-    def fail_later(self, error):
-        """The switch failed the generation while this call could still complete: it ends exactly, the next
-        call raises `error` (the first one told)."""
-        self.ended = True
-        if self.pending is None:
+    def settle(self, event: str, error: BaseException | None = None):
+        """What happened (an Outcome's status, or "pending", "raised", "silent", "aborted") as this
+        generation's transition (TRANSITIONS); error: the pending failure's exception (the first one told)."""
+        if event not in EVENTS:
+            raise ValueError(f"generation: unknown event {event!r}")
+        after = _NEXT.get((self.state, event), self.state)
+        if after == "pending" and self.pending is None:
             self.pending = error
+        elif after != "pending":
+            self.pending = None
+        self.state = after
+
+    @property
+    def ended(self) -> bool:
+        """Failed, given up or broken: the next call raises its pending failure or joins a new generation."""
+        return self.state != "live"
 
     def take_pending(self):
         """The failure the next call raises (once), or None."""
-        error, self.pending = self.pending, None
+        error = self.pending
+        if error is not None:
+            self.settle("raised")
         return error
 
     def note_drop(self, text: str):
@@ -101,7 +130,10 @@ class Outcome:
     retransmissions), "refused" (nothing listens), "encode_error", "bad_result" (a corrupt result: the
     connection is unusable), "system_error" (errno). pending: a failure's datagram told while the call could
     still complete (the next call raises it). landed (the C loop writing into out, a call that stopped): a
-    bool per block of k elements, whether out holds that block's sum (a recovery needs only the others)."""
+    bool per block of k elements, whether out holds that block's sum (a recovery needs only the others).
+    What the C loop learned on the way, for the Communicator to take in (Communicator.learn): its counters,
+    the round-trip estimate (srtt, rttvar, rto), the switch's last drop note, whether the kernel refused
+    GSO/GRO, and when the switch was last heard."""
 
     status: str
     error: bytes | None = None
@@ -112,6 +144,14 @@ class Outcome:
     agreed: np.ndarray | None = None
     overflow: bool = False
     landed: np.ndarray | None = None
+    counters: dict | None = None
+    rtt: tuple[float, float, float] | None = None
+    drop_note: str | None = None
+    gso_ok: bool = True
+    gro_ok: bool = True
+    heard_at: float | None = None
+    total: int | None = None  # done, dense: packets the call sent (Generation.advance)
+    rounds: list | None = None  # done, sparse: rounds per stream
 
 
 class Link:

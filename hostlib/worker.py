@@ -37,7 +37,7 @@ from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_
 from . import fastpath, rng, wire
 from .codecs import get_codec
 from .codecs.base import extremes
-from . import errors
+from . import errors, failures
 from .errors import INAError
 from .generation import Generation, Link, Outcome
 from .heartbeat import HEARTBEAT_EVERY, Heartbeat  # noqa: F401 - HEARTBEAT_EVERY: public name
@@ -156,15 +156,15 @@ class Communicator:
         self.stats = CommStats()
         self.switch = switch if isinstance(switch, str) else f"{self.address[0]}:{self.address[1]}"
         self._calls = 0  # calls ever made: the RNG streams' counter (never reset)
-        self.broken: str | None = None  # a corrupt result: every later call raises until reconnect
         self.gen: Generation | None = None  # the join's state (set by _start_generation)
         self.link = Link()  # what this worker hears of the switch
         self._kept_results: dict = {}  # (size, dtype) -> results allreduce(x) returned (_result_buffer)
-        self.c_frames: dict = {}  # the C loop's argument frames per call shape (fastpath._frame)
+        self.c_frames = fastpath.Frames()  # the C loop's argument frames per call shape
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
         self.sock, self.group = _open_socket(shm, self.address), _open_group(shm, self.address, job, rank, self.key)
+        self.link.loopback = shm is None and self.address[0].startswith("127.")
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
         self._sock_closed = False
@@ -256,32 +256,14 @@ class Communicator:
         gone = self.sock.switch_gone() if isinstance(self.sock, ShmSocket) else False
         since = self.link.refused_since
         if (since is not None and time.monotonic() - since >= REFUSED_AFTER) or gone:
-            raise self.refused_error()
-
-    def refused_error(self) -> INAError:
-        """The error for a switch that is not there (the C loop's INA_WK_REFUSED too)."""
-        self._end()
-        return errors.SwitchUnreachable(
-            f"rank {self.rank}: job {self.job}: no switch at {self.switch} (connection refused"
-            f"{'' if self.link.refused_since is not None else '; its process exited'}): it died or was never started",
-            switch=self.switch, job=self.job)
+            raise self.failure(Outcome("refused"))
 
     def check_silence(self):
         """Raise SwitchSilent when nothing came from the switch for SWITCH_SILENT seconds while this worker
         waits on it (the loops call this; silence is counted from the start of the call or join): the switch
         answers every heartbeat, so a live switch is never silent that long."""
-        silent = self.link.silent_for()
-        if silent >= SWITCH_SILENT:
-            self._end()
-            raise errors.SwitchSilent(
-                f"rank {self.rank}: job {self.job}: nothing heard from switch {self.switch} for {silent:.1f} s "
-                f"while waiting on it (its heartbeat answers stopped): it is stopped, hung, or the path to it is "
-                f"cut; the next call re-joins", switch=self.switch, job=self.job)
-
-    def _end(self):
-        """The generation is gone: the next call joins a new one."""
-        if self.gen is not None:
-            self.gen.end()
+        if self.link.silent_for() >= SWITCH_SILENT:
+            raise self.failure(Outcome("silent"))
 
     def _wait(self, seconds: float):
         if isinstance(self.sock, ShmSocket):
@@ -323,7 +305,7 @@ class Communicator:
                     heard = True
                     self.link.heard()
                     if h.msg_type == wire.MSG_ERROR and h.session == 0:
-                        raise self._join_error(data)
+                        raise failures.join_refused(self, data)
                     if h.msg_type == wire.MSG_JOIN_WAIT:
                         joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
                         join = wire.confirm_join(join, data)  # its cookie: the switch counts the join with it
@@ -365,40 +347,19 @@ class Communicator:
         self.gen.note_drop(text or wire.drop_reason(reason))
         return True
 
-    def _join_error(self, data) -> INAError:
-        code, subject, text = wire.unpack_error(data)
-        cls = {wire.ERR_RANK_TAKEN: errors.RankTaken, wire.ERR_PEER_DEAD: errors.PeerDead}.get(code, errors.JoinRejected)
-        return cls(f"switch {self.switch} rejected rank {self.rank}: {text}", switch=self.switch, job=self.job,
-                   rank=None if subject == wire.NO_RANK else subject)
-
     def error_from_datagram(self, data) -> INAError:
-        """The exception for a switch's error message (from the Python or the C loop); the generation is
-        gone either way, so the next call re-joins.
+        """The exception for a switch's MSG_ERROR datagram (from the Python or the C loop): failures.py."""
+        return failures.from_datagram(self, data)
 
-        Args:
-            data: the raw MSG_ERROR datagram.
-
-        Returns:
-            A CollectiveError (mismatch, abort, dead peer: every rank gets it) or a SwitchFault (restarted,
-            not a member).
-        """
-        self._end()
-        h = wire.unpack(data)
-        code, subject, text = wire.unpack_error(data)
-        rank = None if subject == wire.NO_RANK else subject
-        kw = dict(switch=self.switch, job=self.job, rank=rank)
-        if len(data) == wire.HEADER_SIZE and h.boot != self.boot:
-            return errors.SwitchRestarted(
-                f"rank {self.rank}: switch {self.switch} restarted (boot id {h.boot:#010x}, the job joined "
-                f"{self.boot:#010x}) and lost job {self.job}'s state; the next call re-joins", **kw)
-        if len(data) == wire.HEADER_SIZE:
-            return errors.NotMember(
-                f"rank {self.rank}: switch {self.switch} no longer has generation {self.gen.number} of job "
-                f"{self.job}: the job re-formed without this worker; the next call re-joins", **kw)
-        cls = errors.ERROR_CLASSES.get(wire.ERROR_NAMES.get(code, ""), INAError)
-        if code == wire.ERR_PEER_DEAD and rank == self.rank:  # this process was stopped or starved meanwhile
-            text = f"this rank was declared dead by the switch while it could not run (stopped?): {text}"
-        return cls(f"rank {self.rank}: switch {self.switch}: {text}", **kw)
+    def failure(self, outcome: Outcome, call=None) -> BaseException:
+        """The exception for what stopped a call's stream or a wait on the switch (either loop), after the
+        transition it makes of the call's generation (Generation.settle: the one place that decides)."""
+        error = (self.error_from_datagram(outcome.error) if outcome.status == "switch_error" else
+                 failures.of_outcome(self, outcome, call))
+        gen = call.gen if call is not None else self.gen
+        if gen is not None:
+            gen.settle(outcome.status, error)
+        return error
 
     # ------------------------------------------------------------------ allreduce
     def allreduce(self, x, progress=None, sparse: bool = False, out=None, codec=None, elements: int | None = None):
@@ -494,9 +455,9 @@ class Communicator:
     def _enter_call(self):
         """Before a call: an error the switch sent since the last call fails this one (it failed on the
         peers too); a generation that is gone is joined again."""
-        if self.broken:
-            raise RuntimeError(f"communicator unusable after an earlier failure ({self.broken}); reconnect")
         gen = self.gen
+        if gen.state == "broken":
+            raise RuntimeError("communicator unusable after an earlier failure (corrupt result); reconnect")
         if gen.pending is None and not gen.ended:
             self._drain()
         if gen.pending is not None:
@@ -516,7 +477,7 @@ class Communicator:
                 continue
             if (not stale and h is not None and h.msg_type == wire.MSG_ERROR and h.job == self.job
                     and h.session == self.gen.session):
-                self.gen.fail_later(self.error_from_datagram(data))
+                self.gen.settle("pending", self.error_from_datagram(data))
             elif data:
                 self.stats.stale_results += 1
 
@@ -528,7 +489,7 @@ class Communicator:
         gen = call.gen
         if gen.ended and not isinstance(exc, errors.CallTimeout):
             return  # the generation is gone already
-        gen.end()
+        gen.settle("aborted")
         reason = f"{type(exc).__name__}: {exc}".encode()[:wire.MAX_ABORT_TEXT]
         session, kind, number, length, boot = call.fields()
         abort = wire.pack(wire.MSG_ABORT, job=self.job, rank=self.rank, session=session, payload=reason,
@@ -696,10 +657,16 @@ class Communicator:
         if held is None and not into_out:
             dst = self._result_buffer(flat.size, fastpath.out_dtype(kind))
         try:
-            outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held,
-                                         out=None if held is not None else dst)
+            try:
+                outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held,
+                                             out=None if held is not None else dst)
+            except BaseException as e:  # an interrupt between the loop's chunks
+                if getattr(e, "outcome", None) is not None:
+                    self.learn(e.outcome, call)
+                raise
+            self.learn(outcome, call)
             if outcome.pending is not None:  # the call completed; the next one raises the failure (_results)
-                call.gen.fail_later(self.error_from_datagram(outcome.pending))
+                call.gen.settle("pending", self.error_from_datagram(outcome.pending))
             if outcome.status != "done":
                 error = self.failure(outcome, call)
                 error.landed = outcome.landed
@@ -711,6 +678,25 @@ class Communicator:
         if held is not None:
             return fastpath.decode(kind, outcome.result, outcome.agreed, self.world_size, call.k, flat.dtype)
         return dst.astype(flat.dtype, copy=False)
+
+    def learn(self, outcome: Outcome, call):
+        """What the C loop learned on the way (its Outcome): counters, the drop note, the offloads the kernel
+        refused, the round-trip estimate, when the switch was last heard, where the call's slots go on."""
+        s = self.stats
+        for name, n in outcome.counters.items():
+            setattr(s, name, getattr(s, name) + n)
+        if outcome.drop_note is not None:
+            call.gen.note_drop(outcome.drop_note)
+        self.link.gso_ok, self.link.gro_ok = self.link.gso_ok and outcome.gso_ok, self.link.gro_ok and outcome.gro_ok
+        if outcome.rtt is not None:
+            self.rtt.srtt, self.rtt.rttvar, self.rtt.rto = outcome.rtt
+        if outcome.heard_at is not None and outcome.heard_at > self.link.heard_at:
+            self.link.heard_at = outcome.heard_at
+            self.link.refused_since = None
+        if outcome.status == "refused" and not isinstance(self.sock, ShmSocket):
+            self.link.refused()  # refused() words it "connection refused"
+        if outcome.total is not None or outcome.rounds is not None:
+            call.gen.advance(call.slots, total=outcome.total, rounds=outcome.rounds)
 
     def _result_buffer(self, n: int, dtype) -> np.ndarray:
         """Where allreduce(x) without out decodes: one of the arrays earlier calls of this size returned that
@@ -725,29 +711,6 @@ class Communicator:
         buf = np.empty(n, dtype)
         self._kept_results = {key: (kept + [buf])[-2:]}  # one size kept: a job's calls mostly repeat theirs
         return buf
-
-    def failure(self, outcome: Outcome, call) -> BaseException:
-        """The exception for a call's stream that stopped (either loop), after the transition it makes: the
-        generation ends (a switch's error, a timeout, no switch) or the connection is unusable (a corrupt
-        result)."""
-        status = outcome.status
-        if status == "switch_error":
-            return self.error_from_datagram(outcome.error)
-        if status == "timeout":
-            call.gen.end()
-            return errors.CallTimeout(self.timeout_message(*outcome.where), switch=self.switch, job=self.job)
-        if status == "refused":
-            return self.refused_error()
-        if status == "bad_result":
-            self.broken = "corrupt result"
-            from .codecs import natural
-
-            return ValueError(natural.BAD_CODE_MESSAGE)
-        if status == "encode_error":
-            return ValueError(f"codec {call.codec.name!r}: kernel status {outcome.errno} while encoding")
-        if status == "system_error":
-            return OSError(outcome.errno, f"worker socket: {os.strerror(outcome.errno)}")
-        return RuntimeError(f"allreduce: unknown outcome {outcome}")
 
     def _results(self, stream, inflight: dict):
         """Parsed datagrams waiting on the socket. A switch's error of this generation ends the call when
@@ -772,27 +735,11 @@ class Communicator:
                 answered = h.flags & wire.FLAG_REPLY and any(stream.where(k) == (h.packet_id, h.slot) for k in inflight)
                 if len(data) == wire.HEADER_SIZE or answered:
                     raise self.failure(Outcome("switch_error", error=data), stream.call)
-                gen.fail_later(self.error_from_datagram(data))
+                gen.settle("pending", self.error_from_datagram(data))
                 for rec in inflight.values():
                     rec.deadline = 0.0
                 continue
             yield h, data
-
-    def timeout_message(self, pid: int, slot: int, tries: int) -> str:
-        """One wording of "gave up" for the Python and the C loop, listing the likely causes.
-
-        Args:
-            pid, slot: the packet id and slot of the packet that got no result.
-            tries: its retransmissions so far.
-
-        Returns:
-            The TimeoutError's message.
-        """
-        notes = self.drop_notes
-        told = f"; the switch dropped packets of this rank: {' | '.join(notes)}" if notes else ""
-        return (f"rank {self.rank}: job {self.job}: no result for packet {pid} (slot {slot}) after {tries} "
-                f"retransmissions in {self.timeout:g} s, although the switch at {self.switch} and the peers "
-                f"seem alive (a peer that heartbeats but never makes this call?){told}; the next call re-joins")
 
     def _check_result(self, call, exps, agreed, overflow):
         """The call is complete on the wire: what it raises now, every rank raises (no abort)."""
