@@ -167,6 +167,10 @@ class Link:
     def heard(self):
         self.heard_at, self.refused_since = time.monotonic(), None
 
+    def answered(self):
+        """Something listens at the switch's address (not yet proven to be the switch)."""
+        self.refused_since = None
+
     def refused(self):
         if self.refused_since is None:
             self.refused_since = time.monotonic()

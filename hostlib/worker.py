@@ -19,91 +19,26 @@ HEARTBEAT_EVERY seconds, in calls and between them, lets the switch tell a dead 
 from __future__ import annotations
 
 import functools
-import os
-import secrets
-import select
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from inaproto import auth, net
-from inaproto.timers import ABORT_WAIT, JOIN_REPEAT, REFUSED_AFTER, SWITCH_SILENT
+from inaproto import auth
+from inaproto.timers import ABORT_WAIT, REFUSED_AFTER, SWITCH_SILENT
 from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
-from . import fastpath, rng, wire
+from . import errors, failures, fastpath, join, pyloop, rng, tensors, wire
+from .channel import Channel, open_group, open_socket
 from .codecs import get_codec
 from .codecs.base import extremes
-from . import errors, failures
 from .errors import INAError
 from .generation import Generation, Link, Outcome
 from .heartbeat import HEARTBEAT_EVERY, Heartbeat  # noqa: F401 - HEARTBEAT_EVERY: public name
 from .shm import ShmSocket
-from .streams import SCAN_EVERY, DenseStream, InFlight, RttEstimator, SparseStream
-
-
-# Bytes of packets one worker keeps in flight by default, measured (issue 16): 64 MiB fixed-point allreduces,
-# 4 workers and a C switch on loopback are fastest at 64 x 8 KiB, 32 x 16 KiB and 512 x 1 KiB packets in
-# flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
-IN_FLIGHT_BYTES = 512 << 10
-# ... and elements: those fixed-point optima were all ~128 K elements of 4 bytes. NC's 1-byte codes put four
-# times the elements in the same bytes (496 x 1024 at 1 KiB packets), while the switch sums them in 4-byte
-# lanes and the ranks read and write 4-byte floats: 64 MiB NC calls, 4 workers, run ~15 % faster at 160
-# packets of 1024 codes than at 496 (switch CPU 55 -> 42 ms a call; docs/performance.md, "The window in
-# elements"). The tighter bound wins; 4-byte codecs keep their window (640 packets > the bytes' 496).
-IN_FLIGHT_ELEMENTS = 160 << 10
-AUTO_WINDOW_MAX = 1024
-JOIN_ANSWERS = (wire.MSG_JOIN_WAIT, wire.MSG_JOIN_ACK, wire.MSG_ERROR)
-
-
-def auto_window(granted: int, payload: int, world_size: int, elements: int) -> int:
-    """The window for packets of `payload` bytes carrying `elements` elements: IN_FLIGHT_BYTES of packets and
-    IN_FLIGHT_ELEMENTS of elements, and no more than half the switch's socket buffer shared by every worker's
-    window (past it, results are dropped and wait for a retransmission timeout); at least 4 packets, at most
-    what the switch granted. Every rank computes the same from the same arguments."""
-    budget = min(IN_FLIGHT_BYTES, SOCKET_BUFFER // (2 * world_size))
-    packets = min(budget // (wire.HEADER_SIZE + payload), IN_FLIGHT_ELEMENTS // max(1, elements))
-    return max(1, min(granted, max(4, packets)))
-
-
-@dataclass
-class CommStats:
-    """What one Communicator sent and received over its lifetime (all calls), for comparing codecs and
-    backends by bytes on the wire rather than by time alone."""
-
-    packets_sent: int = 0
-    packets_received: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    retransmissions: int = 0
-    spurious_retransmissions: int = 0  # resends answered within half a round trip: the original was late, not lost
-    duplicate_results: int = 0
-    stale_results: int = 0
-    gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
-    gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
-    heartbeats: int = 0  # liveness messages to the switch (HEARTBEAT_EVERY; not in packets_sent)
-    heartbeat_answers: int = 0  # the switch's answers to them (not in packets_received)
-    switch_drops: int = 0  # the switch told this worker it dropped one of its packets (ERR_DROPPED)
-    elements: int = 0
-    allreduces: int = 0
-    seconds: float = 0.0
-
-    @property
-    def wire_bytes_sent(self) -> int:
-        """bytes_sent plus the Ethernet/IPv4/UDP overhead per packet: what a link carries, so small packets
-        are not flattered."""
-        return self.bytes_sent + self.packets_sent * wire.WIRE_OVERHEAD
-
-    def as_dict(self) -> dict:
-        """Returns:
-            The counters and wire_bytes_sent as a plain dict (JSON-ready, for reports and benchmarks).
-        """
-        d = dict(self.__dict__)
-        d["wire_bytes_sent"] = self.wire_bytes_sent
-        return d
+from .streams import DenseStream, RttEstimator, SparseStream
+from .window import AUTO_WINDOW_MAX, IN_FLIGHT_BYTES, IN_FLIGHT_ELEMENTS, CommStats, auto_window  # noqa: F401 - public
 
 
 def _of_generation(name: str, doc: str) -> property:
@@ -163,17 +98,17 @@ class Communicator:
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
-        self.sock, self.group = _open_socket(shm, self.address), _open_group(shm, self.address, job, rank, self.key)
+        self.sock, self.group = open_socket(shm, self.address), open_group(shm, self.address, job, rank, self.key)
         self.link.loopback = shm is None and self.address[0].startswith("127.")
-        self._buf = bytearray(65536)
-        self._view = memoryview(self._buf)
+        self.chan = Channel(self.sock, self.group, self.stats, self.link)
+        self._send, self._recv, self._wait = self.chan.send, self.chan.recv, self.chan.wait
         self._sock_closed = False
         self._heartbeat = Heartbeat(self.sock)
         try:
             self._start_generation()
         except BaseException:
             self._heartbeat.stop()
-            self._withdraw()
+            join.withdraw(self)
             self._close_sockets()
             raise
 
@@ -184,7 +119,7 @@ class Communicator:
         if auto:  # every rank asks the same (same codec, packet size, world): the switch grants their minimum
             window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size,
                                  elements)
-        gen = self._join(window, self._join_timeout, elements)
+        gen = join.join(self, window, self._join_timeout, elements)
         if not 1 <= gen.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
             raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {gen.window}, "
                                       f"this worker asked {window}", switch=self.switch, job=self.job)
@@ -210,46 +145,6 @@ class Communicator:
         """(job, rank) as every packet of this worker carries them."""
         return self.job, self.rank
 
-    def _send(self, data: bytes):
-        try:
-            self.sock.send(data)
-        except ConnectionRefusedError:
-            self.link.refused()
-        except (BlockingIOError, PermissionError):
-            pass  # counted as sent (a full buffer, a firewall's drop): the protocol recovers by timeout like any loss
-        self.stats.packets_sent += 1
-        self.stats.bytes_sent += len(data)
-
-    def _recv(self):
-        """One datagram as bytes, from the socket or the job's group, or None when nothing is waiting (b"": the
-        switch's port refused)."""
-        try:
-            n = self.sock.recv_into(self._buf)
-        except (BlockingIOError, InterruptedError):
-            n = self._recv_group()
-            if n is None:
-                return None
-        except ConnectionRefusedError:
-            self.link.refused()
-            return b""  # ICMP port unreachable: the switch is not there (yet)
-        self.link.refused_since = None  # something listens; it is heard once a packet proves it is the switch
-        if n == wire.HEADER_SIZE and self._view[1] == wire.MSG_HEARTBEAT:
-            self.stats.heartbeat_answers += 1  # a heartbeat's answer is not a call's traffic (as heartbeats)
-        else:
-            self.stats.packets_received += 1
-            self.stats.bytes_received += n
-        return bytes(self._view[:n])
-
-    def _recv_group(self):
-        """The length of a datagram the switch sent to the job's group, or None (its socket takes the switch's
-        datagrams only: connected)."""
-        if self.group is None:
-            return None
-        try:
-            return self.group.recv_into(self._buf)
-        except (BlockingIOError, InterruptedError):
-            return None
-
     def check_switch(self):
         """Raise SwitchUnreachable when the switch's port has refused for REFUSED_AFTER seconds with nothing
         heard since (UDP), or the shared-memory switch's process is gone."""
@@ -265,79 +160,7 @@ class Communicator:
         if self.link.silent_for() >= SWITCH_SILENT:
             raise self.failure(Outcome("silent"))
 
-    def _wait(self, seconds: float):
-        if isinstance(self.sock, ShmSocket):
-            self.sock.wait(seconds)
-        else:
-            select.select([self.sock] if self.group is None else [self.sock, self.group], [], [], max(0.0, seconds))
-
-    # ------------------------------------------------------------------ join barrier
-    def _join(self, window: int, timeout: float, elements: int = 0) -> Generation:
-        """The join barrier; elements: per packet (0: the switch's maximum), the same on every rank. Returns
-        the generation the switch's join_ack gives."""
-        nonce = secrets.randbits(64)
-        window, elements = min(window, 0xFFFF), min(elements, 0xFFFF)
-        mac = (auth.join_mac(self.key, self.job, self.rank, nonce, self.world_size, window, elements) if self.key
-               else bytes(wire.JOIN_MAC_SIZE))
-        # a member of a generation re-joining from its address proves it with that generation's session
-        proof = self.gen.session if self.gen is not None else 0
-        join = wire.pack_join(self.job, self.rank, nonce, self.world_size, window, mac, elements,
-                              group=self.group is not None, session=proof)
-        echo = nonce & wire.PACKET_ID_MASK  # the switch's answers to this join carry it (others are not ours)
-        deadline = time.monotonic() + timeout
-        joined, heard, refused, confirmed = 0, False, False, False
-        self.link.refused_since = None
-        while True:
-            self._send(join)
-            until = min(time.monotonic() + JOIN_REPEAT, deadline)
-            while time.monotonic() < until:
-                self._wait(until - time.monotonic())
-                while (data := self._recv()) is not None:
-                    if not data:
-                        refused = True
-                        continue
-                    try:
-                        h = wire.unpack(data)
-                    except wire.WireError:
-                        continue
-                    if h.job != self.job or h.packet_id != echo or h.msg_type not in JOIN_ANSWERS:
-                        continue  # not an answer to this join: a late one to an earlier join, or a forged join's
-                    heard = True
-                    self.link.heard()
-                    if h.msg_type == wire.MSG_ERROR and h.session == 0:
-                        raise failures.join_refused(self, data)
-                    if h.msg_type == wire.MSG_JOIN_WAIT:
-                        joined = int.from_bytes(data[wire.HEADER_SIZE:wire.HEADER_SIZE + 8], "big")
-                        join = wire.confirm_join(join, data)  # its cookie: the switch counts the join with it
-                        if not confirmed:  # at once the first time, then with every repeat
-                            confirmed = True
-                            self._send(join)
-                    if h.msg_type == wire.MSG_JOIN_ACK:
-                        return Generation(h, data)
-            if not heard:
-                self.check_switch()
-            else:  # a switch that answered this join and then stopped answering is named, not waited for
-                self.check_silence()
-            if time.monotonic() >= deadline:
-                where = f"{self.address[0]}:{self.address[1]}"
-                if not heard:
-                    why = "connection refused" if refused else "no answer"
-                    raise errors.CallTimeout(f"rank {self.rank}: switch at {where} unreachable ({why}) after "
-                                             f"{timeout:g} s", switch=self.switch, job=self.job)
-                missing = [r for r in range(self.world_size) if not joined >> r & 1 and r != self.rank]
-                raise errors.CallTimeout(f"rank {self.rank}: job {self.job}: ranks {missing} did not join "
-                                         f"within {timeout:g} s (a peer is dead or missing)",
-                                         rank=missing[0] if missing else None, switch=self.switch, job=self.job)
-
-    def _withdraw(self):
-        """A join given up: a leave without a session withdraws this address's pending claim on the rank,
-        so a new process can take it at once (instead of after the claim expires)."""
-        try:
-            self.sock.send(wire.pack(wire.MSG_LEAVE, job=self.job, rank=self.rank))
-        except OSError:
-            pass
-
-    def _dropped_note(self, data) -> bool:
+    def dropped_note(self, data) -> bool:
         """An ERR_DROPPED (the switch dropped a packet of this worker for a mistake, told once per reason):
         kept for the timeout's message, never an error by itself."""
         code, reason, text = wire.unpack_error(data)
@@ -346,6 +169,8 @@ class Communicator:
         self.stats.switch_drops += 1
         self.gen.note_drop(text or wire.drop_reason(reason))
         return True
+
+    parse = staticmethod(lambda data: _parse(data))  # a datagram's header, or None (pyloop)
 
     def error_from_datagram(self, data) -> INAError:
         """The exception for a switch's MSG_ERROR datagram (from the Python or the C loop): failures.py."""
@@ -398,7 +223,7 @@ class Communicator:
                 every rank raises the same).
             RuntimeError: a corrupt result earlier: reconnect.
         """
-        return self._call(self._codec(codec), sparse, _numel(x), elements, self._allreduce, x, progress, sparse,
+        return self._call(self._codec(codec), sparse, tensors.numel(x), elements, self._allreduce, x, progress, sparse,
                           out)
 
     def allreduce_in_place(self, flat: np.ndarray, codec, elements: int | None = None) -> np.ndarray:
@@ -473,7 +298,7 @@ class Communicator:
         while (data := self._recv()) is not None:
             h = _parse(data)
             if h is not None and (h.msg_type == wire.MSG_HEARTBEAT or
-                                  h.msg_type == wire.MSG_ERROR and self._dropped_note(data)):
+                                  h.msg_type == wire.MSG_ERROR and self.dropped_note(data)):
                 continue
             if (not stale and h is not None and h.msg_type == wire.MSG_ERROR and h.job == self.job
                     and h.session == self.gen.session):
@@ -509,12 +334,12 @@ class Communicator:
 
     def _allreduce(self, call, x, progress, sparse, out):
         torch_like = type(x).__module__.startswith("torch")
-        if torch_like and not sparse and x.numel() and _on_gpu_path(call.codec, x):
+        if torch_like and not sparse and x.numel() and tensors.on_gpu_path(call.codec, x):
             return self._timed(functools.partial(self._allreduce_cuda, call, x, progress), x.numel())
-        arr = _to_numpy(x) if torch_like else np.asarray(x)
+        arr = tensors.to_numpy(x) if torch_like else np.asarray(x)
         flat = np.ascontiguousarray(arr).reshape(-1)
         call.codec.check_input(flat)
-        dst = _out_view(out, x, arr) if out is not None else None
+        dst = tensors.out_view(out, x, arr) if out is not None else None
         if sparse and flat.size:
             run = functools.partial(self._allreduce_sparse, call, flat, progress)
         else:
@@ -522,9 +347,9 @@ class Communicator:
         res = self._timed(run, flat.size)
         if out is None:
             res = res.reshape(arr.shape)
-            return _from_numpy(res, x) if torch_like else res
+            return tensors.from_numpy(res, x) if torch_like else res
         if dst is None or not isinstance(res, np.ndarray) or not np.shares_memory(res, dst):  # res: a GPU tensor
-            _copy_into(out, res, arr.shape)
+            tensors.copy_into(out, res, arr.shape)
         return out
 
     def _timed(self, run, elements: int):
@@ -550,7 +375,7 @@ class Communicator:
         codes = cuda.precode(flat, exps_dev, call.codec, call.k, call.seed)
         stream = DenseStream(self, call, codes, exps)
         stream.codec = cuda.PrecodedNC(call.codec)  # the stream sends the codes as they are
-        self._drive(stream, progress)
+        pyloop.drive(self, stream, progress)
         return cuda.decode_like(stream.result[:stream.N], x)
 
     def _allreduce_flat(self, call, flat: np.ndarray, progress, dst=None):
@@ -559,7 +384,7 @@ class Communicator:
         kind = self._start(call, flat)
         if kind is not None:
             return self._run_c_loop(call, kind, flat, exps, progress, dst=dst)
-        return self._window_loop(DenseStream(self, call, flat, exps), progress)
+        return pyloop.window_loop(self, DenseStream(self, call, flat, exps), progress)
 
     def _allreduce_sparse(self, call, flat: np.ndarray, progress):
         """Block-sparse allreduce (streams.SparseStream says how): blocks of k elements, only the non-zero
@@ -581,67 +406,7 @@ class Communicator:
         kind = self._start(call, flat)
         if kind is not None:
             return self._run_c_loop(call, kind, flat, exps, progress, held)
-        return self._window_loop(SparseStream(self, call, flat, exps, held), progress)
-
-    def _window_loop(self, stream, progress) -> np.ndarray:
-        """Drive a stream to the end and decode its result."""
-        self._drive(stream, progress)
-        values = stream.codec.decode(stream.result, stream.agreed, self.world_size, stream.k)[:stream.N]
-        return values.astype(stream.flat.dtype, copy=False)
-
-    def _drive(self, stream, progress):
-        """Drive a stream (streams.py) to the end: send what is ready, take results, resend what is overdue;
-        then raise what the agreed exponents or the OVERFLOW flag say."""
-        inflight: dict[int, InFlight] = {}
-        next_scan = 0.0
-        gen = stream.call.gen
-        while not stream.finished():
-            now = time.monotonic()
-            for key in stream.ready():
-                if gen.pending is not None:  # a new round in a failed generation can never complete
-                    raise gen.take_pending()
-                self._send(stream.build(key))
-                inflight[key] = InFlight(now, now + self.rtt.rto, self.rtt.rto)
-            self._wait(SCAN_EVERY if inflight else 0.0)
-            for h, data in self._results(stream, inflight):
-                key = stream.on_result(h, data, self.stats)
-                if key is None:
-                    continue
-                rec = inflight.pop(key)
-                self._answered(rec, time.monotonic())
-                if progress is not None and (done := stream.report(key)) is not None:
-                    progress(done)
-            now = time.monotonic()
-            if now >= next_scan:
-                next_scan = now + SCAN_EVERY
-                self._scan(stream, inflight, now)
-                self.check_switch()
-                self.check_silence()
-        stream.commit()
-        if progress is not None:
-            progress(stream.N)
-        self._check_result(stream.call, stream.exps, stream.agreed, stream.overflow)
-
-    def _answered(self, rec: InFlight, now: float):
-        """A packet's result came: a round-trip sample; a resend answered sooner than half a round trip
-        after it went (its deadline less its timeout) answered an earlier send: it was spurious."""
-        srtt = self.rtt.srtt
-        if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
-            self.stats.spurious_retransmissions += 1
-        self.rtt.sample(now - rec.first_sent)
-
-    def _scan(self, stream, inflight: dict, now: float):
-        """Rebuild and resend every packet whose timeout expired, backing off; give up after self.timeout."""
-        for key, rec in inflight.items():
-            if now < rec.deadline:
-                continue
-            if now - rec.first_sent > self.timeout:
-                pid, slot = stream.where(key)
-                raise self.failure(Outcome("timeout", where=(pid, slot, rec.tries)), stream.call)
-            self._send(stream.build(key))
-            self.stats.retransmissions += 1
-            rec.rto = min(rec.rto * 2, self.rtt.max_rto)
-            rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
+        return pyloop.window_loop(self, SparseStream(self, call, flat, exps, held), progress)
 
     def _start(self, call, flat: np.ndarray | None):
         """The call starts: its RNG seed and slots; returns the C loop's kind for flat (None: the Python
@@ -674,7 +439,7 @@ class Communicator:
         except BaseException as e:  # e.landed: the blocks of the caller's out that hold their sum
             e.landed = getattr(e, "landed", None) if into_out else None
             raise
-        self._check_result(call, exps, outcome.agreed, outcome.overflow)
+        self.check_result(call, exps, outcome.agreed, outcome.overflow)
         if held is not None:
             return fastpath.decode(kind, outcome.result, outcome.agreed, self.world_size, call.k, flat.dtype)
         return dst.astype(flat.dtype, copy=False)
@@ -712,36 +477,7 @@ class Communicator:
         self._kept_results = {key: (kept + [buf])[-2:]}  # one size kept: a job's calls mostly repeat theirs
         return buf
 
-    def _results(self, stream, inflight: dict):
-        """Parsed datagrams waiting on the socket. A switch's error of this generation ends the call when
-        the call cannot complete: the switch no longer has the generation, or the error answers a packet
-        in flight; otherwise (the failure's multicast) it is pending and every packet in flight is resent
-        at once: rounds that completed answer with their result, so a call that completed on the peers
-        completes here too, and the next call raises."""
-        gen = stream.call.gen
-        while (data := self._recv()) is not None:
-            h = _parse(data)
-            if h is None:
-                continue
-            if h.job != self.job or h.session != gen.session:
-                self.stats.stale_results += 1  # not of this job's generation
-                continue
-            self.link.heard()  # of this generation: the switch (junk from its address is not)
-            if h.msg_type == wire.MSG_HEARTBEAT:
-                continue  # the switch's answer to a heartbeat: it is alive
-            if h.msg_type == wire.MSG_ERROR and self._dropped_note(data):
-                continue
-            if h.msg_type == wire.MSG_ERROR:
-                answered = h.flags & wire.FLAG_REPLY and any(stream.where(k) == (h.packet_id, h.slot) for k in inflight)
-                if len(data) == wire.HEADER_SIZE or answered:
-                    raise self.failure(Outcome("switch_error", error=data), stream.call)
-                gen.settle("pending", self.error_from_datagram(data))
-                for rec in inflight.values():
-                    rec.deadline = 0.0
-                continue
-            yield h, data
-
-    def _check_result(self, call, exps, agreed, overflow):
+    def check_result(self, call, exps, agreed, overflow):
         """The call is complete on the wire: what it raises now, every rank raises (no abort)."""
         call.done = True
         if exps is not None and agreed.size and extremes(agreed)[1] == wire.EXP_NONFINITE:  # the largest exponent
@@ -793,91 +529,12 @@ def _check_args(rank: int, world_size: int, job: int, window: int | None):
         raise ValueError("window must be >= 1")
 
 
-def _open_socket(shm: str | None, address):
-    """The shared-memory port of switch `shm`, or a non-blocking UDP socket connected to address."""
-    if shm is not None:
-        return ShmSocket(shm)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    size_buffers(sock)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0)  # ECN-capable: a congested queue marks, not drops
-    sock.connect(address)
-    sock.setblocking(False)
-    return sock
-
-
-def _open_group(shm: str | None, address, job: int, rank: int, key) -> socket.socket | None:
-    """The job's loopback group socket (net.open_group) where the switch is on loopback, the job has no key (a
-    switch sends a keyed job's results to each member alone) and $INA_GROUP is not 0; else None."""
-    if shm is not None or key is not None or os.environ.get("INA_GROUP", "1") == "0":
-        return None
-    return net.open_group(address, job, rank)
-
-
 def _parse(data):
     """The header of a datagram, or None (b"" for a refusal, or not a packet of the protocol)."""
     try:
         return wire.unpack(data) if data else None
     except wire.WireError:
         return None
-
-
-def _numel(x) -> int:
-    n = getattr(x, "numel", None)
-    return int(n()) if callable(n) else int(np.size(x))
-
-
-def _on_gpu_path(codec, x) -> bool:
-    """Whether allreduce encodes x on its GPU (hostlib.cuda.allreduce_applies; hostlib.cuda loads ctypes and
-    the library only for CUDA tensors)."""
-    if not getattr(x, "is_cuda", False):
-        return False
-    from . import cuda
-
-    return cuda.allreduce_applies(codec, x)
-
-
-def _out_view(out, x, arr: np.ndarray) -> np.ndarray | None:
-    """allreduce's out as a flat array sharing its memory, or None where it cannot (a non-contiguous or
-    GPU out: the sum is copied into it at the end).
-
-    Raises:
-        ValueError: out's shape or dtype is not x's, or out is read-only.
-    """
-    if tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype:
-        raise ValueError(f"allreduce out must have x's shape and dtype: got {tuple(out.shape)} {out.dtype}, "
-                         f"x is {tuple(x.shape)} {x.dtype}")
-    if type(out).__module__.startswith("torch"):
-        if out.device.type != "cpu" or not out.is_contiguous() or arr.dtype != _to_numpy(out[:0]).dtype:
-            return None
-        return out.detach().numpy().reshape(-1)
-    if not isinstance(out, np.ndarray) or not out.flags.writeable:
-        raise ValueError("allreduce out must be a writable numpy array or a torch tensor")
-    return out.reshape(-1) if out.flags.c_contiguous else None
-
-
-def _copy_into(out, res: np.ndarray, shape):
-    """The sum into an out that allreduce could not write in place."""
-    if type(out).__module__.startswith("torch"):
-        import torch
-
-        out.copy_(res.reshape(shape) if isinstance(res, torch.Tensor) else torch.from_numpy(res.reshape(shape)))
-    else:
-        np.copyto(out, np.asarray(res).reshape(shape), casting="unsafe")
-
-
-def _to_numpy(t):
-    import torch
-
-    t = t.detach().to("cpu")
-    if t.dtype in (torch.bfloat16, torch.float16):
-        t = t.float()
-    return t.numpy()
-
-
-def _from_numpy(a, like):
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype=like.dtype, device=like.device)
 
 
 def connect(switch, rank: int, world_size: int, job: int = 1, codec: str = "int32", **kwargs) -> Communicator:

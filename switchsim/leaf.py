@@ -23,10 +23,12 @@ generation of the leaf's workers keeps the root's.
 """
 from __future__ import annotations
 
+import select
 import socket
 
 import numpy as np
 
+from hostlib import join
 from hostlib.generation import Link
 from hostlib.worker import CommStats, Communicator
 from inaproto import nc, rng, wire
@@ -45,14 +47,18 @@ class Uplink(Communicator):
         self.sock, self.address = sock, root
         self.switch = f"{root[0]}:{root[1]}"  # how the worker's errors name the switch (the root)
         self.rank, self.world_size, self.job, self.key = rank, leaves, job, key
-        self.stats, self.link, self.gen = CommStats(), Link(), None
+        self.stats, self.link, self.gen, self.group = CommStats(), Link(), None, None
         self._buf = bytearray(65536)
-        self.gen = self._join(window, timeout)  # its session, window, elements per packet, first packet id
+        self.chan = self  # its own channel: the leaf's switch socket
+        self.gen = join.join(self, window, timeout)  # its session, window, elements per packet, first packet id
 
-    def _send(self, data: bytes):
+    def send(self, data: bytes):
         self.sock.sendto(data, self.address)
 
-    def _recv(self):
+    def wait(self, seconds: float):
+        select.select([self.sock], [], [], max(0.0, seconds))
+
+    def recv(self):
         """The root's datagrams only: a worker that joins the leaf early is heard again later."""
         while True:
             try:

@@ -340,7 +340,7 @@ def test_allreduce_into_out_and_in_place(switch_process, fast):
     x = np.ones(10, np.int32)
     for bad in (np.ones(11, np.int32), np.ones(10, np.int64), np.ones(10, np.int32).reshape(2, 5)):
         with pytest.raises(ValueError, match="out must have x's shape and dtype"):
-            hostlib.worker._out_view(bad, x, x)  # what allreduce checks before its first packet
+            hostlib.tensors.out_view(bad, x, x)  # what allreduce checks before its first packet
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["c-loop", "python-loop"])

@@ -128,8 +128,8 @@ def test_group_results_stay_exact_under_loss_duplication_and_reordering(switch_p
 
 
 def test_a_rank_without_the_group_makes_the_switch_send_each_rank_its_copy(switch_process, monkeypatch):
-    opened = worker_mod._open_group
-    monkeypatch.setattr(worker_mod, "_open_group", lambda shm, address, job, rank, key:
+    opened = worker_mod.open_group
+    monkeypatch.setattr(worker_mod, "open_group", lambda shm, address, job, rank, key:
                         None if rank == 3 else opened(shm, address, job, rank, key))
     sw = switch_process("--workers", 4)
     xs = [np.full(5000, r + 1, dtype=np.int32) for r in range(4)]
@@ -175,11 +175,11 @@ def test_the_group_socket_takes_only_the_switchs_datagrams():
 
 def test_a_keyed_job_or_ina_group_0_asks_for_no_group(monkeypatch):
     """The worker asks only where the switch is on loopback, the job has no key and $INA_GROUP is not 0."""
-    assert worker_mod._open_group(None, ("127.0.0.1", 9), 1, 0, b"k" * 16) is None
-    assert worker_mod._open_group("name", ("shm", 0), 1, 0, None) is None
+    assert worker_mod.open_group(None, ("127.0.0.1", 9), 1, 0, b"k" * 16) is None
+    assert worker_mod.open_group("name", ("shm", 0), 1, 0, None) is None
     monkeypatch.setenv("INA_GROUP", "0")
-    assert worker_mod._open_group(None, ("127.0.0.1", 9), 1, 0, None) is None
+    assert worker_mod.open_group(None, ("127.0.0.1", 9), 1, 0, None) is None
     monkeypatch.delenv("INA_GROUP")
-    g = worker_mod._open_group(None, ("127.0.0.1", 9), 1, 0, None)
+    g = worker_mod.open_group(None, ("127.0.0.1", 9), 1, 0, None)
     assert g is not None
     g.close()

@@ -1,4 +1,4 @@
-"""The worker loop's bookkeeping of a packet's answer (Communicator._answered, the C loop's note_answer): a
+"""The worker loop's bookkeeping of a packet's answer (pyloop._answered, the C loop's note_answer): a
 round-trip sample from the first send, and a resend counted spurious when its result came sooner than half
 a round trip after it went (the result answered an earlier send: the packet was late, not lost)."""
 from __future__ import annotations
@@ -6,14 +6,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from hostlib.streams import InFlight, RttEstimator
-from hostlib.worker import CommStats, Communicator
+from hostlib import pyloop
+from hostlib.worker import CommStats
 
 
 def answered(rec: InFlight, at: float, srtt: float | None) -> CommStats:
     rtt = RttEstimator(0.03, 1.0)
     rtt.srtt = srtt
     fake = SimpleNamespace(rtt=rtt, stats=CommStats())
-    Communicator._answered(fake, rec, at)
+    pyloop._answered(fake, rec, at)
     return fake.stats
 
 

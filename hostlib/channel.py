@@ -1,0 +1,86 @@
+"""A worker's datagrams: its socket to the switch (UDP, connected, or a shared-memory port) and the job's
+group socket where the switch may multicast; every datagram counted in the Communicator's CommStats, every
+refusal noted on its Link."""
+from __future__ import annotations
+
+import os
+import select
+import socket
+
+from inaproto import net, wire
+from inaproto.net import size_buffers
+
+from .shm import ShmSocket
+
+
+class Channel:
+    def __init__(self, sock, group, stats, link):
+        self.sock, self.group, self.stats, self.link = sock, group, stats, link
+        self._buf = bytearray(65536)
+        self._view = memoryview(self._buf)
+
+    def send(self, data: bytes):
+        try:
+            self.sock.send(data)
+        except ConnectionRefusedError:
+            self.link.refused()
+        except (BlockingIOError, PermissionError):
+            pass  # counted as sent (a full buffer, a firewall's drop): the protocol recovers by timeout like any loss
+        self.stats.packets_sent += 1
+        self.stats.bytes_sent += len(data)
+
+    def recv(self):
+        """One datagram as bytes, from the socket or the job's group, or None when nothing is waiting (b"": the
+        switch's port refused)."""
+        try:
+            n = self.sock.recv_into(self._buf)
+        except (BlockingIOError, InterruptedError):
+            n = self._recv_group()
+            if n is None:
+                return None
+        except ConnectionRefusedError:
+            self.link.refused()
+            return b""  # ICMP port unreachable: the switch is not there (yet)
+        self.link.answered()  # something listens; it is heard once a packet proves it is the switch
+        if n == wire.HEADER_SIZE and self._view[1] == wire.MSG_HEARTBEAT:
+            self.stats.heartbeat_answers += 1  # a heartbeat's answer is not a call's traffic (as heartbeats)
+        else:
+            self.stats.packets_received += 1
+            self.stats.bytes_received += n
+        return bytes(self._view[:n])
+
+    def _recv_group(self):
+        """The length of a datagram the switch sent to the job's group, or None (its socket takes the switch's
+        datagrams only: connected)."""
+        if self.group is None:
+            return None
+        try:
+            return self.group.recv_into(self._buf)
+        except (BlockingIOError, InterruptedError):
+            return None
+
+    def wait(self, seconds: float):
+        if isinstance(self.sock, ShmSocket):
+            self.sock.wait(seconds)
+        else:
+            select.select([self.sock] if self.group is None else [self.sock, self.group], [], [], max(0.0, seconds))
+
+
+def open_socket(shm: str | None, address):
+    """The shared-memory port of switch `shm`, or a non-blocking UDP socket connected to address."""
+    if shm is not None:
+        return ShmSocket(shm)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    size_buffers(sock)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0)  # ECN-capable: a congested queue marks, not drops
+    sock.connect(address)
+    sock.setblocking(False)
+    return sock
+
+
+def open_group(shm: str | None, address, job: int, rank: int, key) -> socket.socket | None:
+    """The job's loopback group socket (net.open_group) where the switch is on loopback, the job has no key (a
+    switch sends a keyed job's results to each member alone) and $INA_GROUP is not 0; else None."""
+    if shm is not None or key is not None or os.environ.get("INA_GROUP", "1") == "0":
+        return None
+    return net.open_group(address, job, rank)

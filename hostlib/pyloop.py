@@ -1,0 +1,105 @@
+"""The worker protocol loop in Python (the C loop's twin: fastpath.py): drive a call's stream (streams.py) to
+its end over the Communicator's channel — send what the window allows, take results, resend what is overdue
+(a timeout per packet, backing off), name a silent or absent switch — and decode the result. Used where the
+C loop does not apply (INA_KERNELS=numpy, fast=False, GPU codes, layouts the kernels do not take).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import wire
+from .generation import Outcome
+from .streams import SCAN_EVERY, InFlight
+
+
+def window_loop(comm, stream, progress) -> np.ndarray:
+    """Drive a stream to the end and decode its result."""
+    drive(comm, stream, progress)
+    values = stream.codec.decode(stream.result, stream.agreed, comm.world_size, stream.k)[:stream.N]
+    return values.astype(stream.flat.dtype, copy=False)
+
+def drive(comm, stream, progress):
+    """Drive a stream (streams.py) to the end: send what is ready, take results, resend what is overdue;
+    then raise what the agreed exponents or the OVERFLOW flag say."""
+    inflight: dict[int, InFlight] = {}
+    next_scan = 0.0
+    gen = stream.call.gen
+    while not stream.finished():
+        now = time.monotonic()
+        for key in stream.ready():
+            if gen.pending is not None:  # a new round in a failed generation can never complete
+                raise gen.take_pending()
+            comm.chan.send(stream.build(key))
+            inflight[key] = InFlight(now, now + comm.rtt.rto, comm.rtt.rto)
+        comm.chan.wait(SCAN_EVERY if inflight else 0.0)
+        for h, data in _results(comm, stream, inflight):
+            key = stream.on_result(h, data, comm.stats)
+            if key is None:
+                continue
+            rec = inflight.pop(key)
+            _answered(comm, rec, time.monotonic())
+            if progress is not None and (done := stream.report(key)) is not None:
+                progress(done)
+        now = time.monotonic()
+        if now >= next_scan:
+            next_scan = now + SCAN_EVERY
+            _scan(comm, stream, inflight, now)
+            comm.check_switch()
+            comm.check_silence()
+    stream.commit()
+    if progress is not None:
+        progress(stream.N)
+    comm.check_result(stream.call, stream.exps, stream.agreed, stream.overflow)
+
+def _answered(comm, rec: InFlight, now: float):
+    """A packet's result came: a round-trip sample; a resend answered sooner than half a round trip
+    after it went (its deadline less its timeout) answered an earlier send: it was spurious."""
+    srtt = comm.rtt.srtt
+    if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
+        comm.stats.spurious_retransmissions += 1
+    comm.rtt.sample(now - rec.first_sent)
+
+def _scan(comm, stream, inflight: dict, now: float):
+    """Rebuild and resend every packet whose timeout expired, backing off; give up after comm.timeout."""
+    for key, rec in inflight.items():
+        if now < rec.deadline:
+            continue
+        if now - rec.first_sent > comm.timeout:
+            pid, slot = stream.where(key)
+            raise comm.failure(Outcome("timeout", where=(pid, slot, rec.tries)), stream.call)
+        comm.chan.send(stream.build(key))
+        comm.stats.retransmissions += 1
+        rec.rto = min(rec.rto * 2, comm.rtt.max_rto)
+        rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
+
+
+def _results(comm, stream, inflight: dict):
+    """Parsed datagrams waiting on the socket. A switch's error of this generation ends the call when
+    the call cannot complete: the switch no longer has the generation, or the error answers a packet
+    in flight; otherwise (the failure's multicast) it is pending and every packet in flight is resent
+    at once: rounds that completed answer with their result, so a call that completed on the peers
+    completes here too, and the next call raises."""
+    gen = stream.call.gen
+    while (data := comm.chan.recv()) is not None:
+        h = comm.parse(data)
+        if h is None:
+            continue
+        if h.job != comm.job or h.session != gen.session:
+            comm.stats.stale_results += 1  # not of this job's generation
+            continue
+        comm.link.heard()  # of this generation: the switch (junk from its address is not)
+        if h.msg_type == wire.MSG_HEARTBEAT:
+            continue  # the switch's answer to a heartbeat: it is alive
+        if h.msg_type == wire.MSG_ERROR and comm.dropped_note(data):
+            continue
+        if h.msg_type == wire.MSG_ERROR:
+            answered = h.flags & wire.FLAG_REPLY and any(stream.where(k) == (h.packet_id, h.slot) for k in inflight)
+            if len(data) == wire.HEADER_SIZE or answered:
+                raise comm.failure(Outcome("switch_error", error=data), stream.call)
+            gen.settle("pending", comm.error_from_datagram(data))
+            for rec in inflight.values():
+                rec.deadline = 0.0
+            continue
+        yield h, data

@@ -1,0 +1,67 @@
+"""How many packets a worker keeps in flight by default (auto_window: every rank computes the same), and what
+a Communicator counts of its traffic (CommStats)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inaproto import wire
+from inaproto.net import SOCKET_BUFFER
+
+# Bytes of packets one worker keeps in flight by default, measured (issue 16): 64 MiB fixed-point allreduces,
+# 4 workers and a C switch on loopback are fastest at 64 x 8 KiB, 32 x 16 KiB and 512 x 1 KiB packets in
+# flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
+IN_FLIGHT_BYTES = 512 << 10
+# ... and elements: those fixed-point optima were all ~128 K elements of 4 bytes. NC's 1-byte codes put four
+# times the elements in the same bytes (496 x 1024 at 1 KiB packets), while the switch sums them in 4-byte
+# lanes and the ranks read and write 4-byte floats: 64 MiB NC calls, 4 workers, run ~15 % faster at 160
+# packets of 1024 codes than at 496 (switch CPU 55 -> 42 ms a call; docs/performance.md, "The window in
+# elements"). The tighter bound wins; 4-byte codecs keep their window (640 packets > the bytes' 496).
+IN_FLIGHT_ELEMENTS = 160 << 10
+AUTO_WINDOW_MAX = 1024
+
+
+def auto_window(granted: int, payload: int, world_size: int, elements: int) -> int:
+    """The window for packets of `payload` bytes carrying `elements` elements: IN_FLIGHT_BYTES of packets and
+    IN_FLIGHT_ELEMENTS of elements, and no more than half the switch's socket buffer shared by every worker's
+    window (past it, results are dropped and wait for a retransmission timeout); at least 4 packets, at most
+    what the switch granted. Every rank computes the same from the same arguments."""
+    budget = min(IN_FLIGHT_BYTES, SOCKET_BUFFER // (2 * world_size))
+    packets = min(budget // (wire.HEADER_SIZE + payload), IN_FLIGHT_ELEMENTS // max(1, elements))
+    return max(1, min(granted, max(4, packets)))
+
+
+@dataclass
+class CommStats:
+    """What one Communicator sent and received over its lifetime (all calls), for comparing codecs and
+    backends by bytes on the wire rather than by time alone."""
+
+    packets_sent: int = 0
+    packets_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    retransmissions: int = 0
+    spurious_retransmissions: int = 0  # resends answered within half a round trip: the original was late, not lost
+    duplicate_results: int = 0
+    stale_results: int = 0
+    gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
+    gro_segments: int = 0  # C loop: results that came in coalesced UDP_GRO receives
+    heartbeats: int = 0  # liveness messages to the switch (HEARTBEAT_EVERY; not in packets_sent)
+    heartbeat_answers: int = 0  # the switch's answers to them (not in packets_received)
+    switch_drops: int = 0  # the switch told this worker it dropped one of its packets (ERR_DROPPED)
+    elements: int = 0
+    allreduces: int = 0
+    seconds: float = 0.0
+
+    @property
+    def wire_bytes_sent(self) -> int:
+        """bytes_sent plus the Ethernet/IPv4/UDP overhead per packet: what a link carries, so small packets
+        are not flattered."""
+        return self.bytes_sent + self.packets_sent * wire.WIRE_OVERHEAD
+
+    def as_dict(self) -> dict:
+        """Returns:
+            The counters and wire_bytes_sent as a plain dict (JSON-ready, for reports and benchmarks).
+        """
+        d = dict(self.__dict__)
+        d["wire_bytes_sent"] = self.wire_bytes_sent
+        return d
