@@ -41,6 +41,11 @@ def test_the_picture_is_drawn_from_the_code(tmp_path):
     svg = out.read_text()
     for word in (*arch.PACKAGES, "Generation", "Call", "Outcome", "pending", "ended", "broken"):
         assert word in svg
+    failover = (tmp_path / "failover.svg").read_text()  # the torch backend's, drawn from torch_failover.py
+    for word in ("joining", "joined", "recovering", "on gloo", "closed", "re-join at retry_at"):
+        assert word in failover
+    assert [row[:2] for row in arch._literal(arch.FAILOVER, "TRANSITIONS")][0] == ("joining", "joined")
+    assert ("live", "pending", "pending") in arch._literal(os.path.join("hostlib", "generation.py"), "TRANSITIONS")
     with open(os.path.join(ROOT, "docs", "architecture.svg")) as f:
         committed = f.read()
     assert all(p in committed for p in arch.PACKAGES), "docs/architecture.svg: run tools/draw_architecture.py"
@@ -71,3 +76,106 @@ def test_no_module_reaches_into_a_communicators_private_state():
                 with open(path) as f:
                     hits += [f"{path}: {line.strip()}" for line in f if "comm._" in line or 'comm, "_' in line]
     assert hits == []
+
+
+HANDWRITTEN = [os.path.join(folder, name) for folder, _, files in os.walk(os.path.join(ROOT, "hostlib"))
+               for name in files if name.endswith(".py")]
+
+
+@pytest.mark.parametrize("path", sorted(os.path.relpath(p, ROOT) for p in HANDWRITTEN))
+def test_no_hand_written_file_in_hostlib_is_over_600_lines(path):
+    with open(os.path.join(ROOT, path)) as f:
+        lines = sum(1 for _ in f)
+    assert lines <= 600, f"{path}: {lines} lines"
+
+
+def _writes_to_a_communicator(tree) -> list[int]:
+    """Lines that assign to an attribute of something named comm (comm.x = ..., self.comm.x += ...,
+    comm.x[...] = ..., setattr(comm, ...)): a Communicator's own attributes."""
+    def is_comm(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in ("comm", "communicator") or
+                isinstance(node, ast.Attribute) and node.attr in ("comm", "communicator"))
+
+    def target(node) -> bool:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        return isinstance(node, ast.Attribute) and is_comm(node.value)
+
+    hits = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                   if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else node.targets
+                   if isinstance(node, ast.Delete) else [])
+        hits += [node.lineno for t in targets if target(t)]
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr")
+                and node.args and is_comm(node.args[0])):
+            hits.append(node.lineno)
+    return hits
+
+
+def test_no_module_but_worker_and_generation_writes_a_communicators_attributes():
+    """The C loop (fastpath), the Python loop (pyloop), the join, the torch backend and the benchmarks read a
+    Communicator; only worker.py and generation.py change it (the loops return what happened)."""
+    hits = []
+    for pkg in ("hostlib", "switchsim", "inabench", "topologies", "inacli", "benchmarks"):
+        for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for name in files:
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, ROOT)
+                if not name.endswith(".py") or rel in ("hostlib/worker.py", "hostlib/generation.py"):
+                    continue
+                with open(path) as f:
+                    hits += [f"{rel}:{n}" for n in _writes_to_a_communicator(ast.parse(f.read()))]
+    assert hits == []
+
+
+def test_the_write_check_finds_a_write():
+    tree = ast.parse("comm.rtt = 1\nself.comm.link.x = 2\ncomm.c_frames[k] = 3\nsetattr(comm, 'gen', 4)\n"
+                     "comm.stats.x += 1\ny = comm.rtt\n")
+    assert _writes_to_a_communicator(tree) == [1, 3, 4]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_call_and_its_failure_write_the_communicator_only_from_worker_and_generation(switch_process, fast,
+                                                                                       monkeypatch):
+    """At run time: every attribute set on a Communicator during calls through the C or the Python loop, a
+    re-join and a switch's failure comes from worker.py (generation.py holds no Communicator)."""
+    import threading
+
+    import numpy as np
+
+    import hostlib
+    from hostlib.worker import Communicator
+
+    writers = set()
+    original = Communicator.__setattr__
+
+    def spy(self, name, value):
+        writers.add((os.path.relpath(sys._getframe(1).f_code.co_filename, ROOT), name))
+        original(self, name, value)
+
+    monkeypatch.setattr(Communicator, "__setattr__", spy)
+    sw = switch_process("--workers", 2)
+    errors, mismatched = [], []
+
+    def work(r):
+        try:
+            with hostlib.connect(sw.address, r, 2, codec="fixed", timeout=10, fast=fast) as c:
+                for n in (10, 5000):
+                    c.allreduce(np.ones(n, dtype=np.float32))
+                try:  # the ranks' calls differ: both raise, and the next call re-joins
+                    c.allreduce(np.ones(10 + r, dtype=np.float32))
+                except hostlib.errors.CallMismatch:
+                    mismatched.append(r)
+                assert np.array_equal(c.allreduce(np.ones(3, dtype=np.float32)), np.full(3, 2.0))
+                assert c.gen.number == 2
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and sorted(mismatched) == [0, 1] and writers
+    assert {w for w, _ in writers} <= {"hostlib/worker.py"}, sorted(writers)

@@ -85,13 +85,40 @@ CALL_PATH = [  # (lane, step): the life of one allreduce
     ("switch", "data plane: slot/set per packet id; the call's\nidentity checked across ranks; sum; multicast"),
     ("worker", "Outcome: done -> result; else Communicator.failure\nmaps it to the named exception"),
 ]
-TRANSITIONS = [  # (from state, to state, what, where its words go)
-    ("live", "pending", "fail_later: the switch failed it;\nthis call still completes exactly", (3.75, 3.35)),
-    ("pending", "ended", "the next call raises it\n(every rank the same)", (7.6, 1.9)),
-    ("live", "ended", "end: a switch error, timeout,\nsilence, refusal, abort", (4.6, 2.25)),
-    ("ended", "live", "the next call joins again", (4.6, 2.25)),
-    ("live", "broken", "a corrupt result:\nreconnect", (0.35, 1.9)),
-]
+# where the words of each (from, to) arrow go; the arrows and their events are read from hostlib/generation.py
+WORDS_AT = {("live", "pending"): (3.75, 3.35), ("pending", "ended"): (7.6, 1.9), ("live", "ended"): (4.6, 2.25),
+            ("ended", "pending"): (4.9, 1.55), ("live", "broken"): (0.35, 1.9), ("pending", "broken"): (3.2, 1.75),
+            ("ended", "broken"): (3.75, 0.25)}
+FAILOVER = os.path.join("hostlib", "integrations", "torch_failover.py")
+
+
+def _literal(path: str, name: str):
+    """The value of a module-level tuple of tuples `name` in path, read with ast (State.X read as its value
+    in lower case, "on gloo" as on_gloo's): nothing is imported, so the drawing needs neither torch nor the
+    package."""
+    with open(os.path.join(ROOT, path)) as f:
+        tree = ast.parse(f.read())
+    node = next(n.value for n in tree.body if isinstance(n, ast.Assign) and
+                any(isinstance(t, ast.Name) and t.id == name for t in n.targets))
+
+    def value(v):
+        if isinstance(v, ast.Attribute):  # State.ON_GLOO
+            return v.attr.lower()
+        return ast.literal_eval(v)
+
+    return [tuple(value(v) for v in row.elts) for row in node.elts]
+
+
+def transitions() -> list[tuple[str, str, str]]:
+    """The generation's arrows, (from, to, the events that make it), from Generation's TRANSITIONS."""
+    arrows: dict = collections.defaultdict(list)
+    for a, event, b in _literal(os.path.join("hostlib", "generation.py"), "TRANSITIONS"):
+        if a != b:
+            arrows[a, b].append(event)
+    arrows["ended", "live"].append("the next call joins again")
+    return [(a, b, ", ".join(events)) for (a, b), events in arrows.items()]
+
+
 STATES = {"live": (1.5, 3.0), "pending": (6.0, 3.0), "ended": (6.0, 0.6), "broken": (1.5, 0.6)}
 
 
@@ -148,14 +175,57 @@ def _call(ax, patch):
         x0, x1 = (2.8 if l0 == "worker" else 7.2), (2.8 if l1 == "worker" else 7.2)
         ax.annotate("", xy=(x1, y1 + 0.45), xytext=(x0, y0 - 0.45), arrowprops=dict(arrowstyle="->", color="#555"))
     for name, (x, y) in STATES.items():
-        owner = "Communicator" if name == "broken" else "Generation"
-        _box(ax, x, y, 1.7, 0.6, f"{owner}\n{name}", patch, "#fff4d6", 7)
-    for a, b, what, (tx, ty) in TRANSITIONS:
+        _box(ax, x, y, 1.7, 0.6, f"Generation\n{name}", patch, "#fff4d6", 7)
+    for a, b, what in transitions():
         (x0, y0), (x1, y1) = STATES[a], STATES[b]
+        tx, ty = WORDS_AT.get((a, b), (4.6, 2.25))
         rad = 0.25 if (a, b) in (("live", "ended"), ("ended", "live")) else 0.0
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(
             arrowstyle="->", color="#a66", connectionstyle=f"arc3,rad={rad}", shrinkA=22, shrinkB=22))
         ax.text(tx, ty, what, ha="center", va="center", fontsize=6.5, color="#844")
+
+
+def draw_failover(path: str):
+    """docs/failover.svg: the torch backend's failure protocol, states and transitions read from
+    torch_failover.py (State, TRANSITIONS)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    plt.rcParams["svg.hashsalt"] = "ina"
+    plt.rcParams["svg.fonttype"] = "none"
+    rows = _literal(FAILOVER, "TRANSITIONS")
+    states = list(dict.fromkeys([a for a, _, _ in rows] + [b for _, b, _ in rows])) + ["closed"]
+    placed = {"joining": (5, 8.6), "joined": (1.2, 5), "recovering": (8.8, 5), "on_gloo": (5, 1.6),
+              "closed": (9.5, 8.6)}  # a state added to the code lands on the circle until it is placed here
+    at = {name: placed.get(name, (5 + 3.6 * math.cos(2 * math.pi * i / len(states)),
+                                  5 + 3.6 * math.sin(2 * math.pi * i / len(states)))) for i, name in enumerate(states)}
+    fig, ax = plt.subplots(figsize=(11, 9))
+    ax.set_axis_off()
+    ax.set_xlim(-1, 11)
+    ax.set_ylim(0, 10)
+    ax.set_title("the torch backend's failover (hostlib/integrations/torch_failover.py: State, TRANSITIONS)",
+                 fontsize=10)
+    for name, (x, y) in at.items():
+        _box(ax, x, y, 1.9, 0.6, f"Failover\n{name.replace('_', ' ')}", FancyBboxPatch, "#fff4d6", 8)
+    for a, b, what in rows:
+        (x0, y0), (x1, y1) = at[a], at[b]
+        if a == b:
+            ax.annotate("", xy=(x0 + 0.5, y0 + 0.3), xytext=(x0 - 0.5, y0 + 0.3), arrowprops=dict(
+                arrowstyle="->", color="#a66", connectionstyle="arc3,rad=-1.2"))
+            ax.text(x0, y0 + 1.05, what, ha="center", fontsize=6.5, color="#844", wrap=True)
+            continue
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(
+            arrowstyle="->", color="#a66", connectionstyle="arc3,rad=0.15", shrinkA=24, shrinkB=24))
+        ax.text((x0 + x1) / 2 + 0.25 * (y1 - y0) / 3, (y0 + y1) / 2 - 0.25 * (x1 - x0) / 3, what, ha="center",
+                va="center", fontsize=6.5, color="#844")
+    ax.text(5, 0.2, "every state -> closed at shutdown; a call that works costs no store operation", ha="center",
+            fontsize=7)
+    fig.savefig(path, format="svg", metadata={"Date": None})
 
 
 def main(argv=None) -> int:
@@ -175,6 +245,7 @@ def main(argv=None) -> int:
     if args.check:
         return 1 if bad else 0
     draw(edges, floor, args.out)
+    draw_failover(os.path.join(os.path.dirname(args.out), "failover.svg"))
     print(f"draw_architecture: wrote {args.out} ({len(edges)} package imports, floors "
           f"{', '.join(f'{p} {floor[p]}' for p in PACKAGES)})")
     return 1 if bad else 0
