@@ -53,7 +53,7 @@ def _rank(rank, world, port, address, codec, count, payload, rounds, batch, out)
            else rs.standard_normal(count, dtype=np.float32))
     t = torch.from_numpy(src.copy())
     x, y = t.numpy(), np.empty_like(src)
-    route_codec, k, _ = pg._route(t)  # the codec and packet size dist.all_reduce uses for this tensor
+    route_codec, k, _ = pg.calls.route(t)  # the codec and packet size dist.all_reduce uses for this tensor
     comm = pg.comm
     calls = {
         "hostlib out=": lambda: comm.allreduce(x, out=y, codec=route_codec, elements=k),

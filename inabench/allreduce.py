@@ -286,7 +286,7 @@ def _paired_with_hostlib(dist, pg, t, src, x: np.ndarray, iters: int):
     order swapped every other pair. [(seconds per torch call, per hostlib call)] per pair. The rows of separate
     process sets moved the ratio by 0.3 between invocations (each set's processes, imports and the machine's
     moment differ); in turn, the calls share them."""
-    codec, k, _ = pg._route(t)
+    codec, k, _ = pg.calls.route(t)
     y, every, comm = np.empty_like(x), _renew_every(dist), pg.comm
 
     def hostlib_batch():

@@ -31,7 +31,16 @@ def cmd_bench(args) -> int:
         runs = {name: kwargs(defaults.parse_args(["bench", name])) for name in BENCHMARKS}
     else:
         runs = {args.benchmark: kwargs(args)}
+    from .extras import require
+
+    gloo = [n for n, kw in runs.items() if n in GLOO_BASELINE and kw.get("gloo", True)]
+    if gloo and not require("bench " + (args.benchmark or "all"), "torch",
+                            why=f"the gloo baseline of {', '.join(gloo)}; `--no-gloo` skips it where there is one"):
+        return 2
     return run_benchmarks(runs, as_json=args.json, plot_path=args.plot)
+
+
+GLOO_BASELINE = ("allreduce", "blocksparse", "sparcml", "train")  # benchmarks that run torch's gloo beside INA
 
 
 def convergence_modes():

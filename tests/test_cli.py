@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -159,3 +160,26 @@ def test_keyed_job_through_the_cli(tmp_path, monkeypatch):
         out = sw.stop()
     stats = json.loads(out[out.index("{"):])
     assert stats["dropped"]["bad_mac"] >= 1 and stats["jobs"]["1"]["keyed"]
+
+
+NO_TORCH = '''import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+'''
+
+
+@pytest.mark.parametrize("argv", [["bench", "ddp", "--workers", "2", "--iters", "2"],
+                                  ["bench", "allreduce", "--sizes", "1K"], ["bench", "topo"]])
+def test_a_command_that_needs_torch_says_which_extra_once_where_torch_is_missing(tmp_path, argv):
+    """`make demo`'s environment has no torch: the command names the extra to install in one line, exit 2, no
+    traceback (torch hidden by a sitecustomize on PYTHONPATH, as if it were not installed)."""
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    r = subprocess.run([sys.executable, "-m", "switchsim", *argv], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "needs torch" in lines[0] and "pip install -e '.[torch]'" in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr

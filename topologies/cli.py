@@ -190,9 +190,12 @@ def add_bench(sp, csv):
 
 
 def cmd_bench_topo(args) -> int:
+    from inabench.extras import require
     from inabench.report import table
     from topologies.bench import bench_topo, plot
 
+    if not require("bench topo", "torch", why="gloo's ring over the same links"):
+        return 2
     as_json = getattr(args, "json", False)
     rows = _measure("topo", args, lambda progress: bench_topo(args.workers, args.size, args.rates, args.losses,
                                                               args.loss_rate, args.codecs, args.backend, args.delay,
@@ -324,8 +327,11 @@ def add_ddp_bench(sp, csv):
 
 def cmd_bench_ddp(args) -> int:
     from inabench import ddp
+    from inabench.extras import require
     from inabench.report import table
 
+    if not args.diff and not require("bench ddp", "torch", why="DDP training on every path"):
+        return 2
     if args.topo and args.window is None:
         args.window = topo_window(args.bw)
 
