@@ -80,14 +80,14 @@ def problems(edges, floor) -> list[str]:
 CALL_PATH = [  # (lane, step): the life of one allreduce
     ("worker", "Communicator.allreduce(x, codec=, elements=)\n_enter_call: raise the pending failure, or re-join"),
     ("worker", "Generation.call() -> Call\nnumber, kind, length, codec (its identity)"),
-    ("worker", "C loop (fastpath) or Python loop (streams)\npackets carry Call.fields(); heartbeats beat"),
+    ("worker", "C loop (fastpath) or Python loop (pyloop)\npackets carry Call.fields(); heartbeats beat"),
     ("switch", "control plane: join -> join_ack (a Generation)\nmembers first; strangers budgeted"),
     ("switch", "data plane: slot/set per packet id; the call's\nidentity checked across ranks; sum; multicast"),
-    ("worker", "Outcome: done -> result; else Communicator.failure\nmaps it to the named exception"),
+    ("worker", "Outcome: done -> result; else Communicator.failure\nbuilds the exception, Generation.settle moves"),
 ]
 # where the words of each (from, to) arrow go; the arrows and their events are read from hostlib/generation.py
-WORDS_AT = {("live", "pending"): (3.75, 3.35), ("pending", "ended"): (7.6, 1.9), ("live", "ended"): (4.6, 2.25),
-            ("ended", "pending"): (4.9, 1.55), ("live", "broken"): (0.35, 1.9), ("pending", "broken"): (3.2, 1.75),
+WORDS_AT = {("live", "pending"): (3.75, 3.35), ("pending", "ended"): (7.6, 1.9), ("live", "ended"): (4.3, 2.6), ("ended", "live"): (4.6, 1.2),
+            ("ended", "pending"): (4.9, 1.55), ("live", "broken"): (0.35, 1.9), ("pending", "broken"): (2.6, 1.55),
             ("ended", "broken"): (3.75, 0.25)}
 FAILOVER = os.path.join("hostlib", "integrations", "torch_failover.py")
 
@@ -116,7 +116,8 @@ def transitions() -> list[tuple[str, str, str]]:
         if a != b:
             arrows[a, b].append(event)
     arrows["ended", "live"].append("the next call joins again")
-    return [(a, b, ", ".join(events)) for (a, b), events in arrows.items()]
+    return [(a, b, ",\n".join(", ".join(events[i:i + 2]) for i in range(0, len(events), 2)))
+            for (a, b), events in arrows.items()]
 
 
 STATES = {"live": (1.5, 3.0), "pending": (6.0, 3.0), "ended": (6.0, 0.6), "broken": (1.5, 0.6)}
