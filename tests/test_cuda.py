@@ -404,7 +404,7 @@ def test_allreduce_on_the_gpu_path_equals_the_host_path(device, monkeypatch, cod
     host = run_switch(tensors, codec, **kw)
     calls = []
     if device.type == "cpu":  # the emulation: CPU tensors take the GPU path
-        monkeypatch.setattr(hostlib.worker, "_on_gpu_path", lambda c, x: calls.append(1) or True)
+        monkeypatch.setattr(hostlib.tensors, "on_gpu_path", lambda c, x: calls.append(1) or True)
     gpu = run_switch([t.to(device) for t in tensors], codec, **kw)
     assert device.type != "cpu" or len(calls) == 2
     for h, g in zip(host, gpu):
@@ -420,7 +420,7 @@ def test_allreduce_on_the_gpu_path_raises_the_floor_of_lower_blocks(device, monk
     xs = [rs.standard_normal(5000).astype(np.float32), rs.standard_normal(5000).astype(np.float32) * 2.0**-20]
     xs[1][::50] = 2.0**-62  # below the agreed floor: raised
     if device.type == "cpu":
-        monkeypatch.setattr(hostlib.worker, "_on_gpu_path", lambda c, x: True)
+        monkeypatch.setattr(hostlib.tensors, "on_gpu_path", lambda c, x: True)
     outs = run_switch([torch.from_numpy(x).to(device) for x in xs], "nc")
     exact = xs[0].astype(np.float64) + xs[1]
     err = np.sum((outs[0].cpu().numpy().astype(np.float64) - exact) ** 2)
@@ -444,7 +444,7 @@ def test_allreduce_on_the_gpu_path_of_blocks_below_the_lowest_level_is_the_host_
     tensors = [torch.from_numpy(x) for x in xs]
     host = run_switch(tensors, "nc", timeout=10)
     if device.type == "cpu":
-        monkeypatch.setattr(hostlib.worker, "_on_gpu_path", lambda c, x: True)
+        monkeypatch.setattr(hostlib.tensors, "on_gpu_path", lambda c, x: True)
     gpu = run_switch([t.to(device) for t in tensors], "nc", timeout=10)
     for h, g in zip(host, gpu):
         assert g.device.type == device.type and torch.equal(h.to(device), g)
@@ -456,7 +456,7 @@ def test_allreduce_on_the_gpu_path_raises_as_the_host_path(device, monkeypatch, 
     """NaN on one worker: every worker learns it through the exponents and raises ValueError at the end; a
     value beyond NC's range: OverflowError on its worker before anything is sent (as on the host path)."""
     if device.type == "cpu":
-        monkeypatch.setattr(hostlib.worker, "_on_gpu_path", lambda c, x: True)
+        monkeypatch.setattr(hostlib.tensors, "on_gpu_path", lambda c, x: True)
     sw = SwitchProcess("--workers", 2, backend="python")
     xs = [torch.ones(3000, device=device), torch.ones(3000, device=device)]
     xs[1][2100] = bad
