@@ -45,21 +45,26 @@ static inline void interleave(__m256i x0, __m256i x1, __m256i x2, __m256i x3, __
     w[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
 }
 
-/* words of the 32 elements 4 q .. 4 q + 31 of sub-stream s, in element order, 8 per vector */
-static inline void philox32(const keys_t *k, uint64_t q, uint32_t s, __m256i w[4])
+/* words at positions 4 q .. 4 q + 16 nch - 1 of sub-stream s, in order, 8 per vector, from nch chains of 4
+ * counters (independent chains hide the multiplies' latency) */
+static inline __attribute__((always_inline)) void philox_chains(const keys_t *k, uint64_t q, uint32_t s, __m256i *w,
+                                                                const int nch)
 {
     const __m256i m0 = _mm256_set1_epi64x(INA_PHILOX_M0), m1 = _mm256_set1_epi64x(INA_PHILOX_M1);
-    __m256i qa = _mm256_add_epi64(_mm256_set1_epi64x((long long)q), _mm256_set_epi64x(3, 2, 1, 0));
-    __m256i qb = _mm256_add_epi64(qa, _mm256_set1_epi64x(4));
-    __m256i a0 = qa, a1 = _mm256_srli_epi64(qa, 32), a2 = _mm256_set1_epi64x(s), a3 = _mm256_setzero_si256();
-    __m256i b0 = qb, b1 = _mm256_srli_epi64(qb, 32), b2 = a2, b3 = a3;
-    for (int r = 0; r < INA_PHILOX_ROUNDS; r++) {
-        ROUND(a0, a1, a2, a3, r);
-        ROUND(b0, b1, b2, b3, r);
+    __m256i x0[4], x1[4], x2[4], x3[4];
+    for (int c = 0; c < nch; c++) {
+        x0[c] = _mm256_add_epi64(_mm256_set1_epi64x((long long)(q + 4 * (uint64_t)c)), _mm256_set_epi64x(3, 2, 1, 0));
+        x1[c] = _mm256_srli_epi64(x0[c], 32), x2[c] = _mm256_set1_epi64x(s), x3[c] = _mm256_setzero_si256();
     }
-    interleave(a0, a1, a2, a3, w);
-    interleave(b0, b1, b2, b3, w + 2);
+    for (int r = 0; r < INA_PHILOX_ROUNDS; r++)
+        for (int c = 0; c < nch; c++)
+            ROUND(x0[c], x1[c], x2[c], x3[c], r);
+    for (int c = 0; c < nch; c++)
+        interleave(x0[c], x1[c], x2[c], x3[c], w + 2 * c);
 }
+
+/* words of the 32 elements 4 q .. 4 q + 31 of sub-stream s, in element order, 8 per vector */
+static inline void philox32(const keys_t *k, uint64_t q, uint32_t s, __m256i w[4]) { philox_chains(k, q, s, w, 2); }
 
 static inline size_t head_len(uint64_t offset, size_t n)
 {
@@ -206,14 +211,28 @@ static inline __attribute__((always_inline)) void nc_encode32(const float *x, __
     __m256i code = _mm256_add_epi8(_mm256_add_epi8(E, stay), K->ebias);
     code = _mm256_or_si256(code, _mm256_and_si256(neg, K->s80));
     /* E - low as an unsigned byte is below span for every lane in range (a lower E wraps above it) */
-    __m256i rare = _mm256_subs_epu8(_mm256_sub_epi8(E, K->elow), K->espan1);
-    if (!det)
-        rare = _mm256_or_si256(rare, _mm256_cmpeq_epi8(sum, _mm256_set1_epi8(-1)));
-    if (__builtin_expect(_mm256_testz_si256(rare, rare), 1))
+    __m256i out = _mm256_subs_epu8(_mm256_sub_epi8(E, K->elow), K->espan1);
+    __m256i tie = det ? _mm256_setzero_si256() : _mm256_cmpeq_epi8(sum, _mm256_set1_epi8(-1));
+    __m256i rare = _mm256_or_si256(out, tie);
+    if (__builtin_expect(_mm256_testz_si256(rare, rare), 1)) {
         _mm256_storeu_si256((__m256i *)codes,
                             _mm256_permutevar8x32_epi32(code, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    else
+    } else if (_mm256_testz_si256(out, out)) { /* ties only (one group in 8.5): stored, then queued */
+        _mm256_storeu_si256((__m256i *)codes,
+                            _mm256_permutevar8x32_epi32(code, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        uint8_t hb[32];
+        _mm256_storeu_si256((__m256i *)hb, wj);
+        for (unsigned m = (unsigned)_mm256_movemask_epi8(tie); m; m &= m - 1) {
+            unsigned b = (unsigned)__builtin_ctz(m); /* packed byte 16 L + 4 v + j: element 8 v + 4 L + j */
+            unsigned e = 8 * ((b >> 2) & 3) + 4 * (b >> 4) + (b & 3);
+            p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
+            p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = hb[e];
+            if (++p->n == 8)
+                nc_flush(p, k, floor, det, err);
+        }
+    } else {
         nc_rare32(x, wj, codes, pos0, floor, det, K, p, k, err);
+    }
 }
 
 /* NC reads a byte of the main stream per element (ina_ncmath.h): one double Philox draw (8 counters, 32 words)
@@ -240,12 +259,17 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     K.espan1 = _mm256_set1_epi8((char)(INA_NC_LEVEL_MAX + 127 - (floor + 127) - 1));
     nc_pending p;
     memset(&p, 0, sizeof p);
+    for (; n - i >= 8 * BLOCK; i += 8 * BLOCK) { /* four Philox chains at a time */
+        __m256i w[8] = {_mm256_setzero_si256()};
+        if (!det)
+            philox_chains(&k, (offset + i) >> 4, INA_SUB_MAIN, w, 4); /* words at positions (offset + i) / 4 .. */
+        for (int j = 0; j < 8; j++)
+            nc_encode32(x + i + 32 * j, w[j], codes + i + 32 * j, offset + i + 32 * j, floor, det, &K, &p, &k, &err);
+    }
     for (; n - i >= 4 * BLOCK; i += 4 * BLOCK) {
         __m256i w[4] = {_mm256_setzero_si256()};
-        for (int l = 0; l < 8; l++) /* 4 KiB ahead: the loads come in while the draws compute */
-            _mm_prefetch((const char *)(x + i + 1024 + 16 * l), _MM_HINT_T0);
         if (!det)
-            philox32(&k, (offset + i) >> 4, INA_SUB_MAIN, w); /* words at positions (offset + i) / 4 .. + 31 */
+            philox32(&k, (offset + i) >> 4, INA_SUB_MAIN, w);
         for (int j = 0; j < 4; j++)
             nc_encode32(x + i + 32 * j, w[j], codes + i + 32 * j, offset + i + 32 * j, floor, det, &K, &p, &k, &err);
     }
