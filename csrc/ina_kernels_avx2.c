@@ -2,8 +2,8 @@
  * counters per ymm in 64-bit lanes (vpmuludq takes the low 32 bits, so the high halves can carry junk), two
  * ymm at a time for the latency; one draw of 8 counters feeds 32 elements (NC: 128, a byte each). Stream
  * blocks start at positions that are multiples of 4 (NC: 16); the unaligned head and the short tail run the
- * scalar loops. The target pragma
- * compiles this file for AVX2 whatever INA_CFLAGS says; ina_simd_set only picks it where the CPU has it. */
+ * scalar loops. The target pragma compiles this file for AVX2 whatever INA_CFLAGS says; ina_simd_set only
+ * picks it where the CPU has it. */
 #pragma GCC target("avx2")
 #include <immintrin.h>
 
@@ -148,9 +148,42 @@ static __attribute__((noinline)) void nc_flush(nc_pending *p, const keys_t *k, i
     p->n = 0;
 }
 
+/* queue element e of a group at pos0 (its bits, its byte) for nc_flush, flushing a full queue */
+static inline void nc_push(nc_pending *p, const float *x, uint8_t *codes, uint64_t pos0, unsigned e, uint32_t h,
+                           const keys_t *k, int floor, int det, uint32_t *err)
+{
+    p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
+    p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = h;
+    if (++p->n == 8)
+        nc_flush(p, k, floor, det, err);
+}
+
+/* NC codes of 8 lanes below the floor (mask below, all ones per lane): 2^floor iff word1 < |x| 2^(32 - floor) */
+static inline __m256i nc_below8(__m256i code, __m256i below, __m256i xv, __m256i w1, int floor, int det,
+                                uint32_t *err)
+{
+    __m256 ax = _mm256_castsi256_ps(_mm256_and_si256(xv, _mm256_set1_epi32(0x7FFFFFFF)));
+    const __m256d scale = _mm256_set1_pd(ina_pow2(32 - floor)), half = _mm256_set1_pd(2147483648.0);
+    __m256d tl = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(ax)), scale);
+    __m256d th = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(ax, 1)), scale);
+    __m256d ul = det ? _mm256_cmp_pd(tl, half, _CMP_GE_OQ) : _mm256_cmp_pd(u32_pd(lo128(w1)), tl, _CMP_LT_OQ);
+    __m256d uh = det ? _mm256_cmp_pd(th, half, _CMP_GE_OQ) : _mm256_cmp_pd(u32_pd(hi128(w1)), th, _CMP_LT_OQ);
+    /* the 4 + 4 double masks as 8 dword masks */
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m128i l = lo128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(ul), pick));
+    __m128i h = lo128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(uh), pick));
+    __m256i up = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(l), h, 1), below);
+    *err |= (!_mm256_testz_si256(up, up) && floor > INA_NC_LEVEL_MAX) ? INA_NC_FLAG_OVERFLOW : 0u;
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(xv, 24), _mm256_set1_epi32(0x80));
+    __m256i v = _mm256_and_si256(_mm256_or_si256(_mm256_set1_epi32(floor + INA_NC_BIAS), sign), up);
+    return _mm256_and_si256(_mm256_blendv_epi8(code, v, below), _mm256_set1_epi32(0xFF));
+}
+
 /* 32 codes of a group with a lane outside [2^floor, 2^63) or a tie (the byte leaves the carry to word1), the
- * long way: dword codes from the bytes (element order in wj), zeros to 0, stored; the other such lanes
- * (NaN/Inf and overflow for the flags, nonzero values below the floor, ties) queued for nc_flush */
+ * long way, in dword lanes from the bytes (element order in wj). Zeros are 0 whatever the draw. A few lanes
+ * that need their word1 (ties, nonzero values below the floor) or their flags (NaN/Inf, overflow) are queued
+ * for nc_flush; more (a run of small values) take the group's 32 word1s from one draw, every lane in vector
+ * lanes (the uniform h << 15 | word1 >> 17 for all, nc_below8 below the floor). */
 static __attribute__((noinline)) void nc_rare32(const float *x, __m256i wj, uint8_t *codes, uint64_t pos0,
                                                 int floor, int det, const nc_consts *K, nc_pending *p,
                                                 const keys_t *k, uint32_t *err)
@@ -158,7 +191,7 @@ static __attribute__((noinline)) void nc_rare32(const float *x, __m256i wj, uint
     __m128i lo = lo128(wj), hi = hi128(wj);
     const __m128i hq[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
     __m256i c[4];
-    int need[4];
+    int need[4], count = 0;
     for (int v = 0; v < 4; v++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 8 * v)), b = _mm256_and_si256(xv, K->abs);
         __m256i u = det ? _mm256_set1_epi32(0x400000) : _mm256_slli_epi32(_mm256_cvtepu8_epi32(hq[v]), 15);
@@ -171,18 +204,38 @@ static __attribute__((noinline)) void nc_rare32(const float *x, __m256i wj, uint
         __m256i zero = _mm256_cmpeq_epi32(b, _mm256_setzero_si256());
         c[v] = _mm256_andnot_si256(zero, c[v]); /* 0 never rounds up */
         need[v] = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(zero, _mm256_or_si256(out, tie))));
+        count += __builtin_popcount((unsigned)need[v]);
+    }
+    if (!det && count <= 3) {
+        store_codes32(codes, c);
+        uint8_t h[32];
+        _mm256_storeu_si256((__m256i *)h, wj);
+        for (int v = 0; v < 4; v++)
+            for (int m = need[v]; m; m &= m - 1) {
+                unsigned e = 8 * (unsigned)v + (unsigned)__builtin_ctz((unsigned)m);
+                nc_push(p, x, codes, pos0, e, h[e], k, floor, det, err);
+            }
+        return;
+    }
+    __m256i w1[4] = {_mm256_setzero_si256()};
+    if (!det)
+        philox32(k, pos0 >> 2, INA_SUB_EXTRA, w1); /* positions pos0 .. pos0 + 31 (pos0 % 16 == 0) */
+    for (int v = 0; v < 4; v++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 8 * v)), b = _mm256_and_si256(xv, K->abs);
+        __m256i u = det ? _mm256_set1_epi32(0x400000)
+                        : _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu8_epi32(hq[v]), 15), _mm256_srli_epi32(w1[v], 17));
+        __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(b, u), 23), K->bias);
+        code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(xv, 24), K->c80));
+        __m256i bad = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(0x7F7FFFFF));
+        __m256i over = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(((INA_NC_LEVEL_MAX + 127) << 23) - 1));
+        *err |= (_mm256_testz_si256(bad, bad) ? 0u : INA_NC_FLAG_NONFINITE) |
+                (_mm256_testz_si256(over, over) ? 0u : INA_NC_FLAG_OVERFLOW);
+        __m256i below = _mm256_cmpgt_epi32(K->low, b);
+        __m256i nz = _mm256_andnot_si256(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()), below);
+        code = _mm256_andnot_si256(below, code); /* zeros stay 0 */
+        c[v] = _mm256_testz_si256(nz, nz) ? code : nc_below8(code, nz, xv, w1[v], floor, det, err);
     }
     store_codes32(codes, c);
-    uint8_t h[32];
-    _mm256_storeu_si256((__m256i *)h, wj);
-    for (int v = 0; v < 4; v++)
-        for (int m = need[v]; m; m &= m - 1) {
-            int e = 8 * v + __builtin_ctz((unsigned)m);
-            p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
-            p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = det ? 0u : h[e];
-            if (++p->n == 8)
-                nc_flush(p, k, floor, det, err);
-        }
 }
 
 /* 32 NC codes of x from their bytes wj (element order) in byte lanes: per element the mantissa's top 8 bits M
@@ -225,10 +278,7 @@ static inline __attribute__((always_inline)) void nc_encode32(const float *x, __
         for (unsigned m = (unsigned)_mm256_movemask_epi8(tie); m; m &= m - 1) {
             unsigned b = (unsigned)__builtin_ctz(m); /* packed byte 16 L + 4 v + j: element 8 v + 4 L + j */
             unsigned e = 8 * ((b >> 2) & 3) + 4 * (b >> 4) + (b & 3);
-            p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
-            p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = hb[e];
-            if (++p->n == 8)
-                nc_flush(p, k, floor, det, err);
+            nc_push(p, x, codes, pos0, e, hb[e], k, floor, det, err);
         }
     } else {
         nc_rare32(x, wj, codes, pos0, floor, det, K, p, k, err);

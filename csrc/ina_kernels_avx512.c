@@ -159,41 +159,94 @@ static __attribute__((noinline)) void nc_flush(nc_pending *p, const keys_t *k, i
     p->n = 0;
 }
 
+/* queue element e of a group at pos0 (its bits, its byte) for nc_flush, flushing a full queue */
+static inline void nc_push(nc_pending *p, const float *x, uint8_t *codes, uint64_t pos0, unsigned e, uint32_t h,
+                           keys_t *k, int floor, int det, uint32_t *err)
+{
+    p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
+    p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = h;
+    if (++p->n == 8)
+        nc_flush(p, k, floor, det, err);
+}
+
+/* NC codes of 16 lanes below the floor (mask below): 2^floor iff word1 < |x| 2^(32 - floor), else 0 */
+static inline __m512i nc_below16(__m512i code, __mmask16 below, __m512i xv, __m512i w1, int floor, int det,
+                                 uint32_t *err)
+{
+    __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(xv, _mm512_set1_epi32(0x7FFFFFFF)));
+    const __m512d scale = _mm512_set1_pd(ina_pow2(32 - floor)), half = _mm512_set1_pd(2147483648.0);
+    __m512d tl = _mm512_mul_pd(lo_pd(ax), scale), th = _mm512_mul_pd(hi_pd(ax), scale);
+    __mmask8 ul = det ? _mm512_cmp_pd_mask(tl, half, _CMP_GE_OQ) : _mm512_cmp_pd_mask(lo_u32_pd(w1), tl, _CMP_LT_OQ);
+    __mmask8 uh = det ? _mm512_cmp_pd_mask(th, half, _CMP_GE_OQ) : _mm512_cmp_pd_mask(hi_u32_pd(w1), th, _CMP_LT_OQ);
+    __mmask16 up = (__mmask16)(ul | (uh << 8)) & below;
+    *err |= (up && floor > INA_NC_LEVEL_MAX) ? INA_NC_FLAG_OVERFLOW : 0u;
+    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(xv, 24), _mm512_set1_epi32(0x80));
+    __m512i v = _mm512_maskz_or_epi32(up, _mm512_set1_epi32(floor + INA_NC_BIAS), sign);
+    return _mm512_mask_mov_epi32(code, below, v);
+}
+
 /* 64 codes of a group with a lane outside [2^floor, 2^63) or a tie (the byte leaves the carry to word1), the
- * long way: dword codes from the bytes (element order in wj), zeros to 0, stored; the other such lanes
- * (NaN/Inf and overflow for the flags, nonzero values below the floor, ties) queued for nc_flush */
+ * long way, in dword lanes from the bytes (element order in wj). Zeros are 0 whatever the draw. A few lanes
+ * that need their word1 (ties, nonzero values below the floor) or their flags (NaN/Inf, overflow) are queued
+ * for nc_flush; more (a run of small values) take the group's 64 word1s from one draw, every lane in vector
+ * lanes (the uniform h << 15 | word1 >> 17 for all, nc_below16 below the floor). */
 static __attribute__((noinline)) void nc_rare64(const float *x, __m512i wj, uint8_t *codes, uint64_t pos0,
-                                                int floor, int det, nc_pending *p, const keys_t *k, uint32_t *err)
+                                                int floor, int det, nc_pending *p, keys_t *k, uint32_t *err)
 {
     const __m512i low = _mm512_set1_epi32((floor + 127) << 23);
     const __m512i span = _mm512_sub_epi32(_mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
-    const __m512i tiem = _mm512_set1_epi32(0x7F8000);
+    const __m512i tiem = _mm512_set1_epi32(0x7F8000), bias = _mm512_set1_epi32(127 - INA_NC_BIAS);
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), c80 = _mm512_set1_epi32(0x80);
     const __m128i hq[4] = {_mm512_extracti32x4_epi32(wj, 0), _mm512_extracti32x4_epi32(wj, 1),
                            _mm512_extracti32x4_epi32(wj, 2), _mm512_extracti32x4_epi32(wj, 3)};
+    __m512i c[4];
     __mmask16 need[4];
+    int count = 0;
     for (int v = 0; v < 4; v++) {
-        __m512i xv = _mm512_loadu_si512(x + 16 * v), b = _mm512_and_si512(xv, _mm512_set1_epi32(0x7FFFFFFF));
+        __m512i xv = _mm512_loadu_si512(x + 16 * v), b = _mm512_and_si512(xv, abs);
         __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_slli_epi32(_mm512_cvtepu8_epi32(hq[v]), 15);
         __m512i t = _mm512_add_epi32(b, u);
-        __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(t, 23), _mm512_set1_epi32(127 - INA_NC_BIAS));
-        code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), _mm512_set1_epi32(0x80), 0xF8); /* | sign */
+        __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(t, 23), bias);
+        code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), c80, 0xF8); /* | sign */
         __mmask16 out = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span);
         __mmask16 tie = det ? 0 : _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, tiem), tiem);
         __mmask16 nz = _mm512_test_epi32_mask(b, b);
-        code = _mm512_maskz_mov_epi32(nz, code); /* 0 never rounds up */
+        c[v] = _mm512_maskz_mov_epi32(nz, code); /* 0 never rounds up */
         need[v] = (__mmask16)((out | tie) & nz);
+        count += __builtin_popcount(need[v]);
+    }
+    if (!det && count <= 3) {
+        for (int v = 0; v < 4; v++)
+            _mm_storeu_si128((__m128i *)(codes + 16 * v), _mm512_cvtepi32_epi8(c[v]));
+        uint8_t h[64];
+        _mm512_storeu_si512(h, wj);
+        for (int v = 0; v < 4; v++)
+            for (unsigned m = need[v]; m; m &= m - 1) {
+                unsigned e = 16 * (unsigned)v + (unsigned)__builtin_ctz(m);
+                nc_push(p, x, codes, pos0, e, h[e], k, floor, det, err);
+            }
+        return;
+    }
+    __m512i w1[4] = {_mm512_setzero_si512()};
+    if (!det)
+        philox64(k, pos0 >> 2, INA_SUB_EXTRA, w1); /* positions pos0 .. pos0 + 63 (pos0 % 16 == 0) */
+    for (int v = 0; v < 4; v++) {
+        __m512i xv = _mm512_loadu_si512(x + 16 * v), b = _mm512_and_si512(xv, abs);
+        __m512i u = det ? _mm512_set1_epi32(0x400000)
+                        : _mm512_or_si512(_mm512_slli_epi32(_mm512_cvtepu8_epi32(hq[v]), 15),
+                                          _mm512_srli_epi32(w1[v], 17));
+        __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(b, u), 23), bias);
+        code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), c80, 0xF8); /* | sign */
+        *err |= (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(0x7F800000)) ? INA_NC_FLAG_NONFINITE : 0u) |
+                (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23)) ? INA_NC_FLAG_OVERFLOW
+                                                                                              : 0u);
+        __mmask16 below = _mm512_cmplt_epu32_mask(b, low);
+        __mmask16 nz = _mm512_mask_test_epi32_mask(below, b, b);
+        code = _mm512_mask_mov_epi32(code, below, _mm512_setzero_si512()); /* zeros stay 0 */
+        if (nz)
+            code = nc_below16(code, nz, xv, w1[v], floor, det, err);
         _mm_storeu_si128((__m128i *)(codes + 16 * v), _mm512_cvtepi32_epi8(code));
     }
-    uint8_t h[64];
-    _mm512_storeu_si512(h, wj);
-    for (int v = 0; v < 4; v++)
-        for (unsigned m = need[v]; m; m &= m - 1) {
-            int e = 16 * v + __builtin_ctz(m);
-            p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
-            p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = det ? 0u : h[e];
-            if (++p->n == 8)
-                nc_flush(p, k, floor, det, err);
-        }
 }
 
 /* 64 NC codes of x from their bytes wj (element order) in byte lanes: per element the mantissa's top 8 bits M
@@ -203,7 +256,7 @@ static __attribute__((noinline)) void nc_rare64(const float *x, __m512i wj, uint
  * outside [floor, 63) goes to nc_rare64. */
 static inline __attribute__((always_inline)) void nc_encode64(const float *x, __m512i wj, uint8_t *codes,
                                                               uint64_t pos0, int floor, int det, nc_pending *p,
-                                                              const keys_t *k, uint32_t *err)
+                                                              keys_t *k, uint32_t *err)
 {
     const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1));
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); /* its own inverse */
@@ -234,10 +287,7 @@ static inline __attribute__((always_inline)) void nc_encode64(const float *x, __
         for (uint64_t m = tie; m; m &= m - 1) {
             unsigned b = (unsigned)__builtin_ctzll(m); /* packed byte 16 L + 4 v + j: element 16 v + 4 L + j */
             unsigned e = 16 * ((b >> 2) & 3) + 4 * (b >> 4) + (b & 3);
-            p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
-            p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = hb[e];
-            if (++p->n == 8)
-                nc_flush(p, k, floor, det, err);
+            nc_push(p, x, codes, pos0, e, hb[e], k, floor, det, err);
         }
     } else {
         nc_rare64(x, wj, codes, pos0, floor, det, p, k, err);
