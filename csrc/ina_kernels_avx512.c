@@ -152,6 +152,8 @@ static void philox_at8(const keys_t *k, const uint64_t pos[8], uint32_t s, uint3
 static __attribute__((noinline)) void nc_flush(nc_pending *p, const keys_t *k, int floor, int det, uint32_t *err)
 {
     uint32_t w1[8] = {0};
+    if (!p->n) /* the end of a call with nothing queued (most per-packet calls) */
+        return;
     if (!det)
         philox_at8(k, p->pos, INA_SUB_EXTRA, w1);
     for (int l = 0; l < p->n; l++)
