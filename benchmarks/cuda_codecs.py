@@ -59,10 +59,14 @@ def naive_encode(x, seed: int = 0, floor: int = wire.NC_LEVEL_MIN):
     floor = max(floor, wire.NC_LEVEL_MIN)
     bits = x.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     mag = bits & 0x7FFFFFFF
-    level = ((mag + (_words(seed, mag.numel(), 0, x.device) >> 9)) >> 23) - 127
+    n = mag.numel()
+    i = torch.arange(n, dtype=torch.int64, device=x.device)
+    h = (_words(seed, (n + 3) // 4, 0, x.device).repeat_interleave(4)[:n] >> (8 * (i & 3))) & 0xFF  # a byte each
+    w1 = _words(seed, n, 1, x.device)
+    level = ((mag + ((h << 15) | (w1 >> 17))) >> 23) - 127  # the 23-bit uniform: byte, then word1's top 15 bits
     below = ((mag >> 23) - 127) < floor
     t = x.reshape(-1).abs().double() * 2.0 ** (32 - floor)
-    up = _words(seed, mag.numel(), 1, x.device).double() < t
+    up = w1.double() < t
     level = torch.where(below, torch.where(up, floor, wire.NC_LEVEL_MIN - 1), level)
     codes = torch.where(level < wire.NC_LEVEL_MIN, 0, (level + wire.NC_BIAS) | ((bits >> 31) << 7))
     return codes.to(torch.uint8)

@@ -65,14 +65,16 @@ int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, 
                       int floor)
 {
     ina_stream s0 = {seed, 0, INA_SUB_MAIN, {0, 0, 0, 0}, 0}, s1 = {seed, 0, INA_SUB_EXTRA, {0, 0, 0, 0}, 0};
+    ina_stream s3 = {seed, 0, INA_SUB_LOW, {0, 0, 0, 0}, 0};
     uint32_t err = 0;
     floor = ina_nc_clamp_floor(floor);
     for (size_t i = 0; i < n; i++) {
-        uint64_t b;
+        uint64_t b, p = offset + i;
         memcpy(&b, x + i, 8);
-        uint32_t w0 = deterministic ? 0 : ina_stream_word(&s0, offset + i);
-        uint32_t w1 = deterministic ? 0 : ina_stream_word(&s1, offset + i);
-        codes[i] = (uint8_t)ina_nc_code_f64(b, w0, w1, floor, deterministic, &err);
+        uint32_t h = deterministic ? 0 : ina_nc_byte(ina_stream_word(&s0, p >> 2), p);
+        uint32_t w1 = deterministic ? 0 : ina_stream_word(&s1, p);
+        uint32_t w3 = deterministic ? 0 : ina_stream_word(&s3, p);
+        codes[i] = (uint8_t)ina_nc_code_f64(b, h, w1, w3, floor, deterministic, &err);
     }
     return ina_nc_status(err);
 }

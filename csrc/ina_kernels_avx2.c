@@ -1,8 +1,9 @@
 /* AVX2 twins of the scalar kernels in ina_kernels_ops.h, bit for bit (tests/test_simd.py). Philox runs on 4
  * counters per ymm in 64-bit lanes (vpmuludq takes the low 32 bits, so the high halves can carry junk), two
- * ymm at a time for the latency; one draw of 8 counters feeds 32 elements. Stream blocks start at positions
- * that are multiples of 4; the unaligned head and the short tail run the scalar loops. The target pragma
- * compiles this file for AVX2 whatever INA_CFLAGS says; ina_simd_set only picks it where the CPU has it. */
+ * ymm at a time for the latency; one draw of 8 counters feeds 32 elements (NC: 128, a byte each). Stream
+ * blocks start at positions that are multiples of 4 (NC: 16); the unaligned head and the short tail run the
+ * scalar loops. The target pragma compiles this file for AVX2 whatever INA_CFLAGS says; ina_simd_set only
+ * picks it where the CPU has it. */
 #pragma GCC target("avx2")
 #include <immintrin.h>
 
@@ -44,21 +45,26 @@ static inline void interleave(__m256i x0, __m256i x1, __m256i x2, __m256i x3, __
     w[1] = _mm256_permute2x128_si256(lo, hi, 0x31);
 }
 
-/* words of the 32 elements 4 q .. 4 q + 31 of sub-stream s, in element order, 8 per vector */
-static inline void philox32(const keys_t *k, uint64_t q, uint32_t s, __m256i w[4])
+/* words at positions 4 q .. 4 q + 16 nch - 1 of sub-stream s, in order, 8 per vector, from nch chains of 4
+ * counters (independent chains hide the multiplies' latency) */
+static inline __attribute__((always_inline)) void philox_chains(const keys_t *k, uint64_t q, uint32_t s, __m256i *w,
+                                                                const int nch)
 {
     const __m256i m0 = _mm256_set1_epi64x(INA_PHILOX_M0), m1 = _mm256_set1_epi64x(INA_PHILOX_M1);
-    __m256i qa = _mm256_add_epi64(_mm256_set1_epi64x((long long)q), _mm256_set_epi64x(3, 2, 1, 0));
-    __m256i qb = _mm256_add_epi64(qa, _mm256_set1_epi64x(4));
-    __m256i a0 = qa, a1 = _mm256_srli_epi64(qa, 32), a2 = _mm256_set1_epi64x(s), a3 = _mm256_setzero_si256();
-    __m256i b0 = qb, b1 = _mm256_srli_epi64(qb, 32), b2 = a2, b3 = a3;
-    for (int r = 0; r < INA_PHILOX_ROUNDS; r++) {
-        ROUND(a0, a1, a2, a3, r);
-        ROUND(b0, b1, b2, b3, r);
+    __m256i x0[4], x1[4], x2[4], x3[4];
+    for (int c = 0; c < nch; c++) {
+        x0[c] = _mm256_add_epi64(_mm256_set1_epi64x((long long)(q + 4 * (uint64_t)c)), _mm256_set_epi64x(3, 2, 1, 0));
+        x1[c] = _mm256_srli_epi64(x0[c], 32), x2[c] = _mm256_set1_epi64x(s), x3[c] = _mm256_setzero_si256();
     }
-    interleave(a0, a1, a2, a3, w);
-    interleave(b0, b1, b2, b3, w + 2);
+    for (int r = 0; r < INA_PHILOX_ROUNDS; r++)
+        for (int c = 0; c < nch; c++)
+            ROUND(x0[c], x1[c], x2[c], x3[c], r);
+    for (int c = 0; c < nch; c++)
+        interleave(x0[c], x1[c], x2[c], x3[c], w + 2 * c);
 }
+
+/* words of the 32 elements 4 q .. 4 q + 31 of sub-stream s, in element order, 8 per vector */
+static inline void philox32(const keys_t *k, uint64_t q, uint32_t s, __m256i w[4]) { philox_chains(k, q, s, w, 2); }
 
 static inline size_t head_len(uint64_t offset, size_t n)
 {
@@ -75,6 +81,84 @@ static inline __m256d u32_pd(__m128i w)
 
 static inline __m128i lo128(__m256i v) { return _mm256_castsi256_si128(v); }
 static inline __m128i hi128(__m256i v) { return _mm256_extracti128_si256(v, 1); }
+
+/* 32 int32 codes (each 0..255) of 4 vectors to 32 bytes in order */
+static inline void store_codes32(uint8_t *p, const __m256i c[4])
+{
+    __m256i a = _mm256_packus_epi32(c[0], c[1]), b = _mm256_packus_epi32(c[2], c[3]);
+    __m256i v = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* elements before the first position that is a multiple of 16 (NC: one draw's 16 bytes), at most n */
+static inline size_t head16(uint64_t offset, size_t n)
+{
+    size_t h = (size_t)((16 - (offset & 15)) & 15);
+    return h < n ? h : n;
+}
+
+/* the NC constants of one call */
+typedef struct {
+    __m256i abs, c80, bias, low, flip, lim, tiem; /* dword lanes (nc_rare32) */
+    __m256i ebias, s80, elow, espan1;              /* byte lanes (nc_encode32) */
+} nc_consts;
+
+/* NC elements whose code waits for their word1 (ties, nonzero values below the floor) or whose flags are
+ * wanted (NaN/Inf, overflow): their codes are rewritten eight at a time, the eight word1s from one Philox
+ * pass over arbitrary positions */
+typedef struct {
+    uint64_t pos[8];
+    uint8_t *code[8];
+    uint32_t bits[8], h[8];
+    int n;
+} nc_pending;
+
+/* word of sub-stream s at each of 8 positions (pos[l], any), as Philox on 2 x 4 counters */
+static void philox_at8(const keys_t *k, const uint64_t pos[8], uint32_t s, uint32_t out[8])
+{
+    const __m256i m0 = _mm256_set1_epi64x(INA_PHILOX_M0), m1 = _mm256_set1_epi64x(INA_PHILOX_M1);
+    __m256i pa = _mm256_loadu_si256((const __m256i *)pos), pb = _mm256_loadu_si256((const __m256i *)(pos + 4));
+    __m256i a0 = _mm256_srli_epi64(pa, 2), a1 = _mm256_srli_epi64(pa, 34), a2 = _mm256_set1_epi64x(s);
+    __m256i a3 = _mm256_setzero_si256();
+    __m256i b0 = _mm256_srli_epi64(pb, 2), b1 = _mm256_srli_epi64(pb, 34), b2 = a2, b3 = a3;
+    for (int r = 0; r < INA_PHILOX_ROUNDS; r++) {
+        ROUND(a0, a1, a2, a3, r);
+        ROUND(b0, b1, b2, b3, r);
+    }
+    const __m256i three = _mm256_set1_epi64x(3), one = _mm256_set1_epi64x(1), two = _mm256_set1_epi64x(2);
+    __m256i sa = _mm256_and_si256(pa, three), sb = _mm256_and_si256(pb, three);
+    __m256i ra = _mm256_blendv_epi8(a0, a1, _mm256_cmpeq_epi64(sa, one));
+    ra = _mm256_blendv_epi8(ra, a2, _mm256_cmpeq_epi64(sa, two));
+    ra = _mm256_blendv_epi8(ra, a3, _mm256_cmpeq_epi64(sa, three));
+    __m256i rb = _mm256_blendv_epi8(b0, b1, _mm256_cmpeq_epi64(sb, one));
+    rb = _mm256_blendv_epi8(rb, b2, _mm256_cmpeq_epi64(sb, two));
+    rb = _mm256_blendv_epi8(rb, b3, _mm256_cmpeq_epi64(sb, three));
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    _mm_storeu_si128((__m128i *)out, lo128(_mm256_permutevar8x32_epi32(ra, pick)));
+    _mm_storeu_si128((__m128i *)(out + 4), lo128(_mm256_permutevar8x32_epi32(rb, pick)));
+}
+
+static __attribute__((noinline)) void nc_flush(nc_pending *p, const keys_t *k, int floor, int det, uint32_t *err)
+{
+    uint32_t w1[8] = {0};
+    if (!p->n) /* the end of a call with nothing queued (most per-packet calls) */
+        return;
+    if (!det)
+        philox_at8(k, p->pos, INA_SUB_EXTRA, w1);
+    for (int l = 0; l < p->n; l++)
+        *p->code[l] = (uint8_t)ina_nc_code_f32(p->bits[l], p->h[l], w1[l], floor, det, err);
+    p->n = 0;
+}
+
+/* queue element e of a group at pos0 (its bits, its byte) for nc_flush, flushing a full queue */
+static inline void nc_push(nc_pending *p, const float *x, uint8_t *codes, uint64_t pos0, unsigned e, uint32_t h,
+                           const keys_t *k, int floor, int det, uint32_t *err)
+{
+    p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
+    p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = h;
+    if (++p->n == 8)
+        nc_flush(p, k, floor, det, err);
+}
 
 /* NC codes of 8 lanes below the floor (mask below, all ones per lane): 2^floor iff word1 < |x| 2^(32 - floor) */
 static inline __m256i nc_below8(__m256i code, __m256i below, __m256i xv, __m256i w1, int floor, int det,
@@ -97,69 +181,151 @@ static inline __m256i nc_below8(__m256i code, __m256i below, __m256i xv, __m256i
     return _mm256_and_si256(_mm256_blendv_epi8(code, v, below), _mm256_set1_epi32(0xFF));
 }
 
-/* 8 lanes with some |x| outside [2^floor, 2^63): the flags, and the codes of the lanes below the floor; the
- * block's sub-stream 1 words (w1) are drawn on the first need and kept for its other lanes */
-static inline __m256i nc_rare8(__m256i code, __m256i xv, __m256i b, __m256i low, const keys_t *k, uint64_t q,
-                               __m256i *w1, int *have_w1, int j, int floor, int det, uint32_t *err)
+/* 32 codes of a group with a lane outside [2^floor, 2^63) or a tie (the byte leaves the carry to word1), the
+ * long way, in dword lanes from the bytes (element order in wj). Zeros are 0 whatever the draw. A few lanes
+ * that need their word1 (ties, nonzero values below the floor) or their flags (NaN/Inf, overflow) are queued
+ * for nc_flush; more (a run of small values) take the group's 32 word1s from one draw, every lane in vector
+ * lanes (the uniform h << 15 | word1 >> 17 for all, nc_below8 below the floor). */
+static __attribute__((noinline)) void nc_rare32(const float *x, __m256i wj, uint8_t *codes, uint64_t pos0,
+                                                int floor, int det, const nc_consts *K, nc_pending *p,
+                                                const keys_t *k, uint32_t *err)
 {
-    __m256i bad = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(0x7F7FFFFF));
-    __m256i over = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(((INA_NC_LEVEL_MAX + 127) << 23) - 1));
-    *err |= (_mm256_testz_si256(bad, bad) ? 0u : INA_NC_FLAG_NONFINITE) |
-            (_mm256_testz_si256(over, over) ? 0u : INA_NC_FLAG_OVERFLOW);
-    __m256i below = _mm256_cmpgt_epi32(low, b);
-    __m256i zero = _mm256_cmpeq_epi32(b, _mm256_setzero_si256());
-    code = _mm256_andnot_si256(below, code); /* 0 never rounds up */
-    __m256i nz = _mm256_andnot_si256(zero, below);
-    if (_mm256_testz_si256(nz, nz))
-        return code;
-    if (!det && !*have_w1) {
-        philox32(k, q, INA_SUB_EXTRA, w1);
-        *have_w1 = 1;
+    __m128i lo = lo128(wj), hi = hi128(wj);
+    const __m128i hq[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+    __m256i c[4];
+    int need[4], count = 0;
+    for (int v = 0; v < 4; v++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 8 * v)), b = _mm256_and_si256(xv, K->abs);
+        __m256i u = det ? _mm256_set1_epi32(0x400000) : _mm256_slli_epi32(_mm256_cvtepu8_epi32(hq[v]), 15);
+        __m256i t = _mm256_add_epi32(b, u);
+        __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(t, 23), K->bias);
+        c[v] = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(xv, 24), K->c80));
+        /* unsigned b - low > span - 1, as a signed compare of both sides with the top bit flipped */
+        __m256i out = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_sub_epi32(b, K->low), K->flip), K->lim);
+        __m256i tie = det ? _mm256_setzero_si256() : _mm256_cmpeq_epi32(_mm256_and_si256(t, K->tiem), K->tiem);
+        __m256i zero = _mm256_cmpeq_epi32(b, _mm256_setzero_si256());
+        c[v] = _mm256_andnot_si256(zero, c[v]); /* 0 never rounds up */
+        need[v] = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(zero, _mm256_or_si256(out, tie))));
+        count += __builtin_popcount((unsigned)need[v]);
     }
-    return nc_below8(code, nz, xv, det ? _mm256_setzero_si256() : w1[j], floor, det, err);
+    if (!det && count <= 3) {
+        store_codes32(codes, c);
+        uint8_t h[32];
+        _mm256_storeu_si256((__m256i *)h, wj);
+        for (int v = 0; v < 4; v++)
+            for (int m = need[v]; m; m &= m - 1) {
+                unsigned e = 8 * (unsigned)v + (unsigned)__builtin_ctz((unsigned)m);
+                nc_push(p, x, codes, pos0, e, h[e], k, floor, det, err);
+            }
+        return;
+    }
+    __m256i w1[4] = {_mm256_setzero_si256()};
+    if (!det)
+        philox32(k, pos0 >> 2, INA_SUB_EXTRA, w1); /* positions pos0 .. pos0 + 31 (pos0 % 16 == 0) */
+    for (int v = 0; v < 4; v++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 8 * v)), b = _mm256_and_si256(xv, K->abs);
+        __m256i u = det ? _mm256_set1_epi32(0x400000)
+                        : _mm256_or_si256(_mm256_slli_epi32(_mm256_cvtepu8_epi32(hq[v]), 15), _mm256_srli_epi32(w1[v], 17));
+        __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(b, u), 23), K->bias);
+        code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(xv, 24), K->c80));
+        __m256i bad = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(0x7F7FFFFF));
+        __m256i over = _mm256_cmpgt_epi32(b, _mm256_set1_epi32(((INA_NC_LEVEL_MAX + 127) << 23) - 1));
+        *err |= (_mm256_testz_si256(bad, bad) ? 0u : INA_NC_FLAG_NONFINITE) |
+                (_mm256_testz_si256(over, over) ? 0u : INA_NC_FLAG_OVERFLOW);
+        __m256i below = _mm256_cmpgt_epi32(K->low, b);
+        __m256i nz = _mm256_andnot_si256(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()), below);
+        code = _mm256_andnot_si256(below, code); /* zeros stay 0 */
+        c[v] = _mm256_testz_si256(nz, nz) ? code : nc_below8(code, nz, xv, w1[v], floor, det, err);
+    }
+    store_codes32(codes, c);
 }
 
-/* 32 int32 codes (each 0..255) of 4 vectors to 32 bytes in order */
-static inline void store_codes32(uint8_t *p, const __m256i c[4])
+/* 32 NC codes of x from their bytes wj (element order) in byte lanes: per element the mantissa's top 8 bits M
+ * and the exponent E (bytes 2 and 3 of |x| << 1) and the sign, gathered 32 to a vector in the order of
+ * packs (128-bit lane L, source vector v, element j at byte 16 L + 4 v + j: element 8 v + 4 L + j); M + h
+ * carries (the round-up) iff it saturates to another value than it wraps to. A group with a tie (M + h =
+ * 0xFF) or an exponent outside [floor, 63) goes to nc_rare32. */
+static inline __attribute__((always_inline)) void nc_encode32(const float *x, __m256i wj, uint8_t *codes,
+                                                              uint64_t pos0, int floor, int det, const nc_consts *K,
+                                                              nc_pending *p, const keys_t *k, uint32_t *err)
 {
-    __m256i a = _mm256_packus_epi32(c[0], c[1]), b = _mm256_packus_epi32(c[2], c[3]);
-    __m256i v = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)p, v);
+    const __m256i pick = _mm256_setr_epi8(2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    __m256i xv[4], me[4];
+    for (int v = 0; v < 4; v++) {
+        xv[v] = _mm256_loadu_si256((const __m256i *)(x + 8 * v));
+        me[v] = _mm256_shuffle_epi8(_mm256_slli_epi32(xv[v], 1), pick); /* dword 0: 4 M, dword 1: 4 E */
+    }
+    __m256i ab = _mm256_unpacklo_epi32(me[0], me[1]), cd = _mm256_unpacklo_epi32(me[2], me[3]);
+    __m256i M = _mm256_unpacklo_epi64(ab, cd), E = _mm256_unpackhi_epi64(ab, cd);
+    __m256i neg = _mm256_packs_epi16(_mm256_packs_epi32(xv[0], xv[1]), _mm256_packs_epi32(xv[2], xv[3]));
+    __m256i h = det ? _mm256_set1_epi8((char)0x80) /* 2^22: round half up */
+                    : _mm256_permutevar8x32_epi32(wj, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    __m256i sum = _mm256_add_epi8(M, h);
+    __m256i stay = _mm256_cmpeq_epi8(_mm256_adds_epu8(M, h), sum); /* -1 where no carry */
+    __m256i code = _mm256_add_epi8(_mm256_add_epi8(E, stay), K->ebias);
+    code = _mm256_or_si256(code, _mm256_and_si256(neg, K->s80));
+    /* E - low as an unsigned byte is below span for every lane in range (a lower E wraps above it) */
+    __m256i out = _mm256_subs_epu8(_mm256_sub_epi8(E, K->elow), K->espan1);
+    __m256i tie = det ? _mm256_setzero_si256() : _mm256_cmpeq_epi8(sum, _mm256_set1_epi8(-1));
+    __m256i rare = _mm256_or_si256(out, tie);
+    if (__builtin_expect(_mm256_testz_si256(rare, rare), 1)) {
+        _mm256_storeu_si256((__m256i *)codes,
+                            _mm256_permutevar8x32_epi32(code, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    } else if (_mm256_testz_si256(out, out)) { /* ties only (one group in 8.5): stored, then queued */
+        _mm256_storeu_si256((__m256i *)codes,
+                            _mm256_permutevar8x32_epi32(code, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        uint8_t hb[32];
+        _mm256_storeu_si256((__m256i *)hb, wj);
+        for (unsigned m = (unsigned)_mm256_movemask_epi8(tie); m; m &= m - 1) {
+            unsigned b = (unsigned)__builtin_ctz(m); /* packed byte 16 L + 4 v + j: element 8 v + 4 L + j */
+            unsigned e = 8 * ((b >> 2) & 3) + 4 * (b >> 4) + (b & 3);
+            nc_push(p, x, codes, pos0, e, hb[e], k, floor, det, err);
+        }
+    } else {
+        nc_rare32(x, wj, codes, pos0, floor, det, K, p, k, err);
+    }
 }
 
+/* NC reads a byte of the main stream per element (ina_ncmath.h): one double Philox draw (8 counters, 32 words)
+ * feeds 128 elements, from a position that is a multiple of 16 */
 static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int det,
                           int floor)
 {
-    if (floor > INA_NC_LEVEL_MAX) /* every finite value is below the floor or overflows: the scalar loop */
+    if (floor >= INA_NC_LEVEL_MAX) /* every finite value is at the top level, below the floor or overflows */
         return ina_scalar_nc_encode(x, n, codes, seed, offset, det, floor);
-    size_t i = head_len(offset, n);
+    size_t i = head16(offset, n);
     uint32_t err = ina_scalar_nc_encode(x, i, codes, seed, offset, det, floor);
     keys_t k;
     keys_init(&k, seed);
-    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF), c80 = _mm256_set1_epi32(0x80);
-    const __m256i bias = _mm256_set1_epi32(127 - INA_NC_BIAS);
-    const __m256i low = _mm256_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
+    nc_consts K;
+    K.abs = _mm256_set1_epi32(0x7FFFFFFF), K.c80 = _mm256_set1_epi32(0x80);
+    K.bias = _mm256_set1_epi32(127 - INA_NC_BIAS), K.tiem = _mm256_set1_epi32(0x7F8000);
+    K.low = _mm256_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
     /* b - low as signed is in [0, 2^63 - low) for every normal lane: one signed compare finds the others */
-    const __m256i span = _mm256_sub_epi32(_mm256_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
-    const __m256i flip = _mm256_set1_epi32((int)0x80000000u);
-    const __m256i lim = _mm256_xor_si256(_mm256_sub_epi32(span, _mm256_set1_epi32(1)), flip);
-    for (; n - i >= BLOCK; i += BLOCK) {
-        __m256i w[4] = {_mm256_setzero_si256()}, c[4], w1[4];
-        int have_w1 = 0;
+    const __m256i span = _mm256_sub_epi32(_mm256_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), K.low);
+    K.flip = _mm256_set1_epi32((int)0x80000000u);
+    K.lim = _mm256_xor_si256(_mm256_sub_epi32(span, _mm256_set1_epi32(1)), K.flip);
+    K.ebias = _mm256_set1_epi8((char)(1 - (127 - INA_NC_BIAS))), K.s80 = _mm256_set1_epi8((char)0x80);
+    K.elow = _mm256_set1_epi8((char)(floor + 127));
+    K.espan1 = _mm256_set1_epi8((char)(INA_NC_LEVEL_MAX + 127 - (floor + 127) - 1));
+    nc_pending p;
+    memset(&p, 0, sizeof p);
+    for (; n - i >= 8 * BLOCK; i += 8 * BLOCK) { /* four Philox chains at a time */
+        __m256i w[8] = {_mm256_setzero_si256()};
         if (!det)
-            philox32(&k, (offset + i) >> 2, INA_SUB_MAIN, w);
-        for (int j = 0; j < 4; j++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i + 8 * j)), b = _mm256_and_si256(xv, abs);
-            __m256i u = det ? _mm256_set1_epi32(0x400000) : _mm256_srli_epi32(w[j], 9);
-            __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(b, u), 23), bias);
-            c[j] = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(xv, 24), c80));
-            /* unsigned b - low > span - 1, as a signed compare of both sides with the top bit flipped */
-            __m256i out = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_sub_epi32(b, low), flip), lim);
-            if (!_mm256_testz_si256(out, out))
-                c[j] = nc_rare8(c[j], xv, b, low, &k, (offset + i) >> 2, w1, &have_w1, j, floor, det, &err);
-        }
-        store_codes32(codes + i, c);
+            philox_chains(&k, (offset + i) >> 4, INA_SUB_MAIN, w, 4); /* words at positions (offset + i) / 4 .. */
+        for (int j = 0; j < 8; j++)
+            nc_encode32(x + i + 32 * j, w[j], codes + i + 32 * j, offset + i + 32 * j, floor, det, &K, &p, &k, &err);
     }
+    for (; n - i >= 4 * BLOCK; i += 4 * BLOCK) {
+        __m256i w[4] = {_mm256_setzero_si256()};
+        if (!det)
+            philox32(&k, (offset + i) >> 4, INA_SUB_MAIN, w);
+        for (int j = 0; j < 4; j++)
+            nc_encode32(x + i + 32 * j, w[j], codes + i + 32 * j, offset + i + 32 * j, floor, det, &K, &p, &k, &err);
+    }
+    nc_flush(&p, &k, floor, det, &err);
     return err | ina_scalar_nc_encode(x + i, n - i, codes + i, seed, offset + i, det, floor);
 }
 

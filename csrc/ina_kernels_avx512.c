@@ -1,7 +1,8 @@
 /* AVX-512 (F, BW, DQ, VL) twins of the scalar kernels in ina_kernels_ops.h, bit for bit (tests/test_simd.py).
  * Philox runs on 8 counters per zmm in 64-bit lanes (vpmuludq takes the low 32 bits, so the high halves can
- * carry junk), two zmm at a time for the latency; one draw of 16 counters feeds 64 elements. Stream blocks
- * start at positions that are multiples of 4; the unaligned head and the short tail run the scalar loops.
+ * carry junk), two zmm at a time for the latency; one draw of 16 counters feeds 64 elements (NC: 256, a byte
+ * each). Stream blocks start at positions that are multiples of 4 (NC: 16); the unaligned head and the short
+ * tail run the scalar loops.
  * The target pragma compiles this file for AVX-512 whatever INA_CFLAGS says; ina_simd_set only picks it
  * where the CPU has it. */
 #pragma GCC target("avx2,avx512f,avx512bw,avx512dq,avx512vl")
@@ -115,6 +116,61 @@ static inline __m512d hi_pd(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32
 static inline __m512d lo_u32_pd(__m512i w) { return _mm512_cvtepu32_pd(_mm512_castsi512_si256(w)); }
 static inline __m512d hi_u32_pd(__m512i w) { return _mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(w, 1)); }
 
+/* elements before the first position that is a multiple of 16 (NC: one draw's 16 bytes), at most n */
+static inline size_t head16(uint64_t offset, size_t n)
+{
+    size_t h = (size_t)((16 - (offset & 15)) & 15);
+    return h < n ? h : n;
+}
+
+/* NC elements whose code waits for their word1 (ties, nonzero values below the floor) or whose flags are
+ * wanted (NaN/Inf, overflow): their codes are rewritten eight at a time, the eight word1s from one Philox
+ * pass over arbitrary positions */
+typedef struct {
+    uint64_t pos[8];
+    uint8_t *code[8];
+    uint32_t bits[8], h[8];
+    int n;
+} nc_pending;
+
+/* word of sub-stream s at each of 8 positions (any), as Philox on 8 counters */
+static void philox_at8(const keys_t *k, const uint64_t pos[8], uint32_t s, uint32_t out[8])
+{
+    const __m512i m0 = _mm512_set1_epi64(INA_PHILOX_M0), m1 = _mm512_set1_epi64(INA_PHILOX_M1);
+    __m512i p = _mm512_loadu_si512(pos);
+    __m512i x0 = _mm512_srli_epi64(p, 2), x1 = _mm512_srli_epi64(p, 34), x2 = _mm512_set1_epi64(s);
+    __m512i x3 = _mm512_setzero_si512();
+    for (int r = 0; r < INA_PHILOX_ROUNDS; r++)
+        ROUND(x0, x1, x2, x3, r);
+    __m512i sel = _mm512_and_si512(p, _mm512_set1_epi64(3));
+    __m512i w = _mm512_mask_mov_epi64(x0, _mm512_cmpeq_epi64_mask(sel, _mm512_set1_epi64(1)), x1);
+    w = _mm512_mask_mov_epi64(w, _mm512_cmpeq_epi64_mask(sel, _mm512_set1_epi64(2)), x2);
+    w = _mm512_mask_mov_epi64(w, _mm512_cmpeq_epi64_mask(sel, _mm512_set1_epi64(3)), x3);
+    _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi64_epi32(w));
+}
+
+static __attribute__((noinline)) void nc_flush(nc_pending *p, const keys_t *k, int floor, int det, uint32_t *err)
+{
+    uint32_t w1[8] = {0};
+    if (!p->n) /* the end of a call with nothing queued (most per-packet calls) */
+        return;
+    if (!det)
+        philox_at8(k, p->pos, INA_SUB_EXTRA, w1);
+    for (int l = 0; l < p->n; l++)
+        *p->code[l] = (uint8_t)ina_nc_code_f32(p->bits[l], p->h[l], w1[l], floor, det, err);
+    p->n = 0;
+}
+
+/* queue element e of a group at pos0 (its bits, its byte) for nc_flush, flushing a full queue */
+static inline void nc_push(nc_pending *p, const float *x, uint8_t *codes, uint64_t pos0, unsigned e, uint32_t h,
+                           keys_t *k, int floor, int det, uint32_t *err)
+{
+    p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
+    p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = h;
+    if (++p->n == 8)
+        nc_flush(p, k, floor, det, err);
+}
+
 /* NC codes of 16 lanes below the floor (mask below): 2^floor iff word1 < |x| 2^(32 - floor), else 0 */
 static inline __m512i nc_below16(__m512i code, __mmask16 below, __m512i xv, __m512i w1, int floor, int det,
                                  uint32_t *err)
@@ -131,75 +187,113 @@ static inline __m512i nc_below16(__m512i code, __mmask16 below, __m512i xv, __m5
     return _mm512_mask_mov_epi32(code, below, v);
 }
 
-/* 16 lanes with some |x| outside [2^floor, 2^63): the flags, and the codes of the lanes below the floor; the
- * block's sub-stream 1 words (w1) are drawn on the first need and kept for its other lanes */
-static inline __m512i nc_rare16(__m512i code, __m512i xv, __m512i b, __m512i low, keys_t *k, uint64_t q,
-                                __m512i *w1, int *have_w1, int j, int floor, int det, uint32_t *err)
+/* 64 codes of a group with a lane outside [2^floor, 2^63) or a tie (the byte leaves the carry to word1), the
+ * long way, in dword lanes from the bytes (element order in wj). Zeros are 0 whatever the draw. A few lanes
+ * that need their word1 (ties, nonzero values below the floor) or their flags (NaN/Inf, overflow) are queued
+ * for nc_flush; more (a run of small values) take the group's 64 word1s from one draw, every lane in vector
+ * lanes (the uniform h << 15 | word1 >> 17 for all, nc_below16 below the floor). */
+static __attribute__((noinline)) void nc_rare64(const float *x, __m512i wj, uint8_t *codes, uint64_t pos0,
+                                                int floor, int det, nc_pending *p, keys_t *k, uint32_t *err)
 {
-    *err |= (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(0x7F800000)) ? INA_NC_FLAG_NONFINITE : 0u) |
-            (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23)) ? INA_NC_FLAG_OVERFLOW : 0u);
-    __mmask16 below = _mm512_cmplt_epu32_mask(b, low);
-    __mmask16 nz = _mm512_mask_test_epi32_mask(below, b, b);
-    code = _mm512_mask_mov_epi32(code, below, _mm512_setzero_si512()); /* 0 never rounds up */
-    if (!nz)
-        return code;
-    if (!det && !*have_w1) {
-        philox64(k, q, INA_SUB_EXTRA, w1);
-        *have_w1 = 1;
+    const __m512i low = _mm512_set1_epi32((floor + 127) << 23);
+    const __m512i span = _mm512_sub_epi32(_mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
+    const __m512i tiem = _mm512_set1_epi32(0x7F8000), bias = _mm512_set1_epi32(127 - INA_NC_BIAS);
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), c80 = _mm512_set1_epi32(0x80);
+    const __m128i hq[4] = {_mm512_extracti32x4_epi32(wj, 0), _mm512_extracti32x4_epi32(wj, 1),
+                           _mm512_extracti32x4_epi32(wj, 2), _mm512_extracti32x4_epi32(wj, 3)};
+    __m512i c[4];
+    __mmask16 need[4];
+    int count = 0;
+    for (int v = 0; v < 4; v++) {
+        __m512i xv = _mm512_loadu_si512(x + 16 * v), b = _mm512_and_si512(xv, abs);
+        __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_slli_epi32(_mm512_cvtepu8_epi32(hq[v]), 15);
+        __m512i t = _mm512_add_epi32(b, u);
+        __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(t, 23), bias);
+        code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), c80, 0xF8); /* | sign */
+        __mmask16 out = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span);
+        __mmask16 tie = det ? 0 : _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, tiem), tiem);
+        __mmask16 nz = _mm512_test_epi32_mask(b, b);
+        c[v] = _mm512_maskz_mov_epi32(nz, code); /* 0 never rounds up */
+        need[v] = (__mmask16)((out | tie) & nz);
+        count += __builtin_popcount(need[v]);
     }
-    return nc_below16(code, nz, xv, det ? _mm512_setzero_si512() : w1[j], floor, det, err);
-}
-
-/* one vector of 16 codes the long way (a block with a lane outside [2^floor, 2^63)): dword codes, the rare
- * lanes fixed, narrowed and stored */
-static inline void nc_group16(__m512i xv, __m512i w, uint8_t *out, int floor, int det, uint32_t *err,
-                              keys_t *k, uint64_t q, __m512i *w1, int *have_w1, int j)
-{
-    const __m512i low = _mm512_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
-    __m512i b = _mm512_and_si512(xv, _mm512_set1_epi32(0x7FFFFFFF));
-    __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_srli_epi32(w, 9);
-    __m512i code = _mm512_srli_epi32(_mm512_add_epi32(b, u), 23);
-    code = _mm512_sub_epi32(code, _mm512_set1_epi32(127 - INA_NC_BIAS));
-    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), _mm512_set1_epi32(0x80), 0xF8); /* | sign */
-    code = nc_rare16(code, xv, b, low, k, q, w1, have_w1, j, floor, det, err);
-    _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(code));
-}
-
-/* 64 codes from their exponent fields after the carry (e, each 64..190) and signs: packed to bytes in order,
- * minus the bias, the sign added as bit 7 */
-static inline void nc_pack64(const __m512i e[4], __mmask16 neg[4], uint8_t *out)
-{
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    __m512i p = _mm512_packus_epi16(_mm512_packus_epi32(e[0], e[1]), _mm512_packus_epi32(e[2], e[3]));
-    p = _mm512_sub_epi8(_mm512_permutexvar_epi32(order, p), _mm512_set1_epi8(127 - INA_NC_BIAS));
-    __mmask64 m = _mm512_kunpackd(_mm512_kunpackw(neg[3], neg[2]), _mm512_kunpackw(neg[1], neg[0]));
-    _mm512_storeu_si512(out, _mm512_mask_add_epi8(p, m, p, _mm512_set1_epi8((char)0x80)));
-}
-
-/* 64 codes from x with their words w (zero when det); lanes outside the fast range take nc_group16 */
-static inline __attribute__((always_inline)) void nc_encode64(const float *x, const __m512i w[4], uint8_t *codes,
-                                                              int floor, int det, uint32_t *err, keys_t *k,
-                                                              uint64_t q, __m512i low, __m512i span)
-{
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
-    __m512i xv[4], e[4];
-    __mmask16 neg[4], out = 0;
-    for (int j = 0; j < 4; j++) {
-        xv[j] = _mm512_loadu_si512(x + 16 * j);
-        __m512i b = _mm512_and_si512(xv[j], abs);
-        __m512i u = det ? _mm512_set1_epi32(0x400000) : _mm512_srli_epi32(w[j], 9);
-        e[j] = _mm512_srli_epi32(_mm512_add_epi32(b, u), 23); /* the mantissa add's carry is the round-up */
-        neg[j] = _mm512_movepi32_mask(xv[j]);
-        out |= _mm512_cmpge_epu32_mask(_mm512_sub_epi32(b, low), span);
-    }
-    if (!out) {
-        nc_pack64(e, neg, codes);
+    if (!det && count <= 3) {
+        for (int v = 0; v < 4; v++)
+            _mm_storeu_si128((__m128i *)(codes + 16 * v), _mm512_cvtepi32_epi8(c[v]));
+        uint8_t h[64];
+        _mm512_storeu_si512(h, wj);
+        for (int v = 0; v < 4; v++)
+            for (unsigned m = need[v]; m; m &= m - 1) {
+                unsigned e = 16 * (unsigned)v + (unsigned)__builtin_ctz(m);
+                nc_push(p, x, codes, pos0, e, h[e], k, floor, det, err);
+            }
         return;
     }
-    __m512i w1[4];
-    int have_w1 = 0;
-    for (int j = 0; j < 4; j++)
-        nc_group16(xv[j], w[j], codes + 16 * j, floor, det, err, k, q, w1, &have_w1, j);
+    __m512i w1[4] = {_mm512_setzero_si512()};
+    if (!det)
+        philox64(k, pos0 >> 2, INA_SUB_EXTRA, w1); /* positions pos0 .. pos0 + 63 (pos0 % 16 == 0) */
+    for (int v = 0; v < 4; v++) {
+        __m512i xv = _mm512_loadu_si512(x + 16 * v), b = _mm512_and_si512(xv, abs);
+        __m512i u = det ? _mm512_set1_epi32(0x400000)
+                        : _mm512_or_si512(_mm512_slli_epi32(_mm512_cvtepu8_epi32(hq[v]), 15),
+                                          _mm512_srli_epi32(w1[v], 17));
+        __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(b, u), 23), bias);
+        code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(xv, 24), c80, 0xF8); /* | sign */
+        *err |= (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32(0x7F800000)) ? INA_NC_FLAG_NONFINITE : 0u) |
+                (_mm512_cmpge_epu32_mask(b, _mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23)) ? INA_NC_FLAG_OVERFLOW
+                                                                                              : 0u);
+        __mmask16 below = _mm512_cmplt_epu32_mask(b, low);
+        __mmask16 nz = _mm512_mask_test_epi32_mask(below, b, b);
+        code = _mm512_mask_mov_epi32(code, below, _mm512_setzero_si512()); /* zeros stay 0 */
+        if (nz)
+            code = nc_below16(code, nz, xv, w1[v], floor, det, err);
+        _mm_storeu_si128((__m128i *)(codes + 16 * v), _mm512_cvtepi32_epi8(code));
+    }
+}
+
+/* 64 NC codes of x from their bytes wj (element order) in byte lanes: per element the mantissa's top 8 bits M
+ * and the exponent E (bytes 2 and 3 of |x| << 1) and the sign, gathered 64 to a vector in the order of
+ * packs (128-bit lane L, source vector v, element j at byte 16 L + 4 v + j: element 16 v + 4 L + j); M + h
+ * carries (the round-up) iff the wrapped sum is below M. A group with a tie (M + h = 0xFF) or an exponent
+ * outside [floor, 63) goes to nc_rare64. */
+static inline __attribute__((always_inline)) void nc_encode64(const float *x, __m512i wj, uint8_t *codes,
+                                                              uint64_t pos0, int floor, int det, nc_pending *p,
+                                                              keys_t *k, uint32_t *err)
+{
+    const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); /* its own inverse */
+    __m512i xv[4], me[4];
+    for (int v = 0; v < 4; v++) {
+        xv[v] = _mm512_loadu_si512(x + 16 * v);
+        me[v] = _mm512_shuffle_epi8(_mm512_slli_epi32(xv[v], 1), pick); /* dword 0: 4 M, dword 1: 4 E */
+    }
+    __m512i ab = _mm512_unpacklo_epi32(me[0], me[1]), cd = _mm512_unpacklo_epi32(me[2], me[3]);
+    __m512i M = _mm512_unpacklo_epi64(ab, cd), E = _mm512_unpackhi_epi64(ab, cd);
+    __m512i neg = _mm512_packs_epi16(_mm512_packs_epi32(xv[0], xv[1]), _mm512_packs_epi32(xv[2], xv[3]));
+    __m512i h = det ? _mm512_set1_epi8((char)0x80) /* 2^22: round half up */ : _mm512_permutexvar_epi32(order, wj);
+    __m512i sum = _mm512_add_epi8(M, h);
+    __mmask64 carry = _mm512_cmplt_epu8_mask(sum, M);
+    __m512i code = _mm512_add_epi8(E, _mm512_set1_epi8((char)-(127 - INA_NC_BIAS)));
+    code = _mm512_mask_add_epi8(code, carry, code, _mm512_set1_epi8(1));
+    code = _mm512_ternarylogic_epi32(code, neg, _mm512_set1_epi8((char)0x80), 0xF8); /* | sign */
+    /* E - low as an unsigned byte is below span for every lane in range (a lower E wraps above it) */
+    __mmask64 out = _mm512_cmpge_epu8_mask(_mm512_sub_epi8(E, _mm512_set1_epi8((char)(floor + 127))),
+                                           _mm512_set1_epi8((char)(INA_NC_LEVEL_MAX - floor)));
+    __mmask64 tie = det ? 0 : _mm512_cmpeq_epi8_mask(sum, _mm512_set1_epi8(-1));
+    if (__builtin_expect(!(out | tie), 1)) {
+        _mm512_storeu_si512(codes, _mm512_permutexvar_epi32(order, code));
+    } else if (!out) { /* ties only (one group in 4.5): stored, then queued */
+        _mm512_storeu_si512(codes, _mm512_permutexvar_epi32(order, code));
+        uint8_t hb[64];
+        _mm512_storeu_si512(hb, wj);
+        for (uint64_t m = tie; m; m &= m - 1) {
+            unsigned b = (unsigned)__builtin_ctzll(m); /* packed byte 16 L + 4 v + j: element 16 v + 4 L + j */
+            unsigned e = 16 * ((b >> 2) & 3) + 4 * (b >> 4) + (b & 3);
+            nc_push(p, x, codes, pos0, e, hb[e], k, floor, det, err);
+        }
+    } else {
+        nc_rare64(x, wj, codes, pos0, floor, det, p, k, err);
+    }
 }
 
 static inline void prefetch(const float *x, int lines)
@@ -208,33 +302,37 @@ static inline void prefetch(const float *x, int lines)
         _mm_prefetch((const char *)(x + PREFETCH + 16 * l), _MM_HINT_T0);
 }
 
+/* NC reads a byte of the main stream per element (ina_ncmath.h): four Philox chains (32 counters, 128 words)
+ * feed 512 elements, from a position that is a multiple of 16 */
 static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int det,
                           int floor)
 {
-    if (floor > INA_NC_LEVEL_MAX) /* every finite value is below the floor or overflows: the scalar loop */
+    if (floor >= INA_NC_LEVEL_MAX) /* every finite value is at the top level, below the floor or overflows */
         return ina_scalar_nc_encode(x, n, codes, seed, offset, det, floor);
-    size_t i = head_len(offset, n);
+    size_t i = head16(offset, n);
     uint32_t err = ina_scalar_nc_encode(x, i, codes, seed, offset, det, floor);
     keys_t k;
     keys_init(&k, seed);
-    const __m512i low = _mm512_set1_epi32(floor + 127 >= 255 ? 0x7F800000 : (floor + 127) << 23);
-    /* one unsigned compare finds every lane outside [low, 2^63): b - low >= 2^63 - low */
-    const __m512i span = _mm512_sub_epi32(_mm512_set1_epi32((INA_NC_LEVEL_MAX + 127) << 23), low);
-    for (; n - i >= 2 * BLOCK; i += 2 * BLOCK) { /* four Philox chains at a time */
+    nc_pending p;
+    memset(&p, 0, sizeof p);
+    for (; n - i >= 8 * BLOCK; i += 8 * BLOCK) {
         __m512i w[8] = {_mm512_setzero_si512()};
-        prefetch(x + i, 8);
         if (!det)
-            philox_chains(&k, (offset + i) >> 2, INA_SUB_MAIN, w, 4);
-        nc_encode64(x + i, w, codes + i, floor, det, &err, &k, (offset + i) >> 2, low, span);
-        nc_encode64(x + i + BLOCK, w + 4, codes + i + BLOCK, floor, det, &err, &k, (offset + i + BLOCK) >> 2, low,
-                    span);
+            philox_chains(&k, (offset + i) >> 4, INA_SUB_MAIN, w, 4); /* words at positions (offset + i) / 4 .. */
+        for (int j = 0; j < 8; j++) {
+            if (!(j & 1))
+                prefetch(x + i + 64 * j, 8);
+            nc_encode64(x + i + 64 * j, w[j], codes + i + 64 * j, offset + i + 64 * j, floor, det, &p, &k, &err);
+        }
     }
-    for (; n - i >= BLOCK; i += BLOCK) {
+    for (; n - i >= 4 * BLOCK; i += 4 * BLOCK) {
         __m512i w[4] = {_mm512_setzero_si512()};
         if (!det)
-            philox64(&k, (offset + i) >> 2, INA_SUB_MAIN, w);
-        nc_encode64(x + i, w, codes + i, floor, det, &err, &k, (offset + i) >> 2, low, span);
+            philox64(&k, (offset + i) >> 4, INA_SUB_MAIN, w);
+        for (int j = 0; j < 4; j++)
+            nc_encode64(x + i + 64 * j, w[j], codes + i + 64 * j, offset + i + 64 * j, floor, det, &p, &k, &err);
     }
+    nc_flush(&p, &k, floor, det, &err);
     return err | ina_scalar_nc_encode(x + i, n - i, codes + i, seed, offset + i, det, floor);
 }
 

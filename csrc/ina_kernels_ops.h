@@ -78,8 +78,9 @@ static inline uint32_t ina_scalar_nc_encode(const float *x, size_t n, uint8_t *c
     ina_stream st = {seed, 0, INA_SUB_MAIN, {0, 0, 0, 0}, 0};
     uint32_t err = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t w0 = det ? 0 : ina_stream_word(&st, offset + i);
-        codes[i] = (uint8_t)ina_nc_code_f32_lazy(ina_load_u32(x + i), w0, seed, offset + i, floor, det, &err);
+        uint64_t p = offset + i;
+        uint32_t h = det ? 0 : ina_nc_byte(ina_stream_word(&st, p >> 2), p); /* a byte per element */
+        codes[i] = (uint8_t)ina_nc_code_f32_lazy(ina_load_u32(x + i), h, seed, p, floor, det, &err);
     }
     return err;
 }

@@ -59,7 +59,7 @@ INA_HD double ina_pow2(int e) { return ina_f64_of_bits((uint64_t)(e + 1023) << 5
 /* no code below 2^INA_NC_LEVEL_MIN: every kernel clamps the caller's floor first */
 INA_HD int ina_nc_clamp_floor(int floor) { return floor < INA_NC_LEVEL_MIN ? INA_NC_LEVEL_MIN : floor; }
 
-/* whether float32 bits lie below the floor 2^floor (zero and subnormals always do): those need word1 */
+/* whether float32 bits lie below the floor 2^floor (zero and subnormals always do): those read word1 */
 INA_HD int ina_nc_below_f32(uint32_t bits, int floor) { return (int)((bits >> 23) & 0xFF) - 127 < floor; }
 INA_HD int ina_nc_below_f64(uint64_t bits, int floor) { return (int)((bits >> 52) & 0x7FF) - 1023 < floor; }
 
@@ -74,39 +74,64 @@ INA_HD uint32_t ina_nc_below_code(double ax, uint32_t sign, uint32_t w1, int flo
     return up ? ((uint32_t)(floor + INA_NC_BIAS) | sign << 7) : 0u;
 }
 
-/* NC code of the float32 with bits `bits` at or above the floor (mantissa add): u = word0 >> 9 (23 bits)
- * added to |bits| carries into the exponent with probability mantissa / 2^23; deterministic adds 2^22
- * (round half up). Returns the code; NaN/Inf and |x| >= 2^63 set *err (whatever the draw). */
-INA_HD uint32_t ina_nc_main_code_f32(uint32_t bits, uint32_t w0, int det, uint32_t *err)
+/* NC's uniform. Element i's is a binary fraction whose first 8 bits are its byte h: byte i & 3 (little-endian)
+ * of sub-stream 0's word at position i >> 2, so one Philox draw feeds 16 elements; then the 32 bits of word1
+ * (sub-stream 1, position i), then those of word3 (sub-stream 3, position i). A float32 adds the top 23 bits,
+ * h << 15 | word1 >> 17, to its mantissa bits (a float64 the top 52); the carry into the exponent, the
+ * round-up, has probability mantissa / 2^23 exactly. The byte alone decides the carry unless the mantissa's
+ * top 8 bits plus h are exactly 0xFF (probability 2^-8 for any value): only then is word1 drawn. */
+INA_HD uint32_t ina_nc_byte(uint32_t word, uint64_t i) { return (word >> (8u * (uint32_t)(i & 3))) & 0xFFu; }
+
+/* whether |bits| + (h << 15) leaves the carry to word1: bits 15..22 of the sum are all ones */
+INA_HD int ina_nc_tie_f32(uint32_t bits, uint32_t h)
+{
+    return (((bits & 0x7FFFFFFFu) + (h << 15)) & 0x7F8000u) == 0x7F8000u;
+}
+
+/* whether the float32's code reads word1: below the floor and not zero, or a tie at or above it */
+INA_HD int ina_nc_needs_w1_f32(uint32_t bits, uint32_t h, int floor, int det)
+{
+    if (det)
+        return 0;
+    return ina_nc_below_f32(bits, floor) ? (bits & 0x7FFFFFFFu) != 0 : ina_nc_tie_f32(bits, h);
+}
+
+/* NC code of the float32 with bits `bits` at or above the floor (mantissa add): u = h << 15 | word1 >> 17
+ * (23 bits) added to |bits| carries into the exponent with probability mantissa / 2^23; deterministic adds
+ * 2^22 (round half up). w1 matters only where ina_nc_tie_f32. Returns the code; NaN/Inf and |x| >= 2^63 set
+ * *err (whatever the draw). */
+INA_HD uint32_t ina_nc_main_code_f32(uint32_t bits, uint32_t h, uint32_t w1, int det, uint32_t *err)
 {
     uint32_t b = bits & 0x7FFFFFFFu;
-    uint32_t u = det ? 0x400000u : w0 >> 9;
+    uint32_t u = det ? 0x400000u : h << 15 | w1 >> 17;
     *err |= (b >= 0x7F800000u ? INA_NC_FLAG_NONFINITE : 0u) |
             (b >= (uint32_t)(INA_NC_LEVEL_MAX + 127) << 23 ? INA_NC_FLAG_OVERFLOW : 0u);
     return (((b + u) >> 23) - (127 - INA_NC_BIAS)) | (bits >> 31) << 7;
 }
 
-/* NC code of one float32 (its bits), floor already clamped; w1 is read only where ina_nc_below_f32 */
-INA_HD uint32_t ina_nc_code_f32(uint32_t bits, uint32_t w0, uint32_t w1, int floor, int det, uint32_t *err)
+/* NC code of one float32 (its bits) with its byte h, floor already clamped; w1 is read only where
+ * ina_nc_needs_w1_f32 */
+INA_HD uint32_t ina_nc_code_f32(uint32_t bits, uint32_t h, uint32_t w1, int floor, int det, uint32_t *err)
 {
-    uint32_t code = ina_nc_main_code_f32(bits, w0, det, err);
+    uint32_t code = ina_nc_main_code_f32(bits, h, w1, det, err);
     if (!ina_nc_below_f32(bits, floor) || (bits & 0x7FFFFFFFu) >= 0x7F800000u)
         return code;
     return ina_nc_below_code((double)ina_f32_of_bits(bits & 0x7FFFFFFFu), bits >> 31, w1, floor, det, err);
 }
 
-/* the same, drawing word1 (sub-stream 1 of element i) only below the floor */
-INA_HD uint32_t ina_nc_code_f32_lazy(uint32_t bits, uint32_t w0, uint64_t seed, uint64_t i, int floor, int det,
+/* the same, drawing word1 (sub-stream 1 of element i) only where it is needed */
+INA_HD uint32_t ina_nc_code_f32_lazy(uint32_t bits, uint32_t h, uint64_t seed, uint64_t i, int floor, int det,
                                      uint32_t *err)
 {
-    uint32_t w1 = (!det && ina_nc_below_f32(bits, floor)) ? ina_philox_word(seed, i, INA_SUB_EXTRA) : 0u;
-    return ina_nc_code_f32(bits, w0, w1, floor, det, err);
+    uint32_t w1 = ina_nc_needs_w1_f32(bits, h, floor, det) ? ina_philox_word(seed, i, INA_SUB_EXTRA) : 0u;
+    return ina_nc_code_f32(bits, h, w1, floor, det, err);
 }
 
 /* NC code of one float64 (its bits), floor clamped: the mantissa add with the 52-bit uniform
- * u = word0 << 20 | word1 >> 12, so a double holding a float32 value gets the float's code (the top 23 bits
- * of u are word0 >> 9); below the floor as float32, from word1. Deterministic adds 2^51. */
-INA_HD uint32_t ina_nc_code_f64(uint64_t bits, uint32_t w0, uint32_t w1, int floor, int det, uint32_t *err)
+ * u = h << 44 | word1 << 12 | word3 >> 20, whose top 23 bits are the float32's (so a double holding a float32
+ * value gets the float's code); below the floor as float32, from word1. Deterministic adds 2^51. */
+INA_HD uint32_t ina_nc_code_f64(uint64_t bits, uint32_t h, uint32_t w1, uint32_t w3, int floor, int det,
+                                uint32_t *err)
 {
     uint64_t b = bits & 0x7FFFFFFFFFFFFFFFull;
     uint32_t sign = (uint32_t)(bits >> 63);
@@ -117,7 +142,7 @@ INA_HD uint32_t ina_nc_code_f64(uint64_t bits, uint32_t w0, uint32_t w1, int flo
     *err |= b >= (uint64_t)(INA_NC_LEVEL_MAX + 1023) << 52 ? INA_NC_FLAG_OVERFLOW : 0u;
     if (ina_nc_below_f64(bits, floor))
         return ina_nc_below_code(ina_f64_of_bits(b), sign, w1, floor, det, err);
-    uint64_t u = det ? 1ull << 51 : (uint64_t)w0 << 20 | w1 >> 12;
+    uint64_t u = det ? 1ull << 51 : (uint64_t)h << 44 | (uint64_t)w1 << 12 | w3 >> 20;
     return (uint32_t)(((b + u) >> 52) - (1023 - INA_NC_BIAS)) | sign << 7;
 }
 

@@ -8,7 +8,9 @@
  *   key  = (seed & 0xFFFFFFFF, seed >> 32)
  *   ctr  = (i >> 2, i >> 34, s, 0)          (each word its low 32 bits)
  *   word = philox4x32_10(ctr, key)[i & 3]    (one 128-bit draw feeds 4 consecutive elements)
- * Sub-streams: 0 the element's main uniform, 1 a second uniform where needed, 2 reserved. */
+ * Sub-streams: 0 the element's main uniform, 1 a second uniform where needed, 2 NC's floor raising (CUDA),
+ * 3 the last bits of a float64's NC uniform. NC reads sub-stream 0 a byte per element (ina_ncmath.h,
+ * ina_nc_byte: one draw feeds 16 elements); the other codecs a word per element. */
 #ifndef INA_PHILOX_H
 #define INA_PHILOX_H
 #include <stdint.h>
@@ -28,8 +30,9 @@
 #define INA_PHILOX_ROUNDS 10
 
 #define INA_SUB_MAIN 0  /* the element's main uniform */
-#define INA_SUB_EXTRA 1 /* a second uniform: NC below the floor, low bits of float64 rounding */
-#define INA_SUB_RAISE 2 /* reserved: raising the floor of existing codes */
+#define INA_SUB_EXTRA 1 /* a second uniform: NC below the floor, NC's uniform after its byte (bits 9..40) */
+#define INA_SUB_RAISE 2 /* raising the floor of existing codes (the CUDA kernels' nc_raise_floor) */
+#define INA_SUB_LOW 3   /* bits 41..52 of a float64's NC uniform (ina_nc_code_f64) */
 
 /* one Philox round on x[0..3] with round key (k0, k1) */
 INA_HD void ina_philox_round(uint32_t x[4], uint32_t k0, uint32_t k1)

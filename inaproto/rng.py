@@ -4,7 +4,9 @@ So a retransmitted packet is rebuilt bit for bit, and a C, SIMD or CUDA kernel c
 without state. Two generators (docs/protocol.md, "Random stream"):
 
 - `philox`: Philox-4x32-10 (Salmon et al., SC'11, as Random123), the worker codecs' stream (NC, stochastic
-  fixed point, dithering); csrc/ina_philox.h is its C/CUDA twin.
+  fixed point, dithering); csrc/ina_philox.h is its C/CUDA twin. Fixed point and dithering read a 32-bit
+  word per element; NC a byte per element (`philox_bytes`, one draw per 16 elements) and, where that byte
+  leaves the rounding undecided, the element's word of sub-stream 1 (hostlib/codecs/natural.py).
 - `bits64`: SplitMix64 (Steele et al.) of key(seed) + counter * golden gamma, kept for the switch's own NC
   re-compression, the network impairments, Bloom hashes and seed derivation.
 """
@@ -54,7 +56,8 @@ def derive_seed(*parts: int) -> int:
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 MASK32 = np.uint64(0xFFFFFFFF)
-SUB_MAIN, SUB_EXTRA, SUB_RAISE = 0, 1, 2  # sub-streams: main uniform, second uniform, reserved
+# sub-streams: main uniform, second uniform, NC's floor raising (CUDA), a float64 NC uniform's last bits
+SUB_MAIN, SUB_EXTRA, SUB_RAISE, SUB_LOW = 0, 1, 2, 3
 
 
 def philox4x32_10(ctr, key) -> np.ndarray:
@@ -94,3 +97,14 @@ def philox(seed: int, offset: int, n: int, substream: int = SUB_MAIN) -> np.ndar
     seed = int(seed) & MASK64
     words = philox4x32_10((q, q >> np.uint64(32), substream, 0), (seed, seed >> 32))
     return words.T.reshape(-1)[offset & 3:(offset & 3) + n].astype(np.uint32)
+
+
+def philox_bytes(seed: int, offset: int, n: int, substream: int = SUB_MAIN) -> np.ndarray:
+    """n uint8 of the stream read a byte per position: position i is byte i & 3 (little-endian, bits
+    8 (i & 3) ..) of the word at position i >> 2, so one 128-bit draw feeds 16 positions (NC's first 8 random
+    bits per element; csrc/ina_ncmath.h `ina_nc_byte`)."""
+    if n <= 0:
+        return np.zeros(0, dtype=np.uint8)
+    w0, w1 = offset >> 2, (offset + n - 1) >> 2
+    words = philox(seed, w0, w1 - w0 + 1, substream).astype("<u4")
+    return words.view(np.uint8)[offset & 3:(offset & 3) + n].copy()

@@ -235,13 +235,14 @@ def test_nc_float64_beyond_float32_is_above_the_top_level_not_nan(kernel_path):
 def test_nc_float64_up_rate_is_the_float64_probability(kernel_path, frac):
     """float64 went through float32, so the probability came from a mantissa rounded to 23 bits: a relative
     bias up to 2^-24, which ~2^48 plain draws could not resolve. So zoom in: element i's mantissa has the top
-    23 bits of its own random word as its top 23 bits, and frac * 2^29 below. Rounded from float64 it goes up
+    23 bits of its own 52-bit uniform (its byte, word1, word3: natural._uniform) as its top 23 bits, and frac * 2^29 below. Rounded from float64 it goes up
     exactly when the word's next 29 bits are below that: rate frac; through float32 the mantissa rounds to
     top or top + 1 and the rate is 0 or 1."""
     n, seed, offset = 20000, 11, 5
-    w0 = rng.philox(seed, offset, n).astype(np.uint64)
+    h = rng.philox_bytes(seed, offset, n).astype(np.uint64)
     w1 = rng.philox(seed, offset, n, rng.SUB_EXTRA).astype(np.uint64)
-    u = (w0 << np.uint64(20)) | (w1 >> np.uint64(12))  # the 52-bit uniform added to the mantissa
+    w3 = rng.philox(seed, offset, n, rng.SUB_LOW).astype(np.uint64)
+    u = (h << np.uint64(44)) | (w1 << np.uint64(12)) | (w3 >> np.uint64(20))  # the 52-bit uniform added to the mantissa
     low = np.uint64(int(frac * 2**29))
     top = np.uint64(2**23 - 1) - (u >> np.uint64(29))  # top 23 bits sum to 2^23 - 1: the low 29 decide
     mant = (top << np.uint64(29)) | low

@@ -65,6 +65,50 @@ def test_philox_known_answers():
     assert rng.philox(SEED, i, 1, s)[0] == want == rng.philox_at(SEED, [i], s)[0]
 
 
+def test_nc_byte_stream_layout():
+    """NC's first 8 random bits of position i: byte i & 3 (little-endian) of the word at position i >> 2, so
+    one draw feeds 16 positions; any slice of the byte stream is the stream at its own offset."""
+    for i in (0, 1, 2, 3, 4, 17, 2**34 - 37, 2**36 + 4 * 5 + 2, 2**64 - 5):
+        want = (int(rng.philox(SEED, i >> 2, 1)[0]) >> (8 * (i & 3))) & 0xFF
+        assert rng.philox_bytes(SEED, i, 1)[0] == want, i
+    b = rng.philox_bytes(SEED, 3, 100)
+    for k in (1, 4, 13, 16, 99):
+        assert np.array_equal(b[k:], rng.philox_bytes(SEED, 3 + k, 100 - k))
+    assert not np.array_equal(b, rng.philox_bytes(SEED, 3, 100, rng.SUB_EXTRA))
+
+
+@pytest.mark.parametrize("offset", [0, 5, 2**34 - 37])
+def test_nc_ties_read_word1_on_every_path(path, offset):
+    """The byte decides the carry unless the mantissa's top 8 bits plus the byte are 0xFF; then word1's top
+    15 bits do. Every element here is such a tie (its low 15 mantissa bits 0x2AAA), mixed in each vector with
+    zeros, values below the floor and plain values: each path equals the model, the lanes at or above the
+    floor equal the eager definition (the 23-bit uniform byte << 15 | word1 >> 17 added to every element),
+    and the ties go up at the rate of their low bits (0x2AAA / 2^15)."""
+    n = 20000
+    rs = np.random.default_rng(4)
+    h = rng.philox_bytes(SEED, offset, n).astype(np.uint32)
+    e = rs.integers(127 - 40, 127 + 40, n).astype(np.uint32)
+    bits = (rs.integers(0, 2, n).astype(np.uint32) << 31) | (e << 23) | ((0xFF - h) << 15) | np.uint32(0x2AAA)
+    x = bits.view(np.float32).copy()
+    x[::7], x[3::11], x[5::13] = 0.0, np.float32(-1e-30), np.float32(1.3)
+    w1 = rng.philox(SEED, offset, n, rng.SUB_EXTRA).astype(np.uint64)
+    mag = x.view(np.uint32).astype(np.uint64) & np.uint64(0x7FFFFFFF)
+    eager = ((((mag + ((h.astype(np.uint64) << np.uint64(15)) | (w1 >> np.uint64(17)))) >> np.uint64(23))
+              - np.uint64(127 - wire.NC_BIAS)).astype(np.uint8)) | ((x.view(np.uint32) >> 31) << 7).astype(np.uint8)
+    tie = np.ones(n, bool)
+    tie[::7] = tie[3::11] = tie[5::13] = False
+    for floor in (wire.NC_LEVEL_MIN, -20, 62, 63):
+        codes, status = kernels.nc_encode(x, SEED, offset, False, floor)
+        assert status == 0 and np.array_equal(codes, natural.encode_reference(x, SEED, offset, False, floor)), floor
+        above = (mag >> np.uint64(23)).astype(np.int64) - 127 >= floor
+        assert np.array_equal(codes[above], eager[above]), floor
+    codes = kernels.nc_encode(x, SEED, offset, False, wire.NC_LEVEL_MIN)[0]
+    up = (codes[tie] & 0x7F).astype(np.int64) - wire.NC_BIAS > e[tie].astype(np.int64) - 127
+    p = 0x2AAA / 2**15
+    assert abs(up.mean() - p) <= 5 * np.sqrt(p * (1 - p) / tie.sum())
+    assert np.array_equal(up, (np.uint64(0x2AAA) + (w1[tie] >> np.uint64(17))) >= np.uint64(2**15))
+
+
 @pytest.mark.parametrize("offset", OFFSETS)
 def test_stream_words_every_path(path, offset):
     for n in (0, 1, 5, 64, 200, 1027):

@@ -5,7 +5,8 @@
  *
  * Each kernel is one pass over memory: a thread loads vectors of N consecutive elements (the wider of input
  * and output moves 16 bytes per access, the narrower 4 or 8, a warp's access one contiguous stretch), four
- * vectors' loads in flight at once, draws Philox in registers (one 128-bit draw per 4 elements), computes
+ * vectors' loads in flight at once, draws Philox in registers (one 128-bit draw per 4 elements; NC reads a
+ * byte per element, so 4 elements take one word of a draw, ina_ncmath.h), computes
  * with the CPU kernels' element functions and stores; grid-stride loops; no random-number tensor; data
  * errors go to a flag word in device memory (one atomicOr per thread that saw one), so nothing waits for
  * the host. Pointers not aligned to a vector, or a stream offset that is not a multiple of 4 (a draw feeds

@@ -3,7 +3,8 @@
  * checks them there against the CPU codecs, on machines without a GPU).
  *
  * An op maps N consecutive elements in registers: group4() takes 4 elements at stream positions pos0..pos0+3
- * with pos0 % 4 == 0, so one Philox-4x32-10 draw (ina_philox.h) feeds all 4; one() takes a single element
+ * with pos0 % 4 == 0, so one Philox-4x32-10 draw (ina_philox.h) feeds all 4 (NC: one word of it, a byte
+ * each; ina_ncmath.h); one() takes a single element
  * at any position (misaligned data and tails). Element arithmetic is ina_ncmath.h's, shared with the CPU
  * kernels, so the codes are bit-identical to theirs. */
 #ifndef INA_CUDA_OPS_CUH
@@ -172,8 +173,9 @@ inline PerBlock make_per_block(int scalar, const int8_t *p, size_t k, int span)
     return PerBlock{p, scalar, k, shift, span, 0};
 }
 
-/* NC encode; group4 draws the second uniform only when a non-zero element lies below its floor (zeros
- * round to 0 whatever it is) */
+/* NC encode: the 4 elements of group4 take the 4 bytes of one word of the main stream (ina_nc_byte); the
+ * second uniform is drawn only where an element needs it (a non-zero element below its floor, or a tie:
+ * ina_nc_needs_w1_f32) */
 template <class D> struct NcEncode {
     using In = typename D::Raw;
     using Out = uint8_t;
@@ -184,27 +186,26 @@ template <class D> struct NcEncode {
 
     INA_HD void group4(const In *x, Out *y, size_t j0, uint64_t pos0, uint32_t *err) const
     {
-        uint32_t b[4], w0[4] = {0, 0, 0, 0}, w1[4] = {0, 0, 0, 0};
-        int f[4], below = 0;
+        uint32_t b[4], h[4] = {0, 0, 0, 0}, w1[4] = {0, 0, 0, 0};
+        int f[4], need = 0;
+        uint32_t w0 = det ? 0u : ina_philox_word(seed, pos0 >> 2, INA_SUB_MAIN);
         INA_UNROLL
         for (int j = 0; j < 4; j++) {
             b[j] = D::bits(x[j]);
             f[j] = floors.floor(j0 + j);
-            below |= ina_nc_below_f32(b[j], f[j]) && (b[j] & 0x7FFFFFFFu);
+            h[j] = (w0 >> (8 * j)) & 0xFFu;
+            need |= ina_nc_needs_w1_f32(b[j], h[j], f[j], det);
         }
-        if (!det) {
-            ina_philox_draw(seed, pos0 >> 2, INA_SUB_MAIN, w0);
-            if (below)
-                ina_philox_draw(seed, pos0 >> 2, INA_SUB_EXTRA, w1);
-        }
+        if (need)
+            ina_philox_draw(seed, pos0 >> 2, INA_SUB_EXTRA, w1);
         INA_UNROLL
         for (int j = 0; j < 4; j++)
-            y[j] = (Out)ina_nc_code_f32(b[j], w0[j], w1[j], f[j], det, err);
+            y[j] = (Out)ina_nc_code_f32(b[j], h[j], w1[j], f[j], det, err);
     }
     INA_HD void one(In x, Out *y, size_t j, uint64_t pos, uint32_t *err) const
     {
-        uint32_t w0 = det ? 0u : ina_philox_word(seed, pos, INA_SUB_MAIN);
-        *y = (Out)ina_nc_code_f32_lazy(D::bits(x), w0, seed, pos, floors.floor(j), det, err);
+        uint32_t h = det ? 0u : ina_nc_byte(ina_philox_word(seed, pos >> 2, INA_SUB_MAIN), pos);
+        *y = (Out)ina_nc_code_f32_lazy(D::bits(x), h, seed, pos, floors.floor(j), det, err);
     }
     void rebase(size_t d) { floors.base += d; }
 };

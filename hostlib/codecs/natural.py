@@ -3,7 +3,9 @@
 Codes are one byte: bit 7 the sign, bits 6..0 m, with m = 0 for zero and 2^(m-64) otherwise (see
 wire.py / docs/protocol.md). In the float bit view rounding is exact: |x| = 2^a (1 + mant/2^M) rounds
 up with probability mant/2^M: a uniform M-bit integer (23 for float32, 52 for float64, from the Philox
-stream of inaproto.rng) added to the bits carries into the exponent exactly that often. Values below the
+stream of inaproto.rng) added to the bits carries into the exponent exactly that often. Its first 8 bits come
+a byte per element (one Philox draw per 16 elements) and decide the carry alone except with probability
+2^-8; only then are the next bits drawn (`_uniform`), so the rounding stays exact at a quarter of the draws. Values below the
 floor level 2^F go to 0 or 2^F with probability |x|/2^F (to 2^-32 of 2^F), so the operator stays unbiased
 over its whole range.
 
@@ -67,26 +69,38 @@ def encode(x, seed: int = 0, offset: int = 0, deterministic: bool = False,
 _FORMATS = {np.dtype(np.float32): (np.uint32, 23, 0xFF, 127), np.dtype(np.float64): (np.uint64, 52, 0x7FF, 1023)}
 
 
-def _uniform(x: np.ndarray, seed: int, offset: int, deterministic: bool) -> np.ndarray:
-    """The integer added to each element's mantissa bits: its carry into the exponent is the round-up.
-    float32: word0 >> 9 (23 bits); float64: word0 << 20 | word1 >> 12 (52 bits, so a double holding a float32
-    value carries exactly when the float does); deterministic: half the mantissa's range (round half up)."""
-    if x.dtype == np.float32:
+def _uniform(mag: np.ndarray, dtype, seed: int, offset: int, deterministic: bool) -> np.ndarray:
+    """The integer added to each element's mantissa bits (mag: |x|'s bits as uint64): its carry into the
+    exponent is the round-up. The element's uniform is its byte h (`rng.philox_bytes`: one Philox draw per 16
+    elements), then its word1 (sub-stream 1), then its word3 (sub-stream 3), read as one binary fraction.
+    float32: h << 15 | word1 >> 17 (23 bits), word1 drawn only where h leaves the carry open (the mantissa's
+    top 8 bits plus h are 0xFF, probability 2^-8: elsewhere the low 15 bits cannot change the carry, so they
+    are left 0); float64: h << 44 | word1 << 12 | word3 >> 20 (52 bits, whose top 23 are the float32's, so a
+    double holding a float32 value carries exactly when the float does); deterministic: half the mantissa's
+    range (round half up)."""
+    if dtype == np.float32:
         if deterministic:
             return np.uint64(1 << 22)
-        return (rng.philox(seed, offset, x.size) >> np.uint32(9)).astype(np.uint64)
+        u = rng.philox_bytes(seed, offset, mag.size).astype(np.uint64) << np.uint64(15)
+        tie = np.flatnonzero(((mag + u) & np.uint64(0x7F8000)) == np.uint64(0x7F8000))
+        if tie.size:
+            w1 = rng.philox_at(seed, np.uint64(offset & rng.MASK64) + tie.astype(np.uint64), rng.SUB_EXTRA)
+            u[tie] |= w1.astype(np.uint64) >> np.uint64(17)
+        return u
     if deterministic:
         return np.uint64(1 << 51)
-    w0 = rng.philox(seed, offset, x.size).astype(np.uint64)
-    w1 = rng.philox(seed, offset, x.size, rng.SUB_EXTRA).astype(np.uint64)
-    return (w0 << np.uint64(20)) | (w1 >> np.uint64(12))
+    h = rng.philox_bytes(seed, offset, mag.size).astype(np.uint64)
+    w1 = rng.philox(seed, offset, mag.size, rng.SUB_EXTRA).astype(np.uint64)
+    w3 = rng.philox(seed, offset, mag.size, rng.SUB_LOW).astype(np.uint64)
+    return (h << np.uint64(44)) | (w1 << np.uint64(12)) | (w3 >> np.uint64(20))
 
 
 def encode_reference(x: np.ndarray, seed: int, offset: int, deterministic: bool, floor: int) -> np.ndarray:
     """The numpy definition of `encode` that the C kernels (scalar, AVX2, AVX-512) and CUDA match bit for
     bit (same arguments, returns and errors; x must already be flat float32 or float64). At or above the
     floor, a uniform integer added to |x|'s bits rounds up when it carries into the exponent (probability
-    mantissa / 2^M); below it, 2^floor iff word1 of sub-stream 1 < |x| 2^(32 - floor) (docs/protocol.md)."""
+    mantissa / 2^M; `_uniform`); below it, 2^floor iff word1 of sub-stream 1 < |x| 2^(32 - floor)
+    (docs/protocol.md, "Random stream")."""
     uint, m, emask, ebias = _FORMATS[x.dtype]
     floor = max(floor, wire.NC_LEVEL_MIN)  # no code below 2^NC_LEVEL_MIN
     bits = x.view(uint).astype(np.uint64)
@@ -94,7 +108,7 @@ def encode_reference(x: np.ndarray, seed: int, offset: int, deterministic: bool,
     a = (mag >> np.uint64(m)).astype(np.int64) - ebias  # 2^a <= |x| < 2^(a+1) for normal numbers
     if np.any(a == emask - ebias):
         raise ValueError(NONFINITE_MESSAGE)
-    level = ((mag + _uniform(x, seed, offset, deterministic)) >> np.uint64(m)).astype(np.int64) - ebias
+    level = ((mag + _uniform(mag, x.dtype, seed, offset, deterministic)) >> np.uint64(m)).astype(np.int64) - ebias
     below = np.flatnonzero(a < floor)
     if below.size:
         # |x| < 2^floor: 0 or 2^floor, up with probability |x| / 2^floor (to 2^-32; the product is exact)
