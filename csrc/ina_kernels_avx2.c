@@ -103,16 +103,6 @@ typedef struct {
     __m256i ebias, s80, elow, espan1;              /* byte lanes (nc_encode32) */
 } nc_consts;
 
-/* NC elements whose code waits for their word1 (ties, nonzero values below the floor) or whose flags are
- * wanted (NaN/Inf, overflow): their codes are rewritten eight at a time, the eight word1s from one Philox
- * pass over arbitrary positions */
-typedef struct {
-    uint64_t pos[8];
-    uint8_t *code[8];
-    uint32_t bits[8], h[8];
-    int n;
-} nc_pending;
-
 /* word of sub-stream s at each of 8 positions (pos[l], any), as Philox on 2 x 4 counters */
 static void philox_at8(const keys_t *k, const uint64_t pos[8], uint32_t s, uint32_t out[8])
 {
@@ -145,18 +135,14 @@ static __attribute__((noinline)) void nc_flush(nc_pending *p, const keys_t *k, i
         return;
     if (!det)
         philox_at8(k, p->pos, INA_SUB_EXTRA, w1);
-    for (int l = 0; l < p->n; l++)
-        *p->code[l] = (uint8_t)ina_nc_code_f32(p->bits[l], p->h[l], w1[l], floor, det, err);
-    p->n = 0;
+    ina_nc_pending_write(p, w1, floor, det, err);
 }
 
 /* queue element e of a group at pos0 (its bits, its byte) for nc_flush, flushing a full queue */
 static inline void nc_push(nc_pending *p, const float *x, uint8_t *codes, uint64_t pos0, unsigned e, uint32_t h,
                            const keys_t *k, int floor, int det, uint32_t *err)
 {
-    p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
-    p->bits[p->n] = ina_load_u32(x + e), p->h[p->n] = h;
-    if (++p->n == 8)
+    if (ina_nc_pending_add(p, x, codes, pos0, e, h))
         nc_flush(p, k, floor, det, err);
 }
 

@@ -35,6 +35,34 @@ typedef struct {
 
 extern const ina_kernel_ops ina_ops_scalar, ina_ops_avx2, ina_ops_avx512;
 
+/* The SIMD NC encoders' queue of elements whose code waits for their word1 (ties, nonzero values below the
+ * floor) or whose flags are wanted (NaN/Inf, overflow): their codes are written eight at a time, the eight
+ * word1s from one Philox pass over arbitrary positions (each file's philox_at8). */
+typedef struct {
+    uint64_t pos[8];
+    uint8_t *code[8];
+    uint32_t bits[8], h[8];
+    int n;
+} nc_pending;
+
+/* queue element e of a group at stream position pos0 (its bits, its byte); 1 when the queue is full */
+static inline int ina_nc_pending_add(nc_pending *p, const float *x, uint8_t *codes, uint64_t pos0, unsigned e,
+                                     uint32_t h)
+{
+    p->pos[p->n] = pos0 + e, p->code[p->n] = codes + e;
+    memcpy(&p->bits[p->n], x + e, 4);
+    p->h[p->n] = h;
+    return ++p->n == 8;
+}
+
+/* the queued elements' codes from their word1s (w1[l]: 0 where deterministic); the queue is empty after */
+static inline void ina_nc_pending_write(nc_pending *p, const uint32_t w1[8], int floor, int det, uint32_t *err)
+{
+    for (int l = 0; l < p->n; l++)
+        *p->code[l] = (uint8_t)ina_nc_code_f32(p->bits[l], p->h[l], w1[l], floor, det, err);
+    p->n = 0;
+}
+
 static inline uint32_t ina_load_u32(const void *p)
 {
     uint32_t v;
