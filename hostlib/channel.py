@@ -84,3 +84,11 @@ def open_group(shm: str | None, address, job: int, rank: int, key) -> socket.soc
     if shm is not None or key is not None or os.environ.get("INA_GROUP", "1") == "0":
         return None
     return net.open_group(address, job, rank)
+
+
+def parse(data):
+    """The header of a datagram, or None (b"" for a refusal, or not a packet of the protocol)."""
+    try:
+        return wire.unpack(data) if data else None
+    except wire.WireError:
+        return None

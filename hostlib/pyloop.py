@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from . import wire
+from .channel import parse
 from .generation import Outcome
 from .streams import SCAN_EVERY, InFlight
 
@@ -83,7 +84,7 @@ def _results(comm, stream, inflight: dict):
     completes here too, and the next call raises."""
     gen = stream.call.gen
     while (data := comm.chan.recv()) is not None:
-        h = comm.parse(data)
+        h = parse(data)
         if h is None:
             continue
         if h.job != comm.job or h.session != gen.session:

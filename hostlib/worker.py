@@ -30,7 +30,7 @@ from inaproto.timers import ABORT_WAIT, REFUSED_AFTER, SWITCH_SILENT
 from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
 from . import errors, failures, fastpath, join, pyloop, rng, tensors, wire
-from .channel import Channel, open_group, open_socket
+from .channel import Channel, open_group, open_socket, parse
 from .codecs import get_codec
 from .codecs.base import extremes
 from .errors import INAError
@@ -170,8 +170,6 @@ class Communicator:
         self.gen.note_drop(text or wire.drop_reason(reason))
         return True
 
-    parse = staticmethod(lambda data: _parse(data))  # a datagram's header, or None (pyloop)
-
     def error_from_datagram(self, data) -> INAError:
         """The exception for a switch's MSG_ERROR datagram (from the Python or the C loop): failures.py."""
         return failures.from_datagram(self, data)
@@ -296,7 +294,7 @@ class Communicator:
         """Take what waits on the socket between calls: an error of this generation becomes pending; the
         rest (late duplicates of results) is stale."""
         while (data := self._recv()) is not None:
-            h = _parse(data)
+            h = parse(data)
             if h is not None and (h.msg_type == wire.MSG_HEARTBEAT or
                                   h.msg_type == wire.MSG_ERROR and self.dropped_note(data)):
                 continue
@@ -326,7 +324,7 @@ class Communicator:
             while time.monotonic() < until:
                 self._wait(until - time.monotonic())
                 while (data := self._recv()) is not None:
-                    h = _parse(data)
+                    h = parse(data)
                     if h is not None and h.msg_type == wire.MSG_ERROR and h.session == session:
                         return  # the switch failed the generation: every member is told
                 if self.link.refused_since is not None:
@@ -527,14 +525,6 @@ def _check_args(rank: int, world_size: int, job: int, window: int | None):
         raise ValueError("job id must be in 0..65535")
     if window is not None and window < 1:
         raise ValueError("window must be >= 1")
-
-
-def _parse(data):
-    """The header of a datagram, or None (b"" for a refusal, or not a packet of the protocol)."""
-    try:
-        return wire.unpack(data) if data else None
-    except wire.WireError:
-        return None
 
 
 def connect(switch, rank: int, world_size: int, job: int = 1, codec: str = "int32", **kwargs) -> Communicator:

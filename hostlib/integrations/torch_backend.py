@@ -47,7 +47,7 @@ from ..worker import Communicator
 from . import futures
 from .common import switch_address
 from .torch_calls import SwitchCalls, _kind
-from .torch_failover import Failover
+from .torch_failover import COUNTERS, Failover
 
 BACKEND = "ina"
 JOIN_TIMEOUT = 10.0  # seconds the switch's join barrier waits; the store's barrier before it has every rank ready
@@ -232,8 +232,7 @@ class ProcessGroupINA(dist.ProcessGroup):
     def ina_stats(self) -> dict:
         """Counters: calls through the switch and through gloo (fallback), faults, re-joins, the join votes,
         the recoveries' seconds, which path carried each kind of call, and the live connection's CommStats."""
-        stats = {"switch_calls": 0, "gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0,
-                 "recovered_results": 0, "landed_sums": 0, "last_fault": None}
+        stats = dict.fromkeys(("switch_calls",) + COUNTERS, 0) | {"last_fault": None}  # a subgroup: all zero
         stats["paths"] = {f"{w} -> {p}": n for (w, p), n in self.paths.items()}
         if self.failover is not None:
             stats.update(self.failover.stats(), switch_calls=self.calls.switch_calls, last_fault=self.failover.last_fault,

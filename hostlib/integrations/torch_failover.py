@@ -28,6 +28,7 @@ from ..worker import Communicator
 
 RETRY_EVERY = 50  # calls on gloo between two attempts to re-join the switch ($INA_RETRY_EVERY)
 RECOVERY_POLL = 0.2  # seconds between the watcher's looks for another rank's recovery ($INA_RECOVERY_POLL)
+COUNTERS = ("gloo_calls", "faults", "rejoins", "failed_rejoins", "recovered_results", "landed_sums")  # ina_stats
 SWITCH_FAULTS = (errors.SwitchFault, OSError)  # OSError: CallTimeout, SwitchUnreachable, a dead route
 log = logging.getLogger("hostlib.integrations.torch_backend")  # one logger for the backend, whatever module
 
@@ -198,8 +199,7 @@ class Failover:
         self.comm: Communicator | None = None
         self.retry_at = 0  # on gloo: the call that joins again
         self.last_fault: str | None = None
-        self.counters = {"gloo_calls": 0, "faults": 0, "rejoins": 0, "failed_rejoins": 0, "recovered_results": 0,
-                         "landed_sums": 0}
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self._on_drop = on_drop  # the call path's per-connection state goes with the connection
         self._was = State.JOINING  # the state before the last transition (a recovery begun on gloo)
         self._warned = False
@@ -242,8 +242,8 @@ class Failover:
     def connection(self, n: int) -> Communicator | None:
         """The connection call n (the same number on every rank) goes through, or None: gloo. On gloo, call
         retry_at tries a re-join (one vote), so every rank goes back at the same call or none does."""
-        if self.comm is None and n >= self.retry_at and self._rejoin(n):
-            return self.comm
+        if self.comm is None and n >= self.retry_at:
+            self._rejoin(n)
         return self.comm
 
     def _rejoin(self, n: int) -> bool:
