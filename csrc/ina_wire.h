@@ -29,6 +29,7 @@
 #define INA_FLAG_PER_SLOT 2
 #define INA_FLAG_REPLY 4
 #define INA_FLAG_GROUP 8
+#define INA_FLAG_CONGESTED 16
 
 #define INA_EXP_NONE (-128)
 #define INA_EXP_NONFINITE 127

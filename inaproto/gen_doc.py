@@ -29,7 +29,9 @@ FIELD_MEANING = {
              f"PER_SLOT ({wire.FLAG_PER_SLOT:#04x}, stats_req): add each job's per-slot counters; bit 2 REPLY "
              f"({wire.FLAG_REPLY:#04x}, error): it answers the data packet whose `packet_id` and `pool_index` it "
              f"echoes; bit 3 GROUP ({wire.FLAG_GROUP:#04x}): in a join, the worker also listens on its job's "
-             f"loopback group; in a result, the one copy sent to that group (\"Results to a group\"); other bits 0",
+             f"loopback group; in a result, the one copy sent to that group (\"Results to a group\"); bit 4 CONGESTED "
+             f"({wire.FLAG_CONGESTED:#04x}): in an update, this worker's path is congested; in a result, some "
+             f"contribution to the round was (\"Congestion\"); other bits 0",
     "job": "job id; jobs are isolated (own slots, bitmaps, counters)",
     "rank": f"worker rank (0..{wire.MAX_WORKERS - 1}); in a result or error: the rank the copy is addressed to "
             f"({wire.NO_RANK} in a result sent to the job's group)",

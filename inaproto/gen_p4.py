@@ -47,7 +47,7 @@ def constants() -> list[str]:
     c += [("bit<8>", "MSG_MAX", max(w.MSG_NAMES))]
     c += [("bit<8>", f"CODEC_{name.upper()}", code) for code, name in sorted(w.CODEC_NAMES.items())]
     c += [("bit<8>", "CODEC_MAX", max(w.CODEC_NAMES)), ("bit<8>", "FLAG_OVERFLOW", w.FLAG_OVERFLOW),
-          ("bit<8>", "FLAG_REPLY", w.FLAG_REPLY),
+          ("bit<8>", "FLAG_REPLY", w.FLAG_REPLY), ("bit<8>", "FLAG_CONGESTED", w.FLAG_CONGESTED),
           ("bit<8>", "EXP_NONE", w.EXP_NONE & 0xFF), ("int<16>", "NC_BIAS", w.NC_BIAS),
           ("int<16>", "NC_SPAN", w.NC_SPAN), ("int<16>", "NC_LEVEL_MIN", w.NC_LEVEL_MIN),
           ("int<16>", "NC_LEVEL_MAX", w.NC_LEVEL_MAX), ("bit<16>", "HEADER_SIZE", w.HEADER_SIZE),

@@ -54,6 +54,11 @@ FLAG_REPLY = 0x04  # error: it answers the data packet whose packet_id and pool 
 # join: the worker also listens on its job's loopback group (net.job_group); result: the one copy sent to that
 # group for every member (rank NO_RANK), where every member asked and joined from loopback (docs/protocol.md)
 FLAG_GROUP = 0x08
+# update: this worker's path is congested (a result came to it CE-marked, or its round trip rose above the path's
+# base: hostlib/cc.py); result: some contribution counted in this round was congested (the flag, or CE in its IP
+# header as the switch received it). The switch ORs it into the aggregate, so every worker of the job slows down
+# when any path is congested (docs/protocol.md, "Congestion")
+FLAG_CONGESTED = 0x10
 MAX_STATS_REPLY = 60000  # a stats reply is one datagram: past this the per-slot arrays are left out
 
 # exponent byte values (signed int8): e means every |x| in the block is < 2^e

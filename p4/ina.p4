@@ -53,6 +53,7 @@ const bit<8> CODEC_NC8 = 2;
 const bit<8> CODEC_MAX = 2;
 const bit<8> FLAG_OVERFLOW = 1;
 const bit<8> FLAG_REPLY = 4;
+const bit<8> FLAG_CONGESTED = 16;
 const bit<8> EXP_NONE = 128;
 const int<16> NC_BIAS = 64;
 const int<16> NC_SPAN = 56;
