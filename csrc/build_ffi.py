@@ -57,9 +57,10 @@ def _ffi(name, header_includes, sources, **kw):
 
 core_ffi = _ffi("switchsim._native", ["ina_core.h", "ina_udp.h", "ina_shm_switch.h", "ina_blast.h", "ina_delay.h"],
                 _src("ina_core.c", "ina_core_simd.c", "ina_udp.c", "ina_shm_switch.c", "ina_blast.c", "ina_delay.c"))
-kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_shm.h", "ina_worker.h", "ina_beat.h"],
+kernels_ffi = _ffi("hostlib._kernels", ["ina_kernels.h", "ina_bloom.h", "ina_shm.h", "ina_cc.h", "ina_worker.h",
+                                             "ina_beat.h"],
                    _src("ina_kernels.c", "ina_kernels_avx2.c", "ina_kernels_avx512.c", "ina_bloom.c", "ina_shm.c",
-                        "ina_worker.c", "ina_beat.c"),
+                        "ina_cc.c", "ina_worker.c", "ina_beat.c"),
                    libraries=["m", "pthread"], cflags=["-ffp-contract=off"])  # SIMD files set their own target; no FMA
 
 

@@ -20,6 +20,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -32,10 +33,12 @@
 #define GONE_EVERY 0.1   /* seconds between checks that a shared-memory switch is still there */
 #define RTT_BATCH 16     /* RTT samples per estimator update (their minimum), as in the Python loop */
 #define INT32_MAX_ 2147483647
+#define INA_TOS_CMSG_SPACE CMSG_SPACE(sizeof(int)) /* IP_TOS of a received datagram (IP_RECVTOS, channel.py) */
 
 typedef struct {
     uint32_t q, tries, len;
-    int busy;
+    int busy, fast; /* fast: resent for a gap since its last send (once; the timeout is the last resort) */
+    uint64_t seq;   /* its send number (ina_cc.sent) */
     double first_sent, deadline, rto;
 } entry;
 
@@ -47,6 +50,10 @@ typedef struct {
     uint32_t *cand;     /* dense: packets a completion may have made sendable (at most 3 W between sends) */
     uint32_t n_cand;
     uint8_t *sent;      /* dense: per packet */
+    uint32_t una, hi_done; /* dense: the first packet not done; the last one done (+1) */
+    uint32_t gap_scan;  /* dense: the packets below it were looked at for a gap */
+    uint32_t inflight;  /* dense: packets sent and not done (the congestion window counts them) */
+    double first_result; /* when the call's first result came (0: none yet): the peers are in the call */
     double next_scan;
     double rtt_min;     /* the smallest RTT sample of the current batch */
     uint32_t rtt_n;
@@ -58,7 +65,7 @@ typedef struct {
     double next_gone;   /* shm: when to check next whether the switch is gone */
     struct mmsghdr rmsg[INA_WK_BATCH];
     struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH];
-    char rctrl[INA_WK_BATCH][INA_GRO_CMSG_SPACE];
+    char rctrl[INA_WK_BATCH][INA_GRO_CMSG_SPACE + INA_TOS_CMSG_SPACE];
     int n_send;
     /* the send batch as messages: one per GSO run or single packet, its first packet and packet count */
     struct mmsghdr gmsg[INA_WK_BATCH];
@@ -147,7 +154,9 @@ int ina_wk_start(ina_wk *w)
     w->dropped_len = 0;
     w->priv = p;
     if (!w->sparse) {
-        p->cand = malloc((3 * (size_t)w->window + 1) * sizeof *p->cand);
+        /* a packet is a candidate once at the start (the first window) and at most twice after (its lane's
+         * previous packet and its block's exponent done): the list never holds more, waiting or not */
+        p->cand = malloc((2 * (size_t)w->total + w->window + 1) * sizeof *p->cand);
         p->sent = calloc(w->total, 1);
         if (!p->cand || !p->sent) {
             ina_wk_finish(w);
@@ -274,7 +283,7 @@ static long build(ina_wk *w, priv_t *p, uint32_t q, uint8_t *buf)
             return -1;
     }
     put_header(buf, INA_MSG_UPDATE, w->job, w->rank, pid, (uint16_t)lane_slot(w, q % w->window), (uint8_t)(pid & 1),
-               (uint16_t)count, wire_codec(w), exp_cur, exp_next, 0, w->session);
+               (uint16_t)count, wire_codec(w), exp_cur, exp_next, (uint8_t)ina_cc_echo(&w->cc), w->session);
     put_call(buf, w->call_kind, w->call, w->call_len);
     put_boot(buf, w->boot);
     return INA_HEADER_SIZE + (long)count * (long)p->esize;
@@ -419,7 +428,44 @@ static void rtt_sample(ina_wk *w, double r)
         w->srtt = 0.875 * w->srtt + 0.125 * r;
     }
     double rto = w->srtt + 4 * w->rttvar;
-    w->rto = fmin(fmax(rto, w->min_rto), w->max_rto);
+    w->rto = fmin(fmax(rto, ina_cc_rto_floor(&w->cc, w->srtt, w->min_rto)), w->max_rto);
+}
+
+/* a dense packet's result: a round-trip sample, a spurious resend noted, the congestion window's step (a
+ * round trip of the path only for a packet sent once, after the call's first result: ina_cc.h) */
+static void answered(ina_wk *w, priv_t *p, entry *e, int congested)
+{
+    double t = now();
+    e->busy = 0;
+    p->inflight--;
+    if (p->first_result == 0)
+        p->first_result = t;
+    note_answer(w, e, t);
+    rtt_sample(w, t - e->first_sent); /* from the first send: RttEstimator says why */
+    int path = e->tries == 0 && e->first_sent >= p->first_result;
+    ina_cc_result(&w->cc, e->seq, path ? t - e->first_sent : -1, congested, w->window);
+}
+
+/* a gap: packets INA_WK_DUPTHRESH later than one still out came back, so it (or its result) was lost: resend it
+ * at once, once (TCP's fast retransmit, ATP's gap-triggered resend); each packet is looked at once, when the
+ * results pass it. Not under INA_CC_NONE (SwitchML's timeout alone) nor block-sparse (one round per stream). */
+static void gap(ina_wk *w, priv_t *p, double t)
+{
+    if (w->cc.policy == INA_CC_NONE || w->sparse)
+        return;
+    uint32_t q = p->gap_scan > p->una ? p->gap_scan : p->una;
+    for (; q + INA_WK_DUPTHRESH < p->hi_done; q++) {
+        entry *e = &p->win[q % w->window];
+        if (w->done[q] || !p->sent[q] || !e->busy || e->q != q || e->fast)
+            continue;
+        e->fast = 1;
+        e->tries++;
+        e->deadline = t + e->rto;
+        w->retransmissions++;
+        w->fast_retransmits++;
+        queue(w, p, e);
+    }
+    p->gap_scan = q;
 }
 
 /* a result's payload as native int32 (wire order is big-endian) */
@@ -616,13 +662,22 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     if (w->D && w->D != w->window)
         p->cand[p->n_cand++] = q + w->D; /* the packet that carries its block */
     entry *e = &p->win[q % w->window];
-    if (e->busy && e->q == q) {
-        e->busy = 0;
-        double t = now();
-        note_answer(w, e, t);
-        rtt_sample(w, t - e->first_sent); /* from the first send: RttEstimator says why */
-    }
+    if (e->busy && e->q == q)
+        answered(w, p, e, h.flags & INA_FLAG_CONGESTED);
+    p->hi_done = q + 1 > p->hi_done ? q + 1 : p->hi_done;
+    while (p->una < w->total && w->done[p->una])
+        p->una++;
     return INA_WK_AGAIN;
+}
+
+/* a received datagram's IP_TOS cmsg (the socket asks for it: channel.py's IP_RECVTOS) says CE: a queue on the
+ * way marked it */
+static int ce_marked(struct msghdr *m)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS)
+            return (*(const uint8_t *)CMSG_DATA(c) & 3) == INA_CE;
+    return 0;
 }
 
 /* message i of a receive batch: one datagram, or with UDP_GRO a run of them cut at the cmsg's segment
@@ -634,6 +689,8 @@ static int on_message(ina_wk *w, priv_t *p, int i)
     uint32_t seg = p->gro_on ? ina_gro_size(&p->rmsg[i].msg_hdr) : 0;
     if (p->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
         len = p->pkt_max + 1, seg = 0; /* oversized: fails the length check */
+    if (!w->shm && ce_marked(&p->rmsg[i].msg_hdr)) /* GRO coalesces only datagrams of one TOS */
+        ina_cc_marked(&w->cc);
     if (!seg || seg >= len) {
         int rc = on_result(w, p, d, len);
         return rc == INA_WK_AGAIN ? 1 : -rc;
@@ -674,8 +731,7 @@ static int receive_from(ina_wk *w, priv_t *p, int fd)
             memset(h, 0, sizeof *h);
             h->msg_iov = &p->riov[i];
             h->msg_iovlen = 1;
-            if (p->gro_on)
-                h->msg_control = p->rctrl[i], h->msg_controllen = sizeof p->rctrl[i];
+            h->msg_control = p->rctrl[i], h->msg_controllen = sizeof p->rctrl[i]; /* GRO's size, the TOS */
         }
         int r = recvmmsg(fd, p->rmsg, INA_WK_BATCH, MSG_DONTWAIT, NULL);
         if (r < 0) {
@@ -735,6 +791,55 @@ static int scan(ina_wk *w, priv_t *p, double t)
     return INA_WK_AGAIN;
 }
 
+/* packet q built into its window entry and queued; INA_WK_AGAIN, or INA_WK_SWITCH_ERROR with an error pending
+ * (this round cannot complete), INA_WK_ENCODE_ERROR */
+static int send_new(ina_wk *w, priv_t *p, uint32_t q, double t)
+{
+    if (w->error_len)
+        return INA_WK_SWITCH_ERROR;
+    entry *e = &p->win[q % w->window];
+    long len = build(w, p, q, p->pkts + (size_t)(e - p->win) * p->pkt_max);
+    if (len < 0)
+        return INA_WK_ENCODE_ERROR;
+    *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .seq = w->cc.sent++, .first_sent = t,
+                 .deadline = t + w->rto, .rto = w->rto};
+    queue(w, p, e);
+    p->sent[q] = 1;
+    p->inflight++;
+    return INA_WK_AGAIN;
+}
+
+static int window_full(const ina_wk *w, const priv_t *p)
+{
+    return p->inflight >= ina_cc_allowed(&w->cc, w->window);
+}
+
+/* the candidates that may go, as many as the congestion window allows; those past it wait in the list, in
+ * order. The first packet not done goes whatever the window: ranks whose windows differ never wait on each
+ * other's packets (each sends it, so it completes, and the next one is first) */
+static int send_ready(ina_wk *w, priv_t *p, double t)
+{
+    uint32_t c = 0, u = p->una;
+    if (u < w->total && !p->sent[u] && sendable(w, u) && window_full(w, p)) {
+        int rc = send_new(w, p, u, t);
+        if (rc != INA_WK_AGAIN)
+            return rc;
+    }
+    for (; c < p->n_cand; c++) {
+        uint32_t q = p->cand[c];
+        if (q >= w->total || p->sent[q] || !sendable(w, q))
+            continue;
+        if (window_full(w, p))
+            break;
+        int rc = send_new(w, p, q, t);
+        if (rc != INA_WK_AGAIN)
+            return rc;
+    }
+    memmove(p->cand, p->cand + c, (p->n_cand - c) * sizeof *p->cand);
+    p->n_cand -= c;
+    return INA_WK_AGAIN;
+}
+
 static int finished(const ina_wk *w)
 {
     return w->sparse ? w->streams_done == w->streams : w->ndone == w->total;
@@ -766,32 +871,17 @@ static int run(ina_wk *w, int budget_ms)
     }
     while (!finished(w)) {
         double t = now();
-        for (uint32_t c = 0; c < p->n_cand; c++) {
-            uint32_t q = p->cand[c];
-            if (q >= w->total || p->sent[q] || !sendable(w, q))
-                continue;
-            if (w->error_len) { /* an error pending: this round cannot complete */
-                flush(w, p);
-                return INA_WK_SWITCH_ERROR;
-            }
-            entry *e = &p->win[q % w->window];
-            long len = build(w, p, q, p->pkts + (size_t)(e - p->win) * p->pkt_max);
-            if (len < 0) {
-                flush(w, p);
-                return INA_WK_ENCODE_ERROR;
-            }
-            *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .first_sent = t, .deadline = t + w->rto,
-                         .rto = w->rto};
-            queue(w, p, e);
-            p->sent[q] = 1;
-        }
-        p->n_cand = 0;
+        int rc = w->sparse ? INA_WK_AGAIN : send_ready(w, p, t);
         flush(w, p);
+        if (rc != INA_WK_AGAIN)
+            return rc;
         int got = receive(w, p);
-        flush(w, p); /* sparse: the rounds the results started */
+        t = now();
+        if (got > 0)
+            gap(w, p, t);
+        flush(w, p); /* sparse: the rounds the results started; the gaps' resends */
         if (got < 0)
             return -got;
-        t = now();
         if (p->refused_since && t - p->refused_since >= INA_WK_REFUSED_AFTER_MS * 1e-3)
             return INA_WK_REFUSED;
         if (w->shm && got == 0 && t >= p->next_gone) {
@@ -805,7 +895,7 @@ static int run(ina_wk *w, int budget_ms)
             if (rc != INA_WK_AGAIN)
                 return rc;
         }
-        if (got == 0 && (w->sparse || !p->n_cand) && !finished(w)) {
+        if (got == 0 && (w->sparse || !p->n_cand || window_full(w, p)) && !finished(w)) {
             if (t >= end)
                 return INA_WK_AGAIN;
             double wait = fmin(p->next_scan, end) - t;

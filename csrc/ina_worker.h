@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ina_cc.h"
+
 #define INA_WK_INT32 0 /* src: native int32 */
 #define INA_WK_FIXED 1 /* src: float32, quantized with the agreed exponent */
 #define INA_WK_NC 2    /* src: float32, NC codes */
@@ -26,6 +28,9 @@
 #define INA_WK_REFUSED_AFTER_MS INA_REFUSED_AFTER_MS /* inaproto.timers.REFUSED_AFTER */
 
 #define INA_WK_BATCH 64
+/* results of packets this much later than one still out: it was lost (a gap), resent at once (TCP's fast
+ * retransmit); not under INA_CC_NONE */
+#define INA_WK_DUPTHRESH 3
 #define INA_WK_ERROR_MAX 256 /* an error is never larger than the join it answers (INA_JOIN_SIZE) */
 
 typedef struct {
@@ -61,6 +66,7 @@ typedef struct {
     double rto, min_rto, max_rto, timeout;
     double srtt, rttvar; /* the round-trip estimate, carried over calls */
     int have_srtt;
+    ina_cc cc;           /* the congestion window (ina_cc.h), carried over calls; dense calls follow it */
     /* block-sparse allreduce (worker.py _allreduce_sparse): one stream per slot, rounds of one block */
     int sparse;
     const uint8_t *held; /* per block: this worker's block is non-zero */
@@ -77,6 +83,7 @@ typedef struct {
                             * what counts as hearing the switch (junk from its address does not) */
     uint64_t retransmissions, duplicate_results, stale_results;
     uint64_t spurious_retransmissions; /* resends answered within half a round trip: the original was not lost */
+    uint64_t fast_retransmits; /* resends of a gap: results of INA_WK_DUPTHRESH later packets came first */
     int overflow;
     uint32_t timeout_pid, timeout_slot, timeout_tries;
     int sys_errno;

@@ -13,11 +13,17 @@ from inaproto.net import size_buffers
 from .shm import ShmSocket
 
 
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)  # Linux's value where Python does not name it
+TOS_CMSG = socket.CMSG_SPACE(4)
+
+
 class Channel:
-    def __init__(self, sock, group, stats, link):
-        self.sock, self.group, self.stats, self.link = sock, group, stats, link
+    def __init__(self, sock, group, stats, link, on_mark=None):
+        """on_mark: called for each datagram that came CE-marked (a queue on the way is congested)."""
+        self.sock, self.group, self.stats, self.link, self.on_mark = sock, group, stats, link, on_mark
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
+        self._tos = not isinstance(sock, ShmSocket)  # rings carry no IP header
 
     def send(self, data: bytes):
         try:
@@ -33,7 +39,7 @@ class Channel:
         """One datagram as bytes, from the socket or the job's group, or None when nothing is waiting (b"": the
         switch's port refused)."""
         try:
-            n = self.sock.recv_into(self._buf)
+            n = self._recv_sock()
         except (BlockingIOError, InterruptedError):
             n = self._recv_group()
             if n is None:
@@ -48,6 +54,17 @@ class Channel:
             self.stats.packets_received += 1
             self.stats.bytes_received += n
         return bytes(self._view[:n])
+
+    def _recv_sock(self) -> int:
+        """A datagram into the buffer; its IP_TOS (asked with IP_RECVTOS) told to on_mark when it is CE."""
+        if not self._tos:
+            return self.sock.recv_into(self._buf)
+        n, anc, _, _ = self.sock.recvmsg_into([self._buf], TOS_CMSG)
+        for level, kind, data in anc:
+            if level == socket.IPPROTO_IP and kind == socket.IP_TOS and data and data[0] & 3 == wire.CE:
+                if self.on_mark is not None:
+                    self.on_mark()
+        return n
 
     def _recv_group(self):
         """The length of a datagram the switch sent to the job's group, or None (its socket takes the switch's
@@ -73,6 +90,7 @@ def open_socket(shm: str | None, address):
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     size_buffers(sock)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0)  # ECN-capable: a congested queue marks, not drops
+    sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)  # and a result's mark is seen (the C loop's ce_marked too)
     sock.connect(address)
     sock.setblocking(False)
     return sock

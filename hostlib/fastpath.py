@@ -13,7 +13,7 @@ import numpy as np
 from inaproto import wire
 from inaproto.timers import SWITCH_SILENT
 
-from . import kernels
+from . import cc, kernels
 from .codecs import natural
 from .generation import Outcome
 from .shm import ShmSocket
@@ -51,7 +51,7 @@ def out_dtype(kind_: int):
 # the C loop's counters, added by name to the Communicator's CommStats after each call
 COUNTERS = ("packets_sent", "bytes_sent", "packets_received", "bytes_received", "heartbeat_answers",
             "retransmissions", "spurious_retransmissions", "duplicate_results", "stale_results", "gso_sends",
-            "gro_segments", "switch_drops")
+            "gro_segments", "switch_drops", "fast_retransmits")
 STATUS = {"INA_WK_DONE": "done", "INA_WK_SWITCH_ERROR": "switch_error", "INA_WK_TIMEOUT": "timeout",
           "INA_WK_REFUSED": "refused", "INA_WK_ENCODE_ERROR": "encode_error", "INA_WK_BAD_RESULT": "bad_result",
           "INA_WK_SYSTEM_ERROR": "system_error"}
@@ -165,6 +165,8 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
     w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
+    for name in cc.FIELDS:  # the congestion window carries over calls and loops (Communicator.learn)
+        setattr(w.cc, name, getattr(comm.cc, name))
     # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
     gso, gro = gso_modes(comm.link)
     w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
@@ -213,6 +215,7 @@ def _learned(outcome: Outcome, w, heard_at: float) -> Outcome:
     outcome.gso_ok, outcome.gro_ok = bool(w.gso), bool(w.gro)
     if w.have_srtt:
         outcome.rtt = (w.srtt, w.rttvar, w.rto)
+    outcome.cc = {name: getattr(w.cc, name) for name in cc.FIELDS}
     outcome.heard_at = heard_at
     return outcome
 

@@ -58,6 +58,7 @@ class Generation:
         self.state = "live"  # live, pending, ended or broken (TRANSITIONS)
         self.pending = None  # in state pending, the failure told while a call could still complete
         self.drop_notes: list[str] = []
+        self.join_rtt = 0.0  # the join's first round trip (join.join): the path's, before any queue
 
     def call(self, kind: int, length: int, codec, k: int) -> "Call":
         """The next call's identity (its seed and slots come when it starts: Call.start)."""
@@ -146,6 +147,7 @@ class Outcome:
     landed: np.ndarray | None = None
     counters: dict | None = None
     rtt: tuple[float, float, float] | None = None
+    cc: dict | None = None  # the congestion window's fields (cc.FIELDS) as the loop left them
     drop_note: str | None = None
     gso_ok: bool = True
     gro_ok: bool = True

@@ -28,10 +28,11 @@ def join(comm, window: int, timeout: float, elements: int = 0) -> Generation:
                           group=comm.group is not None, session=proof)
     echo = nonce & wire.PACKET_ID_MASK  # the switch's answers to this join carry it (others are not ours)
     deadline = time.monotonic() + timeout
-    joined, heard, refused, confirmed = 0, False, False, False
+    joined, heard, refused, confirmed, rtt = 0, False, False, False, 0.0
     comm.link.answered()  # refusals count from this join on
     while True:
         comm.chan.send(packet)
+        sent_at = time.monotonic()
         until = min(time.monotonic() + JOIN_REPEAT, deadline)
         while time.monotonic() < until:
             comm.chan.wait(until - time.monotonic())
@@ -45,6 +46,7 @@ def join(comm, window: int, timeout: float, elements: int = 0) -> Generation:
                     continue
                 if h.job != comm.job or h.packet_id != echo or h.msg_type not in JOIN_ANSWERS:
                     continue  # not an answer to this join: a late one to an earlier join, or a forged join's
+                rtt = rtt or time.monotonic() - sent_at  # the first answer: a round trip of the idle path
                 heard = True
                 comm.link.heard()
                 if h.msg_type == wire.MSG_ERROR and h.session == 0:
@@ -56,7 +58,9 @@ def join(comm, window: int, timeout: float, elements: int = 0) -> Generation:
                         confirmed = True
                         comm.chan.send(packet)
                 if h.msg_type == wire.MSG_JOIN_ACK:
-                    return Generation(h, data)
+                    gen = Generation(h, data)
+                    gen.join_rtt = rtt
+                    return gen
         if not heard:
             comm.check_switch()
         else:  # a switch that answered this join and then stopped answering is named, not waited for

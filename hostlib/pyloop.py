@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 
-from . import wire
+from . import cc, wire
 from .channel import parse
 from .generation import Outcome
-from .streams import SCAN_EVERY, InFlight
+from .streams import SCAN_EVERY, DenseStream, InFlight
 
 
 def window_loop(comm, stream, progress) -> np.ndarray:
@@ -26,23 +26,30 @@ def drive(comm, stream, progress):
     then raise what the agreed exponents or the OVERFLOW flag say."""
     inflight: dict[int, InFlight] = {}
     next_scan = 0.0
-    gen = stream.call.gen
+    gen, window = stream.call.gen, comm.cc
+    first_result = None  # when the call's first result came: the peers are in the call (cc.Window.result)
     while not stream.finished():
         now = time.monotonic()
-        for key in stream.ready():
+        for key in stream.ready(window.allowed(stream.W) - len(inflight)):
             if gen.pending is not None:  # a new round in a failed generation can never complete
                 raise gen.take_pending()
-            comm.chan.send(stream.build(key))
-            inflight[key] = InFlight(now, now + comm.rtt.rto, comm.rtt.rto)
+            flags = window.take_echo() if isinstance(stream, DenseStream) else 0
+            comm.chan.send(stream.build(key, flags))
+            inflight[key] = InFlight(now, now + comm.rtt.rto, comm.rtt.rto, seq=window.sent, flags=flags)
+            window.sent += 1
         comm.chan.wait(SCAN_EVERY if inflight else 0.0)
+        got = False
         for h, data in _results(comm, stream, inflight):
             key = stream.on_result(h, data, comm.stats)
             if key is None:
                 continue
-            rec = inflight.pop(key)
-            _answered(comm, rec, time.monotonic())
+            now, got = time.monotonic(), True
+            first_result = first_result or now
+            _answered(comm, stream, inflight.pop(key), h, now, first_result)
             if progress is not None and (done := stream.report(key)) is not None:
                 progress(done)
+        if got and window.policy != cc.NONE:
+            _gaps(comm, stream, inflight, time.monotonic())
         now = time.monotonic()
         if now >= next_scan:
             next_scan = now + SCAN_EVERY
@@ -54,13 +61,31 @@ def drive(comm, stream, progress):
         progress(stream.N)
     comm.check_result(stream.call, stream.exps, stream.agreed, stream.overflow)
 
-def _answered(comm, rec: InFlight, now: float):
+def _answered(comm, stream, rec: InFlight, h, now: float, first_result: float):
     """A packet's result came: a round-trip sample; a resend answered sooner than half a round trip
-    after it went (its deadline less its timeout) answered an earlier send: it was spurious."""
+    after it went (its deadline less its timeout) answered an earlier send: it was spurious. A dense call's
+    result steps the congestion window (a round trip of the path only for a packet sent once, after the
+    call's first result: cc.Window.result)."""
     srtt = comm.rtt.srtt
     if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
         comm.stats.spurious_retransmissions += 1
     comm.rtt.sample(now - rec.first_sent)
+    if isinstance(stream, DenseStream):
+        path = rec.tries == 0 and rec.first_sent >= first_result
+        comm.cc.result(rec.seq, now - rec.first_sent if path else -1.0, bool(h.flags & wire.FLAG_CONGESTED),
+                       stream.W)
+
+
+def _gaps(comm, stream, inflight: dict, now: float):
+    """Resend at once, once, every packet a gap shows lost (stream.gaps: TCP's fast retransmit)."""
+    for key in stream.gaps():
+        rec = inflight.get(key)
+        if rec is None or rec.fast:
+            continue
+        comm.chan.send(stream.build(key, rec.flags))
+        comm.stats.retransmissions += 1
+        comm.stats.fast_retransmits += 1
+        rec.fast, rec.tries, rec.deadline = True, rec.tries + 1, now + rec.rto
 
 def _scan(comm, stream, inflight: dict, now: float):
     """Rebuild and resend every packet whose timeout expired, backing off; give up after comm.timeout."""
@@ -70,7 +95,7 @@ def _scan(comm, stream, inflight: dict, now: float):
         if now - rec.first_sent > comm.timeout:
             pid, slot = stream.where(key)
             raise comm.failure(Outcome("timeout", where=(pid, slot, rec.tries)), stream.call)
-        comm.chan.send(stream.build(key))
+        comm.chan.send(stream.build(key, rec.flags))
         comm.stats.retransmissions += 1
         rec.rto = min(rec.rto * 2, comm.rtt.max_rto)
         rec.deadline, rec.tries = now + rec.rto, rec.tries + 1

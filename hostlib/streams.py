@@ -17,6 +17,8 @@ import numpy as np
 
 from inaproto import wire
 
+from . import cc
+
 SCAN_EVERY = 0.002  # seconds between retransmission scans (the C loop's SCAN_EVERY)
 RTT_BATCH = 16  # RTT samples per estimator update, their minimum (the C loop's RTT_BATCH)
 
@@ -29,6 +31,9 @@ class InFlight:
     deadline: float
     rto: float
     tries: int = 0
+    seq: int = 0  # its send number (cc.Window.sent)
+    flags: int = 0  # its header's flags (FLAG_CONGESTED echoed): a resend is rebuilt bit for bit
+    fast: bool = False  # resent for a gap since its last send (once; the timeout is the last resort)
 
 
 class RttEstimator:
@@ -41,8 +46,9 @@ class RttEstimator:
     every packet stays resent (10 Mbit/s links: 7,700 retransmissions for 4,096 packets); the smallest
     first-send sample is a real round trip either way."""
 
-    def __init__(self, rto: float, max_rto: float):
+    def __init__(self, rto: float, max_rto: float, policy: int = cc.NONE):
         self.min_rto, self.max_rto, self.rto = float(rto), float(max_rto), float(rto)
+        self.policy = policy  # the congestion policy: its floor is a few round trips (cc.rto_floor)
         self.srtt: float | None = None
         self.rttvar = 0.0
         self._batch: list[float] = []
@@ -58,7 +64,15 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
             self.srtt = 0.875 * self.srtt + 0.125 * r
-        self.rto = min(max(self.srtt + 4 * self.rttvar, self.min_rto), self.max_rto)
+        self.rto = min(max(self.srtt + 4 * self.rttvar, cc.rto_floor(self.policy, self.srtt, self.min_rto)),
+                       self.max_rto)
+
+    def seed(self, r: float):
+        """A first estimate from one round trip the join measured, where none was made yet (a policy only:
+        "none" keeps its constant floor until calls measure)."""
+        if self.srtt is None and r > 0 and self.policy != cc.NONE:
+            self.srtt, self.rttvar = r, r / 2
+            self.rto = min(max(3 * r, cc.rto_floor(self.policy, r, self.min_rto)), self.max_rto)
 
 
 class CallSlots:
@@ -141,18 +155,44 @@ class DenseStream(Stream):
         self.done = np.zeros(self.total, dtype=bool)
         self.sent = np.zeros(self.total, dtype=bool)
         self.ndone = 0
+        self.una = self.hi_done = self.gap_scan = 0  # the first packet not done; the last done + 1; gaps below seen
         self.report_every = max(1, self.total // 100)
         self.candidates = collections.deque(range(min(self.W, self.total)))  # what a completion may have freed
 
-    def ready(self):
-        W, D, done, sent, total = self.W, self.D, self.done, self.sent, self.total
-        while self.candidates:
-            q = self.candidates.popleft()
-            if q < total and not sent[q] and (q < W or done[q - W]) and (D == 0 or q < D or done[q - D]):
-                sent[q] = True
-                yield q
+    def sendable(self, q: int) -> bool:
+        W, D, done = self.W, self.D, self.done
+        return q < self.total and not self.sent[q] and (q < W or done[q - W]) and (D == 0 or q < D or done[q - D])
 
-    def build(self, q: int) -> bytes:
+    def ready(self, room: int):
+        """The packets that may go: at most room (the congestion window's); those past it wait, in order. The
+        first packet not done goes whatever the window: ranks whose windows differ never wait on each other's
+        packets (the C loop's send_ready)."""
+        if room <= 0 and self.sendable(self.una):
+            self.sent[self.una] = True
+            yield self.una
+        while self.candidates:
+            q = self.candidates[0]
+            if self.sendable(q):
+                if room <= 0:
+                    return
+                room -= 1
+                self.sent[q] = True
+                self.candidates.popleft()
+                yield q
+            else:
+                self.candidates.popleft()
+
+    def gaps(self):
+        """Packets sent and not done that DUPTHRESH later ones passed: lost (or their results were); each
+        packet is looked at once, when the results pass it (the C loop's gap)."""
+        q = max(self.gap_scan, self.una)
+        while q + cc.DUPTHRESH < self.hi_done:
+            if not self.done[q] and self.sent[q]:
+                yield q
+            q += 1
+        self.gap_scan = q
+
+    def build(self, q: int, flags: int = 0) -> bytes:
         pid, slot = self.where(q)
         exps, nb = self.exps, self.nb
         exp_next = int(exps[q]) if exps is not None and q < nb else wire.EXP_NONE
@@ -161,7 +201,7 @@ class DenseStream(Stream):
             exp_cur = int(self.agreed[q - self.D]) if exps is not None else 0
             payload, count = self.encode(q - self.D, exp_cur)
         return wire.pack(wire.MSG_UPDATE, *self.comm.addressing(), pid, slot, pid & 1, count, self.codec.wire_codec,
-                         exp_cur, exp_next, 0, payload, *self.call.fields())
+                         exp_cur, exp_next, flags, payload, *self.call.fields())
 
     def on_result(self, h, data, stats) -> int | None:
         j, i = self.slots.locate(h)
@@ -183,6 +223,9 @@ class DenseStream(Stream):
             self.store(q - self.D, h, data)
         self.done[q] = True
         self.ndone += 1
+        self.hi_done = max(self.hi_done, q + 1)
+        while self.una < self.total and self.done[self.una]:
+            self.una += 1
         self.candidates.append(q + self.W)  # its lane's next packet
         if self.D and self.D != self.W:
             self.candidates.append(q + self.D)  # the packet that carries its block
@@ -229,7 +272,8 @@ class SparseStream(Stream):
         self.emitted = self.streams_done = 0
         self.last_real = False  # the round last accepted carried a block
 
-    def ready(self):
+    def ready(self, room: int = 0):
+        """Every stream whose next round may start (one round each: the congestion window does not apply)."""
         starting, self.to_start = self.to_start, []
         for s in starting:
             self.active[s] = True
@@ -244,7 +288,10 @@ class SparseStream(Stream):
     def holds_target(self, s: int) -> bool:
         return self.ptr[s] < len(self.mine[s]) and self.mine[s][self.ptr[s]] == self.target[s]
 
-    def build(self, s: int) -> bytes:
+    def gaps(self):
+        return ()  # one round per stream: no later packet passes one
+
+    def build(self, s: int, flags: int = 0) -> bytes:
         pid, slot = self.where(s)
         exp_cur = self.exp_target[s] if self.exps is not None else 0
         block, count, payload = wire.BLOCK_NONE, 0, b""

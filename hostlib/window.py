@@ -41,6 +41,7 @@ class CommStats:
     bytes_received: int = 0
     retransmissions: int = 0
     spurious_retransmissions: int = 0  # resends answered within half a round trip: the original was late, not lost
+    fast_retransmits: int = 0  # of the retransmissions, those a gap sent at once (cc.DUPTHRESH), not a timeout
     duplicate_results: int = 0
     stale_results: int = 0
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)

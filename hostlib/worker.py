@@ -19,6 +19,7 @@ HEARTBEAT_EVERY seconds, in calls and between them, lets the switch tell a dead 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from inaproto import auth
 from inaproto.timers import ABORT_WAIT, REFUSED_AFTER, SWITCH_SILENT
 from inaproto.net import SHM_HOST, SOCKET_BUFFER, parse_address, shm_name, size_buffers  # noqa: F401 - public names
 
+from . import cc as congestion
 from . import errors, failures, fastpath, join, pyloop, rng, tensors, wire
 from .channel import Channel, open_group, open_socket, parse
 from .codecs import get_codec
@@ -53,8 +55,8 @@ class Communicator:
 
     def __init__(self, switch, rank: int, world_size: int, job: int = 1, codec: str = "int32",
                  window: int | None = None, elements_per_packet: int | None = None, timeout: float = 30.0,
-                 join_timeout: float | None = None, rto: float = 0.03, max_rto: float = 0.1, seed: int = 0,
-                 fast: bool | None = None, key: bytes | str | None = None, **codec_params):
+                 join_timeout: float | None = None, rto: float | None = None, max_rto: float = 0.1, seed: int = 0,
+                 fast: bool | None = None, key: bytes | str | None = None, cc: str | None = None, **codec_params):
         """Join the job (a barrier) so that the first allreduce finds every rank admitted.
 
         Args:
@@ -66,7 +68,11 @@ class Communicator:
             timeout: seconds without a result before an allreduce gives up.
             join_timeout: seconds to wait for every rank to join (default: timeout).
             rto, max_rto: floor and ceiling of the retransmission timeout; between them it follows the
-                measured round trip.
+                measured round trip. None: cc.RTO_FLOOR and, under a policy, cc.RTO_RTTS round trips
+                (cc.RTO_NONE under "none").
+            cc: the congestion policy (hostlib/cc.py): "aimd" (the default, or $INA_CC) follows the path from
+                a small window, on the aggregate's congestion mark (CE, or the delay signal where no link marks);
+                "ecn" on CE marks only; "none" is SwitchML's fixed window and timeout (the baseline).
             seed: base of the stochastic-rounding streams, so runs can be repeated bit for bit.
             fast: None for the C loop where it applies, False to force the Python loop.
             key: the job key (default $INA_JOB_KEY), needed when the switch serves the job with --key-file.
@@ -82,8 +88,12 @@ class Communicator:
         self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
+        self.policy = congestion.policy_of(cc or os.environ.get("INA_CC") or congestion.DEFAULT)
+        if rto is None:
+            rto = congestion.RTO_NONE if self.policy == congestion.NONE else congestion.RTO_FLOOR
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
-        self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto)
+        self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto, self.policy)
+        self.cc = congestion.Window(self.policy)  # the congestion window: a fresh one per generation
         self.seed = seed
         self._seed_base = rng.derive_seed(seed, job, rank)  # a call's seed: one more derive_seed step (_start)
         self.fast = fast  # None: the C loop where it applies; False: always the Python loop
@@ -100,7 +110,7 @@ class Communicator:
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
         self.sock, self.group = open_socket(shm, self.address), open_group(shm, self.address, job, rank, self.key)
         self.link.loopback = shm is None and self.address[0].startswith("127.")
-        self.chan = Channel(self.sock, self.group, self.stats, self.link)
+        self.chan = Channel(self.sock, self.group, self.stats, self.link, on_mark=lambda: self.cc.mark())
         self._send, self._recv, self._wait = self.chan.send, self.chan.recv, self.chan.wait
         self._sock_closed = False
         self._heartbeat = Heartbeat(self.sock)
@@ -124,6 +134,10 @@ class Communicator:
             raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {gen.window}, "
                                       f"this worker asked {window}", switch=self.switch, job=self.job)
         self.gen = gen
+        kept = {name: getattr(self.cc, name) for name in congestion.COUNTERS}
+        self.cc = congestion.Window.fresh(self.policy, gen.window, gen.join_rtt)
+        self.cc.__dict__.update(kept)
+        self.rtt.seed(gen.join_rtt)
         self._heartbeat.set(wire.pack(wire.MSG_HEARTBEAT, job=self.job, rank=self.rank, session=gen.session,
                                       boot=gen.boot))
 
@@ -453,6 +467,8 @@ class Communicator:
         self.link.gso_ok, self.link.gro_ok = self.link.gso_ok and outcome.gso_ok, self.link.gro_ok and outcome.gro_ok
         if outcome.rtt is not None:
             self.rtt.srtt, self.rtt.rttvar, self.rtt.rto = outcome.rtt
+        if outcome.cc is not None:
+            self.cc.__dict__.update(outcome.cc)
         if outcome.heard_at is not None and outcome.heard_at > self.link.heard_at:
             self.link.heard_at = outcome.heard_at
             self.link.refused_since = None

@@ -1,0 +1,121 @@
+"""A worker's congestion window: how many of its packets may be in flight, following the path (csrc/ina_cc.c
+is its twin in the C loop; tests/test_cc.py checks that both take the same steps on the same events).
+
+It starts small and doubles per round trip (slow start), then grows by one packet per round trip while
+results come back unmarked, and keeps BETA of itself, at most once per round trip, when a result carries
+FLAG_CONGESTED. The switch ORs every counted contribution's mark into the round's result, so every worker of
+the job sees the same signal and the windows stay alike. A worker marks its next update congested when a
+result reached it CE-marked (its downlink's queue) or, with the "aimd" policy on a path where no link marks,
+when BATCH round trips in a row were TARGET above the path's base (the delay signal). A loss is not a signal:
+random loss is repaired (a gap resends at once, the timeout is the last resort), not slowed down for.
+docs/protocol.md, "Congestion"."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from inaproto import wire
+
+# the policies: SwitchML's fixed window (every lane at once, a timeout per loss: the baseline a researcher
+# compares against); the aggregate's mark from CE only; the default, CE or the delay signal
+POLICIES = {"none": 0, "ecn": 1, "aimd": 2}
+DEFAULT = "aimd"
+NONE, ECN, AIMD = 0, 1, 2
+
+INITIAL = 10  # packets in flight before the first result (RFC 6928's initial window)
+MIN = 2  # never fewer
+BETA = 0.7  # the share of the window kept on a congested round (CUBIC's beta)
+TARGET_MIN = 0.001  # seconds of queueing the delay signal allows, at least ...
+TARGET_BASES = 1.0  # ... and this many base round trips
+RTO_NONE = 0.03  # the retransmission timeout's floor under "none" (a constant, as SwitchML's timer) ...
+RTO_FLOOR = 0.005  # ... and under a policy: a scheduler's hiccup on a loaded host is not a loss ...
+RTO_RTTS = 4.0  # ... nor anything under this many smoothed round trips
+BATCH = 8  # the delay signal takes the smallest of this many round trips (CoDel's minimum over an interval)
+DUPTHRESH = 3  # results of packets this much later than one still out: it was lost, resend it (fast retransmit)
+
+
+def policy_of(name: str) -> int:
+    """The policy's number; a named error for a name that is none."""
+    if name not in POLICIES:
+        raise ValueError(f"cc={name!r}: no such congestion policy (one of {', '.join(POLICIES)})")
+    return POLICIES[name]
+
+
+@dataclass
+class Window:
+    """The C loop's ina_cc, field for field (fastpath copies it in and out by these names)."""
+
+    policy: int = AIMD
+    cwnd: float = 0.0
+    ssthresh: float = 0.0
+    base_rtt: float = 0.0  # the smallest round trip seen on the path (the join's first); 0: none yet
+    batch_min: float = 0.0
+    batch_n: int = 0
+    sent: int = 0  # new packets sent: a packet's send number orders it against a reduction
+    recover: int = 0  # a congested result of a packet sent before this does not shrink the window again
+    marked: int = 0  # a CE mark reached this worker: the path marks, the delay signal is off
+    echo: int = 0  # the next update carries FLAG_CONGESTED
+    reductions: int = 0
+    marks: int = 0
+    delay_signals: int = 0
+
+    @classmethod
+    def fresh(cls, policy: int, cap: int, base_rtt: float = 0.0) -> "Window":
+        """A new window (per generation): INITIAL packets (all of cap under "none"); base_rtt: the join's."""
+        return cls(policy=policy, cwnd=float(cap if policy == NONE else min(cap, INITIAL)), ssthresh=float(cap),
+                   base_rtt=base_rtt)
+
+    def allowed(self, cap: int) -> int:
+        if self.policy == NONE:
+            return cap
+        return min(max(int(self.cwnd), MIN), cap)
+
+    def _target(self) -> float:
+        return max(TARGET_BASES * self.base_rtt, TARGET_MIN)
+
+    def _delay_sample(self, rtt: float):
+        if self.base_rtt == 0 or rtt < self.base_rtt:
+            self.base_rtt = rtt
+        self.batch_min = self.batch_min if self.batch_n and self.batch_min < rtt else rtt
+        self.batch_n += 1
+        if self.batch_n < BATCH:
+            return
+        self.batch_n = 0
+        if self.policy == AIMD and not self.marked and self.batch_min > self.base_rtt + self._target():
+            self.echo = 1
+            self.delay_signals += 1
+
+    def result(self, seq: int, rtt: float, congested: bool, cap: int):
+        """A result of the packet sent as number seq; rtt < 0 when it is not a round trip of the path (resent,
+        or sent before the call's first result: the peers may not have started the call)."""
+        if self.policy == NONE:
+            return
+        if rtt >= 0:
+            self._delay_sample(rtt)
+        if congested:
+            if seq >= self.recover:  # once per round trip: packets sent before the last cut saw the old queue
+                self.cwnd = max(self.cwnd * BETA, MIN)
+                self.ssthresh, self.recover = self.cwnd, self.sent
+                self.reductions += 1
+            return
+        self.cwnd = min(self.cwnd + (1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd), cap)
+
+    def mark(self):
+        """A datagram reached this worker CE-marked."""
+        self.marks += 1
+        if self.policy != NONE:
+            self.marked = self.echo = 1
+
+    def take_echo(self) -> int:
+        """The flags of the update built now: FLAG_CONGESTED once after a signal."""
+        e, self.echo = self.echo, 0
+        return wire.FLAG_CONGESTED if e else 0
+
+
+
+FIELDS = tuple(f.name for f in fields(Window))
+COUNTERS = ("reductions", "marks", "delay_signals")  # kept over re-joins (a new generation's window starts afresh)
+
+
+def rto_floor(policy: int, srtt: float, min_rto: float) -> float:
+    """The retransmission timeout's floor: min_rto (the caller's), and under a policy a few round trips."""
+    return min_rto if policy == NONE else max(RTO_RTTS * srtt, min_rto)

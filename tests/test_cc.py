@@ -1,0 +1,127 @@
+"""The congestion window (hostlib/cc.py and its twin csrc/ina_cc.c): both take the same steps on the same events;
+slow start, the cut once per round trip, additive increase, the delay signal's batch, the echo, the policies."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hyp
+
+from hostlib import cc, kernels, wire
+
+needs_c = pytest.mark.skipif(kernels.lib is None, reason="the C kernels are not built (INA_KERNELS=numpy)")
+
+EVENT = hyp.one_of(
+    hyp.tuples(hyp.just("result"), hyp.integers(0, 3), hyp.one_of(hyp.just(-1.0), hyp.floats(1e-5, 0.05)),
+               hyp.booleans()),
+    hyp.tuples(hyp.just("mark")), hyp.tuples(hyp.just("send")), hyp.tuples(hyp.just("echo")))
+
+
+def c_window(w: cc.Window):
+    c = kernels.ffi.new("ina_cc *")
+    for name in cc.FIELDS:
+        setattr(c, name, getattr(w, name))
+    return c
+
+
+def same(c, w: cc.Window):
+    return {n: getattr(c, n) for n in cc.FIELDS} == {n: getattr(w, n) for n in cc.FIELDS}
+
+
+@needs_c
+@settings(max_examples=60, deadline=None)
+@given(policy=hyp.sampled_from([cc.NONE, cc.ECN, cc.AIMD]), cap=hyp.integers(1, 600),
+       base=hyp.sampled_from([0.0, 2e-4, 2e-3]), events=hyp.lists(EVENT, max_size=120))
+def test_the_c_window_takes_the_python_windows_steps(policy, cap, base, events):
+    lib = kernels.lib
+    w = cc.Window.fresh(policy, cap, base)
+    c = kernels.ffi.new("ina_cc *")
+    lib.ina_cc_init(c, policy, cap)
+    c.base_rtt = base
+    assert same(c, w)
+    for ev in events:
+        if ev[0] == "result":
+            back, rtt, congested = ev[1:]
+            seq = max(0, w.sent - 1 - back)
+            w.result(seq, rtt, congested, cap)
+            lib.ina_cc_result(c, seq, rtt, int(congested), cap)
+        elif ev[0] == "mark":
+            w.mark()
+            lib.ina_cc_marked(c)
+        elif ev[0] == "send":
+            w.sent += 1
+            c.sent += 1
+        else:
+            assert w.take_echo() == lib.ina_cc_echo(c)
+        assert same(c, w), ev
+        assert w.allowed(cap) == lib.ina_cc_allowed(c, cap)
+        assert lib.ina_cc_rto_floor(c, 0.004, 0.005) == cc.rto_floor(policy, 0.004, 0.005)
+
+
+def test_slow_start_then_one_packet_a_round_trip():
+    w = cc.Window.fresh(cc.AIMD, 500)
+    assert w.allowed(500) == cc.INITIAL
+    for seq in range(10):  # a round trip of 10 results: the window doubles
+        w.sent += 1
+        w.result(seq, -1.0, False, 500)
+    assert w.allowed(500) == 20
+    w.sent += 20
+    w.result(15, -1.0, True, 500)  # a congested round: cut to BETA of it, and out of slow start
+    assert w.cwnd == pytest.approx(20 * cc.BETA) and w.ssthresh == w.cwnd and w.reductions == 1
+    w.result(16, -1.0, True, 500)  # the same round trip's packets: no second cut
+    assert w.reductions == 1
+    before = w.cwnd
+    for seq in range(30, 44):  # one round trip of results: one packet more
+        w.result(seq, -1.0, False, 500)
+    assert 0.9 < w.cwnd - before < 1.1
+    w.result(w.sent, -1.0, True, 500)  # a packet sent after the cut: a new round trip's congestion
+    assert w.reductions == 2
+
+
+def test_the_window_stays_within_its_bounds():
+    w = cc.Window.fresh(cc.AIMD, 6)
+    assert w.allowed(6) == 6  # a cap below the initial window
+    for _ in range(100):
+        w.result(w.sent, -1.0, True, 6)
+        w.sent += 1
+    assert w.allowed(6) == cc.MIN
+    for seq in range(10_000):
+        w.result(seq, -1.0, False, 6)
+    assert w.cwnd == 6
+
+
+def test_the_delay_signal_needs_a_whole_batch_above_the_target():
+    base = 0.002
+    w = cc.Window.fresh(cc.AIMD, 500, base)
+    for _ in range(cc.BATCH - 1):
+        w.result(0, base + 0.01, False, 500)
+    w.result(0, base, False, 500)  # one round trip of the batch at the base: no signal
+    assert w.delay_signals == 0 and w.take_echo() == 0
+    for _ in range(cc.BATCH):
+        w.result(0, base + max(base, cc.TARGET_MIN) + 1e-4, False, 500)
+    assert w.delay_signals == 1 and w.take_echo() == wire.FLAG_CONGESTED and w.take_echo() == 0
+
+
+def test_a_mark_is_echoed_once_and_turns_the_delay_signal_off():
+    w = cc.Window.fresh(cc.AIMD, 500, 0.001)
+    w.mark()
+    assert w.take_echo() == wire.FLAG_CONGESTED and w.take_echo() == 0 and w.marked
+    for _ in range(cc.BATCH):
+        w.result(0, 1.0, False, 500)
+    assert w.delay_signals == 0  # a path that marks: its marks are the signal
+
+
+def test_ecn_ignores_delay_and_none_ignores_everything():
+    e = cc.Window.fresh(cc.ECN, 500, 0.001)
+    for _ in range(cc.BATCH):
+        e.result(0, 1.0, False, 500)
+    assert e.delay_signals == 0 and e.take_echo() == 0
+    n = cc.Window.fresh(cc.NONE, 500)
+    n.mark()
+    n.result(0, 1.0, True, 500)
+    assert n.allowed(500) == 500 and n.take_echo() == 0 and n.reductions == 0 and n.marks == 1
+
+
+def test_a_policy_by_name():
+    assert cc.policy_of("aimd") == cc.AIMD and cc.policy_of("none") == cc.NONE
+    with pytest.raises(ValueError, match="no such congestion policy"):
+        cc.policy_of("reno")
