@@ -93,3 +93,10 @@ double ina_cc_rto_floor(const ina_cc *c, double srtt, double min_rto)
     double f = INA_CC_RTO_RTTS * srtt;
     return f > min_rto ? f : min_rto;
 }
+
+double ina_cc_spurious_floor(const ina_cc *c, double min_rto, double max_rto)
+{
+    if (c->policy == INA_CC_NONE)
+        return min_rto;
+    return 2 * min_rto < max_rto ? 2 * min_rto : max_rto;
+}

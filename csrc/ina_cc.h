@@ -42,5 +42,8 @@ void ina_cc_marked(ina_cc *c);  /* a datagram reached this worker CE-marked */
 int ina_cc_echo(ina_cc *c);     /* FLAG_CONGESTED or 0 for the update built now (clears the echo) */
 /* the retransmission timeout's floor: min_rto (the caller's), and under a policy a few round trips */
 double ina_cc_rto_floor(const ina_cc *c, double srtt, double min_rto);
+/* the floor after a spurious retransmission (a result later than the timeout, not lost: a loaded host, a
+ * queue the estimate missed): doubled under a policy, up to max_rto; min_rto under INA_CC_NONE */
+double ina_cc_spurious_floor(const ina_cc *c, double min_rto, double max_rto);
 
 #endif

@@ -52,7 +52,8 @@ typedef struct {
     uint8_t *sent;      /* dense: per packet */
     uint32_t una, hi_done; /* dense: the first packet not done; the last one done (+1) */
     uint32_t gap_scan;  /* dense: the packets below it were looked at for a gap */
-    uint32_t inflight;  /* dense: packets sent and not done (the congestion window counts them) */
+    uint64_t inflight;  /* dense: bytes of the packets sent and not done: the congestion window counts packets
+                         * of pkt_max bytes, so the exponent-only packets of a call's start count for little */
     double first_result; /* when the call's first result came (0: none yet): the peers are in the call */
     double next_scan;
     double rtt_min;     /* the smallest RTT sample of the current batch */
@@ -407,8 +408,10 @@ static int sendable(const ina_wk *w, uint32_t q)
  * _answered counts the same) */
 static void note_answer(ina_wk *w, const entry *e, double t)
 {
-    if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2)
+    if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2) {
         w->spurious_retransmissions++;
+        w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, w->max_rto);
+    }
 }
 
 static void rtt_sample(ina_wk *w, double r)
@@ -437,10 +440,14 @@ static void answered(ina_wk *w, priv_t *p, entry *e, int congested)
 {
     double t = now();
     e->busy = 0;
-    p->inflight--;
+    p->inflight -= e->len;
     if (p->first_result == 0)
         p->first_result = t;
     note_answer(w, e, t);
+    if (e->tries && w->have_srtt) { /* a repair: its round trips, before this sample moves the estimate */
+        double bin = 2 * (t - e->first_sent) / w->srtt;
+        w->repairs[bin < INA_WK_REPAIR_BINS - 1 ? (int)bin : INA_WK_REPAIR_BINS - 1]++;
+    }
     rtt_sample(w, t - e->first_sent); /* from the first send: RttEstimator says why */
     int path = e->tries == 0 && e->first_sent >= p->first_result;
     ina_cc_result(&w->cc, e->seq, path ? t - e->first_sent : -1, congested, w->window);
@@ -805,13 +812,13 @@ static int send_new(ina_wk *w, priv_t *p, uint32_t q, double t)
                  .deadline = t + w->rto, .rto = w->rto};
     queue(w, p, e);
     p->sent[q] = 1;
-    p->inflight++;
+    p->inflight += e->len;
     return INA_WK_AGAIN;
 }
 
 static int window_full(const ina_wk *w, const priv_t *p)
 {
-    return p->inflight >= ina_cc_allowed(&w->cc, w->window);
+    return p->inflight >= (uint64_t)ina_cc_allowed(&w->cc, w->window) * p->pkt_max;
 }
 
 /* the candidates that may go, as many as the congestion window allows; those past it wait in the list, in

@@ -31,6 +31,7 @@
 /* results of packets this much later than one still out: it was lost (a gap), resent at once (TCP's fast
  * retransmit); not under INA_CC_NONE */
 #define INA_WK_DUPTHRESH 3
+#define INA_WK_REPAIR_BINS 32
 #define INA_WK_ERROR_MAX 256 /* an error is never larger than the join it answers (INA_JOIN_SIZE) */
 
 typedef struct {
@@ -84,6 +85,9 @@ typedef struct {
     uint64_t retransmissions, duplicate_results, stale_results;
     uint64_t spurious_retransmissions; /* resends answered within half a round trip: the original was not lost */
     uint64_t fast_retransmits; /* resends of a gap: results of INA_WK_DUPTHRESH later packets came first */
+    /* resent packets by how long their result took from the first send, in half smoothed round trips (the
+     * last bin: INA_WK_REPAIR_BINS / 2 round trips or more): how many round trips a loss costs */
+    uint32_t repairs[INA_WK_REPAIR_BINS];
     int overflow;
     uint32_t timeout_pid, timeout_slot, timeout_tries;
     int sys_errno;

@@ -116,6 +116,12 @@ FIELDS = tuple(f.name for f in fields(Window))
 COUNTERS = ("reductions", "marks", "delay_signals")  # kept over re-joins (a new generation's window starts afresh)
 
 
+def spurious_floor(policy: int, min_rto: float, max_rto: float) -> float:
+    """The floor after a spurious retransmission (a result later than the timeout, not lost: a loaded host, a
+    queue the estimate missed): doubled under a policy, up to max_rto."""
+    return min_rto if policy == NONE else min(2 * min_rto, max_rto)
+
+
 def rto_floor(policy: int, srtt: float, min_rto: float) -> float:
     """The retransmission timeout's floor: min_rto (the caller's), and under a policy a few round trips."""
     return min_rto if policy == NONE else max(RTO_RTTS * srtt, min_rto)

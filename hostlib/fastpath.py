@@ -209,12 +209,14 @@ def _learned(outcome: Outcome, w, heard_at: float) -> Outcome:
     ffi = kernels.ffi
     # most are zero on a healthy call (retransmissions, duplicates, drops...)
     outcome.counters = {name: n for name in COUNTERS if (n := getattr(w, name))}
+    if w.retransmissions:
+        outcome.counters["repairs"] = list(w.repairs)
     if w.dropped_len:  # the last ERR_DROPPED's words, for a timeout's message (as worker.py _dropped_note)
         _, reason, text = wire.unpack_error(bytes(ffi.buffer(w.dropped, w.dropped_len)))
         outcome.drop_note = text or wire.drop_reason(reason)
     outcome.gso_ok, outcome.gro_ok = bool(w.gso), bool(w.gro)
     if w.have_srtt:
-        outcome.rtt = (w.srtt, w.rttvar, w.rto)
+        outcome.rtt = (w.srtt, w.rttvar, w.rto, w.min_rto)
     outcome.cc = {name: getattr(w.cc, name) for name in cc.FIELDS}
     outcome.heard_at = heard_at
     return outcome

@@ -146,7 +146,7 @@ class Outcome:
     overflow: bool = False
     landed: np.ndarray | None = None
     counters: dict | None = None
-    rtt: tuple[float, float, float] | None = None
+    rtt: tuple[float, float, float, float] | None = None  # srtt, rttvar, rto, min_rto
     cc: dict | None = None  # the congestion window's fields (cc.FIELDS) as the loop left them
     drop_note: str | None = None
     gso_ok: bool = True

@@ -28,15 +28,20 @@ def drive(comm, stream, progress):
     next_scan = 0.0
     gen, window = stream.call.gen, comm.cc
     first_result = None  # when the call's first result came: the peers are in the call (cc.Window.result)
+    # bytes in flight: the window counts packets of a full packet's bytes (the C loop's inflight)
+    load, full_packet = [0], wire.HEADER_SIZE + stream.k * wire.ELEMENT_SIZE[stream.codec.wire_codec]
     while not stream.finished():
         now = time.monotonic()
-        for key in stream.ready(window.allowed(stream.W) - len(inflight)):
+        for key in stream.ready(lambda: load[0] >= window.allowed(stream.W) * full_packet):
             if gen.pending is not None:  # a new round in a failed generation can never complete
                 raise gen.take_pending()
             flags = window.take_echo() if isinstance(stream, DenseStream) else 0
-            comm.chan.send(stream.build(key, flags))
-            inflight[key] = InFlight(now, now + comm.rtt.rto, comm.rtt.rto, seq=window.sent, flags=flags)
+            packet = stream.build(key, flags)
+            comm.chan.send(packet)
+            inflight[key] = InFlight(now, now + comm.rtt.rto, comm.rtt.rto, seq=window.sent, flags=flags,
+                                     size=len(packet))
             window.sent += 1
+            load[0] += len(packet)
         comm.chan.wait(SCAN_EVERY if inflight else 0.0)
         got = False
         for h, data in _results(comm, stream, inflight):
@@ -45,7 +50,9 @@ def drive(comm, stream, progress):
                 continue
             now, got = time.monotonic(), True
             first_result = first_result or now
-            _answered(comm, stream, inflight.pop(key), h, now, first_result)
+            rec = inflight.pop(key)
+            load[0] -= rec.size
+            _answered(comm, stream, rec, h, now, first_result)
             if progress is not None and (done := stream.report(key)) is not None:
                 progress(done)
         if got and window.policy != cc.NONE:
@@ -69,6 +76,9 @@ def _answered(comm, stream, rec: InFlight, h, now: float, first_result: float):
     srtt = comm.rtt.srtt
     if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
         comm.stats.spurious_retransmissions += 1
+        comm.rtt.min_rto = cc.spurious_floor(comm.rtt.policy, comm.rtt.min_rto, comm.rtt.max_rto)
+    if rec.tries and srtt is not None:
+        comm.stats.repair(now - rec.first_sent, srtt)
     comm.rtt.sample(now - rec.first_sent)
     if isinstance(stream, DenseStream):
         path = rec.tries == 0 and rec.first_sent >= first_result

@@ -34,6 +34,7 @@ class InFlight:
     seq: int = 0  # its send number (cc.Window.sent)
     flags: int = 0  # its header's flags (FLAG_CONGESTED echoed): a resend is rebuilt bit for bit
     fast: bool = False  # resent for a gap since its last send (once; the timeout is the last resort)
+    size: int = 0  # its bytes (the congestion window counts them)
 
 
 class RttEstimator:
@@ -163,19 +164,18 @@ class DenseStream(Stream):
         W, D, done = self.W, self.D, self.done
         return q < self.total and not self.sent[q] and (q < W or done[q - W]) and (D == 0 or q < D or done[q - D])
 
-    def ready(self, room: int):
-        """The packets that may go: at most room (the congestion window's); those past it wait, in order. The
-        first packet not done goes whatever the window: ranks whose windows differ never wait on each other's
-        packets (the C loop's send_ready)."""
-        if room <= 0 and self.sendable(self.una):
+    def ready(self, full):
+        """The packets that may go while full() (the congestion window's) is False; those past it wait, in
+        order. The first packet not done goes whatever the window: ranks whose windows differ never wait on
+        each other's packets (the C loop's send_ready)."""
+        if full() and self.sendable(self.una):
             self.sent[self.una] = True
             yield self.una
         while self.candidates:
             q = self.candidates[0]
             if self.sendable(q):
-                if room <= 0:
+                if full():
                     return
-                room -= 1
                 self.sent[q] = True
                 self.candidates.popleft()
                 yield q
@@ -272,7 +272,7 @@ class SparseStream(Stream):
         self.emitted = self.streams_done = 0
         self.last_real = False  # the round last accepted carried a block
 
-    def ready(self, room: int = 0):
+    def ready(self, full=None):
         """Every stream whose next round may start (one round each: the congestion window does not apply)."""
         starting, self.to_start = self.to_start, []
         for s in starting:

@@ -2,7 +2,7 @@
 a Communicator counts of its traffic (CommStats)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inaproto import wire
 from inaproto.net import SOCKET_BUFFER
@@ -17,6 +17,7 @@ IN_FLIGHT_BYTES = 512 << 10
 # packets of 1024 codes than at 496 (switch CPU 55 -> 42 ms a call; docs/performance.md, "The window in
 # elements"). The tighter bound wins; 4-byte codecs keep their window (640 packets > the bytes' 496).
 IN_FLIGHT_ELEMENTS = 160 << 10
+REPAIR_BINS = 32  # the C loop's INA_WK_REPAIR_BINS
 AUTO_WINDOW_MAX = 1024
 
 
@@ -42,6 +43,9 @@ class CommStats:
     retransmissions: int = 0
     spurious_retransmissions: int = 0  # resends answered within half a round trip: the original was late, not lost
     fast_retransmits: int = 0  # of the retransmissions, those a gap sent at once (cc.DUPTHRESH), not a timeout
+    # resent packets by how long their result took from the first send, in half smoothed round trips (the last
+    # bin: REPAIR_BINS / 2 round trips or more; the C loop's repairs): how many round trips a loss costs
+    repairs: list = field(default_factory=lambda: [0] * REPAIR_BINS)
     duplicate_results: int = 0
     stale_results: int = 0
     gso_sends: int = 0  # C loop: UDP GSO messages sent (each several same-size packets)
@@ -59,10 +63,26 @@ class CommStats:
         are not flattered."""
         return self.bytes_sent + self.packets_sent * wire.WIRE_OVERHEAD
 
+    def repair(self, seconds: float, srtt: float):
+        """A resent packet's result came `seconds` after its first send."""
+        self.repairs[min(int(2 * seconds / srtt), REPAIR_BINS - 1)] += 1
+
+    @property
+    def repair_rtts_p50(self) -> float | None:
+        """The median repair in round trips (its bin's middle), or None when nothing was resent."""
+        total, seen = sum(self.repairs), 0
+        for i, n in enumerate(self.repairs):
+            seen += n
+            if total and 2 * seen >= total:
+                return (i + 0.5) / 2
+        return None
+
     def as_dict(self) -> dict:
         """Returns:
             The counters and wire_bytes_sent as a plain dict (JSON-ready, for reports and benchmarks).
         """
         d = dict(self.__dict__)
         d["wire_bytes_sent"] = self.wire_bytes_sent
+        d["repairs"] = list(self.repairs)
+        d["repair_rtts_p50"] = self.repair_rtts_p50
         return d

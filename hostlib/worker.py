@@ -88,7 +88,9 @@ class Communicator:
         self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
-        self.policy = congestion.policy_of(cc or os.environ.get("INA_CC") or congestion.DEFAULT)
+        # shared memory has no path to follow (its rings are the window): SwitchML's fixed window unless asked
+        self.policy = congestion.policy_of(cc or os.environ.get("INA_CC") or
+                                           (congestion.DEFAULT if shm is None else "none"))
         if rto is None:
             rto = congestion.RTO_NONE if self.policy == congestion.NONE else congestion.RTO_FLOOR
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
@@ -461,12 +463,15 @@ class Communicator:
         refused, the round-trip estimate, when the switch was last heard, where the call's slots go on."""
         s = self.stats
         for name, n in outcome.counters.items():
-            setattr(s, name, getattr(s, name) + n)
+            if name == "repairs":
+                s.repairs = [a + b for a, b in zip(s.repairs, n)]
+            else:
+                setattr(s, name, getattr(s, name) + n)
         if outcome.drop_note is not None:
             call.gen.note_drop(outcome.drop_note)
         self.link.gso_ok, self.link.gro_ok = self.link.gso_ok and outcome.gso_ok, self.link.gro_ok and outcome.gro_ok
         if outcome.rtt is not None:
-            self.rtt.srtt, self.rtt.rttvar, self.rtt.rto = outcome.rtt
+            self.rtt.srtt, self.rtt.rttvar, self.rtt.rto, self.rtt.min_rto = outcome.rtt
         if outcome.cc is not None:
             self.cc.__dict__.update(outcome.cc)
         if outcome.heard_at is not None and outcome.heard_at > self.link.heard_at:

@@ -55,6 +55,7 @@ def test_the_c_window_takes_the_python_windows_steps(policy, cap, base, events):
         assert same(c, w), ev
         assert w.allowed(cap) == lib.ina_cc_allowed(c, cap)
         assert lib.ina_cc_rto_floor(c, 0.004, 0.005) == cc.rto_floor(policy, 0.004, 0.005)
+        assert lib.ina_cc_spurious_floor(c, 0.005, 0.1) == cc.spurious_floor(policy, 0.005, 0.1)
 
 
 def test_slow_start_then_one_packet_a_round_trip():
@@ -119,6 +120,12 @@ def test_ecn_ignores_delay_and_none_ignores_everything():
     n.mark()
     n.result(0, 1.0, True, 500)
     assert n.allowed(500) == 500 and n.take_echo() == 0 and n.reductions == 0 and n.marks == 1
+
+
+def test_a_spurious_retransmission_doubles_the_floor_up_to_the_ceiling():
+    assert cc.spurious_floor(cc.AIMD, 0.005, 0.1) == 0.01 and cc.spurious_floor(cc.AIMD, 0.08, 0.1) == 0.1
+    assert cc.spurious_floor(cc.NONE, 0.03, 0.1) == 0.03  # SwitchML's constant
+    assert cc.rto_floor(cc.AIMD, 0.004, 0.005) == 0.016 and cc.rto_floor(cc.NONE, 0.004, 0.03) == 0.03
 
 
 def test_a_policy_by_name():

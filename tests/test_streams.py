@@ -14,13 +14,21 @@ def answered(rec: InFlight, at: float, srtt: float | None) -> CommStats:
     rtt = RttEstimator(0.03, 1.0)
     rtt.srtt = srtt
     fake = SimpleNamespace(rtt=rtt, stats=CommStats())
-    pyloop._answered(fake, rec, at)
+    pyloop._answered(fake, SimpleNamespace(), rec, None, at, 0.0)  # not a dense stream: no window step
     return fake.stats
 
 
 def test_a_resend_answered_at_once_was_spurious():
     rec = InFlight(first_sent=0.0, deadline=0.5 + 0.06, rto=0.06, tries=1)  # resent at 0.5 s
-    assert answered(rec, 0.501, srtt=0.01).spurious_retransmissions == 1  # 1 ms after: the original's result
+    stats = answered(rec, 0.501, srtt=0.01)
+    assert stats.spurious_retransmissions == 1  # 1 ms after: the original's result
+    assert stats.repair_rtts_p50 == 15.75  # 50.1 round trips from the first send: the last bin (16 or more)
+
+
+def test_a_repair_is_counted_in_half_round_trips():
+    rec = InFlight(first_sent=0.0, deadline=0.004 + 0.06, rto=0.06, tries=1)
+    stats = answered(rec, 0.0151, srtt=0.01)  # 1.51 round trips after the first send
+    assert stats.repairs[3] == 1 and sum(stats.repairs) == 1 and stats.repair_rtts_p50 == 1.75
 
 
 def test_a_resend_answered_a_round_trip_later_was_not():

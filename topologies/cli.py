@@ -210,17 +210,22 @@ def cmd_bench_topo(args) -> int:
 
 def add_net_bench(sp, csv):
     """`switchsim bench net`'s flags (sp: its sub-parser, made by inabench/cli.py's bench_parser)."""
+    from hostlib.cc import POLICIES
+
     sp.add_argument("--hosts", type=int, default=4, help="worker hosts of the star (at least 2; default %(default)s)")
     sp.add_argument("--bw", type=float, default=100.0, help="every link's rate, Mbit/s (default %(default)s)")
     sp.add_argument("--delay", type=_ms, default=1.0, metavar="D", help="every link's delay each way (default 1ms)")
     sp.add_argument("--seconds", type=float, default=20.0, help="each phase's length (default %(default)s)")
     sp.add_argument("--ecn", action="store_true", help="the links' queues mark CE above a threshold (counted)")
-    sp.add_argument("--cc", dest="ccs", type=csv(str), default="none", metavar="LIST",
-                    help="INA congestion policies, a row pair each (today: none, SwitchML's fixed window)")
+    sp.add_argument("--cc", dest="ccs", type=csv(str), default="none,aimd", metavar="LIST",
+                    help="INA congestion policies, a row pair each (default %(default)s; of " + ", ".join(POLICIES)
+                         + "; none: SwitchML's fixed window, --window or 10 ms of the link's rate)")
+    sp.add_argument("--loss", type=float, default=0.0, help="every link's loss, per packet and direction")
     sp.add_argument("--codec", choices=("int32", "fixed", "nc"), default="int32")
     sp.add_argument("--elements", type=int, default=1 << 20, help="elements per allreduce call (default %(default)s)")
     sp.add_argument("--window", type=int, default=None,
-                    help="INA slots per worker (default: 10 ms of the link's rate in 1 KiB packets, as bench ddp --topo)")
+                    help="INA slots per worker (default: hostlib's, its congestion window finding the path's share; "
+                         "under --cc none: 10 ms of the link's rate in 1 KiB packets)")
     sp.add_argument("--short-rate", type=float, default=50.0, help="short flows per second (default %(default)s)")
     sp.add_argument("--short-kb", type=float, default=16.0, help="each short flow's response, KB (default %(default)s)")
     sp.add_argument("--second-job", action="store_true",
@@ -241,12 +246,17 @@ def _measure(name: str, args, run):
 
 
 def cmd_bench_net(args) -> int:
+    from hostlib.cc import policy_of
     from inabench.report import table
     from topologies.net import bench_net, plot, table_rows
 
+    for cc in args.ccs:
+        policy_of(cc)
+    fixed = args.window or topo_window(args.bw)  # "none": SwitchML's window, set for the link
     rows = _measure("net", args, lambda progress: bench_net(
         args.hosts, args.bw, args.delay, args.seconds, args.ecn, args.ccs, args.codec, args.elements,
-        args.window or topo_window(args.bw), args.short_rate, args.short_kb, progress=progress, job2=args.second_job))
+        args.window, args.short_rate, args.short_kb, progress=progress, job2=args.second_job, loss=args.loss,
+        fixed_window=fixed))
     if rows is None:
         return 2
     print(json.dumps({"net": rows}, indent=2) if getattr(args, "json", False) else
@@ -287,6 +297,9 @@ def cmd_bench_model(args) -> int:
 
 
 def add_ddp_bench(sp, csv):
+    from hostlib.cc import DEFAULT as DEFAULT_CC
+    from hostlib.cc import POLICIES
+
     """`switchsim bench ddp`'s flags (sp: its sub-parser, made by inabench/cli.py's bench_parser)."""
     sp.add_argument("--workers", type=csv(int), default="2,4", metavar="LIST", help="world sizes (default %(default)s)")
     sp.add_argument("--paths", type=csv(str), default="gloo,ina:fixed,ina:nc,hook:fixed,hook:nc", metavar="LIST",
@@ -306,9 +319,11 @@ def add_ddp_bench(sp, csv):
                          "rendezvous store and gloo need worker to worker paths, which the bmv2 and dpdk stars "
                          "do not have)")
     sp.add_argument("--window", type=int, default=None,
-                    help="INA slots per worker (default: hostlib's, sized for loopback; with --topo, 10 ms of the "
-                         "link's rate in 1 KiB packets: more only queues at the link and draws spurious "
-                         "retransmissions)")
+                    help="INA slots per worker (default: hostlib's; its congestion window finds the path's share. "
+                         "With --cc none and --topo: 10 ms of the link's rate in 1 KiB packets, as SwitchML's "
+                         "fixed window would be set for the link)")
+    sp.add_argument("--cc", choices=tuple(POLICIES), default=None,
+                    help="the INA congestion policy of every rank (default: hostlib's, %s)" % DEFAULT_CC)
     sp.add_argument("--topo", action="store_true",
                     help="ranks on namespace hosts of a star (root): --bw, --delay, --loss on every link; gloo's "
                          "ring over the same links; the projection model beside each row")
@@ -332,7 +347,9 @@ def cmd_bench_ddp(args) -> int:
 
     if not args.diff and not require("bench ddp", "torch", why="DDP training on every path"):
         return 2
-    if args.topo and args.window is None:
+    if args.cc:  # every rank's Communicator reads it (the ina group, the hook)
+        os.environ["INA_CC"] = args.cc
+    if args.topo and args.window is None and args.cc == "none":  # SwitchML's fixed window, set for the link
         args.window = topo_window(args.bw)
 
     as_json = getattr(args, "json", False)

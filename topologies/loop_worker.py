@@ -6,7 +6,8 @@ steady gradient traffic beside other flows):
 connects to SWITCH as RANK of WORLD with hostlib.connect(..., KEY=value), allreduces ELEMENTS int32 (or
 float32) elements again and again for SECONDS, checks every int32 result against the exact sum (every rank
 contributes rank + 1, so the sum is known), and writes OUT.json: each call's end time since the first
-call's end (time.monotonic(), the same clock in every namespace), its seconds, the tensor's bytes, the CommStats and whether every result was exact.
+call's end (time.monotonic(), the same clock in every namespace), its seconds, the tensor's bytes, the CommStats,
+the congestion window as the last call left it, and whether every result was exact.
 """
 import json
 import sys
@@ -36,9 +37,11 @@ def main(argv):
             if codec == "int32":
                 exact = exact and bool(np.all(y == want))
         stats = comm.stats.as_dict()
+        window = {k: getattr(comm.cc, k) for k in ("cwnd", "base_rtt", "reductions", "marks", "delay_signals")}
+        window["srtt"] = comm.rtt.srtt
     with open(out, "w") as f:
         json.dump({"calls": calls, "bytes_per_call": int(x.nbytes), "exact": exact if codec == "int32" else None,
-                   "stats": stats}, f)
+                   "stats": stats, "cc": window}, f)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from hostlib.window import CommStats
 from inabench.harness import ROOT
 from topologies.run import Deployment, Member, Spec
 
@@ -68,9 +69,7 @@ def _last_json(p: subprocess.Popen, limit: float, what: str, tmp: str) -> dict:
 def _ina_start(dep, tmp: str, members: list, codec: str, elements: int, seconds: float, window: int | None,
                cc: str, name: str = "ina") -> list:
     """A loop_worker per member (topologies.run.Member), each (its Popen, its output file)."""
-    kw = [f"timeout={json.dumps(30.0)}"] + ([f"window={window}"] if window else [])
-    if cc != "none":
-        kw.append(f"cc={json.dumps(cc)}")
+    kw = [f"timeout={json.dumps(30.0)}", f"cc={json.dumps(cc)}"] + ([f"window={window}"] if window else [])
     procs = []
     for w, m in enumerate(members):
         out = os.path.join(tmp, f"{name}{w}.json")
@@ -180,6 +179,12 @@ def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: lis
         row["ina Mbit/s"] = round(_goodput(ina_out, start, seconds), 2)
         row["retx"] = sum(o["stats"]["retransmissions"] for o in ina_out)
         row["spurious"] = sum(o["stats"].get("spurious_retransmissions", 0) for o in ina_out)
+        row["fast retx"] = sum(o["stats"].get("fast_retransmits", 0) for o in ina_out)
+        repairs = [sum(b) for b in zip(*(o["stats"]["repairs"] for o in ina_out))]
+        row["repair rtt p50"] = CommStats(repairs=repairs).repair_rtts_p50
+        row["cuts"] = ina_out[0]["cc"]["reductions"]  # the same on every rank: the aggregate's marks
+        row["cwnd"] = round(ina_out[0]["cc"]["cwnd"], 1)
+        row["srtt ms"] = round(1000 * ina_out[0]["cc"]["srtt"], 2) if ina_out[0]["cc"]["srtt"] else None
         row["exact"] = all(o["exact"] is not False for o in ina_out)
         o = ina_out[0]
         row["ina series"] = [[round(c[0] - c[1] - start, 3), round(mbit(o["bytes_per_call"], c[1]), 2)]
@@ -203,13 +208,14 @@ def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: lis
 def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds: float = 20.0, ecn: bool = False,
               ccs=("none",), codec: str = "int32", elements: int = 1 << 20, window: int | None = None,
               short_rate: float = 50.0, short_kb: float = 16.0, backend: str = "c", progress=None,
-              job2: bool = False) -> list[dict]:
+              job2: bool = False, loss: float = 0.0, fixed_window: int | None = None) -> list[dict]:
     """Rows: the idle link's short flows, TCP alone, then per policy INA alone, INA beside TCP and the
-    short flows, and with job2 INA beside a second INA job; each phase on a fresh topology."""
+    short flows, and with job2 INA beside a second INA job; each phase on a fresh topology. window: INA's
+    (None: hostlib's); fixed_window: the "none" policy's where window is None (SwitchML's, set for the link)."""
     if hosts < 2:
         raise ValueError("bench net needs at least 2 hosts (TCP runs from worker 0 to worker 1)")
-    spec = Spec(hosts, backend, bw, delay_ms, 0.0, ecn=ecn)
-    common = dict(codec=codec, elements=elements, window=window, short_rate=short_rate, short_kb=short_kb)
+    spec = Spec(hosts, backend, bw, delay_ms, loss, ecn=ecn)
+    common = dict(codec=codec, elements=elements, short_rate=short_rate, short_kb=short_kb)
     plan = [("idle (short flows)", "-", False, False, True), ("tcp alone", "-", False, True, False)]
     for cc in ccs:
         plan += [("ina alone", cc, True, False, False), ("ina + tcp + short", cc, True, True, True)]
@@ -219,7 +225,7 @@ def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds:
         if progress:
             progress(f"{name} (cc {cc})")
         r = phase(spec, seconds, ina, tcp, short, cc=cc if cc != "-" else "none", job2=name == "ina + second job",
-                  **common)
+                  window=window or (fixed_window if cc == "none" else None), **common)
         rows.append({"phase": name, "cc": cc, **r})
     idle = rows[0]
     for r in rows:
@@ -232,7 +238,8 @@ def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds:
 
 
 COLUMNS = ("phase", "cc", "ina Mbit/s", "tcp Mbit/s", "job2 Mbit/s", "ina share", "jain", "short p50 ms", "short p99 ms",
-           "short p99 x idle", "retx", "spurious", "queue ms", "marked", "dropped", "exact")
+           "short p99 x idle", "retx", "fast retx", "spurious", "repair rtt p50", "cuts", "cwnd", "srtt ms", "queue ms",
+           "marked", "dropped", "exact")
 
 
 def table_rows(rows: list[dict]) -> list[dict]:

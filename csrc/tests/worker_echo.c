@@ -115,6 +115,8 @@ static void *echo(void *arg)
         if (n % 5 == 0)
             continue; /* lost */
         buf[1] = buf[1] == INA_MSG_SPARSE_UPDATE ? INA_MSG_SPARSE_RESULT : INA_MSG_RESULT;
+        if (n % 9 == 0)
+            buf[INA_OFF_FLAGS] |= INA_FLAG_CONGESTED; /* a congested round: the window shrinks */
         /* exp_next of a result is the agreed exponent: with one worker, its own */
         send(fd, buf, (size_t)len, 0);
         if (n % 7 == 0)
@@ -149,7 +151,7 @@ static void begin(ina_wk *w, int m, unsigned trigger)
     mode = m;
 }
 
-static int run(int fd, int kind, size_t n, uint32_t k, int sparse)
+static int run(int fd, int kind, size_t n, uint32_t k, int sparse, int policy)
 {
     float *xf = malloc(n * sizeof *xf);
     int32_t *xi = malloc(n * sizeof *xi);
@@ -173,6 +175,7 @@ static int run(int fd, int kind, size_t n, uint32_t k, int sparse)
                 .exps = kind == INA_WK_INT32 ? NULL : exps, .agreed = agreed, .result = result, .done = done,
                 .rto = 0.002, .min_rto = 0.002, .max_rto = 0.01, .timeout = 20, .sparse = sparse, .held = held};
     memset(agreed, INA_EXP_NONE, nb);
+    ina_cc_init(&w.cc, policy, w.window);
     begin(&w, ECHO, 0);
     if (ina_wk_start(&w))
         return 2;
@@ -200,9 +203,12 @@ static int run(int fd, int kind, size_t n, uint32_t k, int sparse)
     bad |= memcmp(agreed, exps, kind == INA_WK_INT32 ? 0 : nb) != 0;
     if (sparse)
         bad |= w.streams_done != w.streams || rounds[0] % 2 || w.ndone != nb - nb / 3 - (nb % 3 == 2);
-    fprintf(stderr, "kind %d sparse %d: rc %d sent %lu retransmissions %lu duplicates %lu stale %lu -> %s\n", kind, sparse, rc,
-            (unsigned long)w.packets_sent, (unsigned long)w.retransmissions, (unsigned long)w.duplicate_results,
-            (unsigned long)w.stale_results, bad ? "BAD" : "ok");
+    if (policy != INA_CC_NONE && !sparse) /* a gap resent at once; congested rounds cut the window */
+        bad |= w.fast_retransmits == 0 || w.cc.reductions == 0 || w.cc.cwnd < 2 || w.cc.cwnd > w.window;
+    fprintf(stderr, "kind %d sparse %d cc %d: rc %d sent %lu retransmissions %lu (fast %lu) duplicates %lu stale %lu "
+            "cuts %lu -> %s\n", kind, sparse, policy, rc, (unsigned long)w.packets_sent,
+            (unsigned long)w.retransmissions, (unsigned long)w.fast_retransmits, (unsigned long)w.duplicate_results,
+            (unsigned long)w.stale_results, (unsigned long)w.cc.reductions, bad ? "BAD" : "ok");
     free(xf); free(xi); free(exps); free(agreed); free(result); free(done); free(held);
     return bad;
 }
@@ -287,9 +293,10 @@ int main(void)
     pthread_t t;
     pthread_create(&t, NULL, echo, &sv[1]);
     int bad = 0;
-    for (int sparse = 0; sparse < 2; sparse++)
-        bad |= run(sv[0], INA_WK_INT32, 10007, 64, sparse) | run(sv[0], INA_WK_FIXED, 5003, 100, sparse) |
-               run(sv[0], INA_WK_NC, 20011, 512, sparse);
+    for (int policy = INA_CC_NONE; policy <= INA_CC_AIMD; policy += INA_CC_AIMD)
+        for (int sparse = 0; sparse < 2; sparse++)
+            bad |= run(sv[0], INA_WK_INT32, 10007, 64, sparse, policy) |
+                   run(sv[0], INA_WK_FIXED, 5003, 100, sparse, policy) | run(sv[0], INA_WK_NC, 20011, 512, sparse, policy);
     if (bad_fields) {
         fprintf(stderr, "%lu packets without the call's identity or the boot id -> BAD\n", (unsigned long)bad_fields);
         bad = 1;
