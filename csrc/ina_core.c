@@ -873,6 +873,10 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t
         return n;
     st->bitmap |= bit;
     other->bitmap &= ~bit;
+    if (h->flags & INA_FLAG_CONGESTED) { /* a counted contribution's congestion is the round's */
+        st->flags |= INA_FLAG_CONGESTED;
+        (*slot_counter(sw, j, INA_SLOT_CONGESTED, h->slot))++;
+    }
     return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out, last ? payload : NULL);
 }
 

@@ -193,6 +193,7 @@ static int send_to(ina_dpdk *d, uint64_t dst, const uint8_t *hdr, uint32_t hlen,
     eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
     memset(ip, 0, sizeof *ip);
     ip->version_ihl = RTE_IPV4_VHL_DEF;
+    ip->type_of_service = ina_ecn_out(hdr); /* results ECN-capable (docs/protocol.md, "Congestion") */
     ip->total_length = rte_cpu_to_be_16((uint16_t)(len - sizeof *eth));
     ip->packet_id = rte_cpu_to_be_16(d->ip_id++);
     ip->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_DF_FLAG);
@@ -304,8 +305,10 @@ static void on_frame(ina_dpdk *d, struct rte_mbuf *m)
         rte_pktmbuf_free(m);
         return;
     }
-    const uint8_t *pkt = (const uint8_t *)(udp + 1);
+    uint8_t *pkt = (uint8_t *)(udp + 1);
     uint32_t len = ulen - (uint32_t)sizeof *udp;
+    if ((ip->type_of_service & 3) == INA_CE) /* docs/protocol.md, "Congestion" */
+        ina_mark_congested(pkt, len);
     ina_loop_receive(&d->loop, learn_peer(d, &eth->src_addr, ip->src_addr, udp->src_port), pkt, len);
     rte_pktmbuf_free(m);
 }

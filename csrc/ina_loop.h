@@ -90,6 +90,24 @@ static inline void ina_loop_receive(ina_loop *l, uint64_t src, const uint8_t *pk
     ina_impair_act(&l->side[0], d, src, pkt, len, pkt + len, 0, 1, ina_loop_deliver, l);
 }
 
+/* docs/protocol.md, "Congestion": a data packet that arrived with ECN CE in its IP header is taken as if it
+ * carried INA_FLAG_CONGESTED (server.congested); pkt is the loop's own receive buffer */
+static inline int ina_data_message(uint8_t type)
+{
+    return type == INA_MSG_UPDATE || type == INA_MSG_SPARSE_UPDATE || type == INA_MSG_RESULT ||
+           type == INA_MSG_SPARSE_RESULT;
+}
+
+static inline void ina_mark_congested(uint8_t *pkt, uint32_t len)
+{
+    if (len > INA_OFF_FLAGS && ina_data_message(pkt[INA_OFF_MSG_TYPE]))
+        pkt[INA_OFF_FLAGS] |= INA_FLAG_CONGESTED;
+}
+
+/* the ECN field a packet the switch sends leaves with: ECT(0) for data packets (results), none for control
+ * answers (hdr: its INA header) */
+static inline uint8_t ina_ecn_out(const uint8_t *hdr) { return ina_data_message(hdr[INA_OFF_MSG_TYPE]) ? INA_ECT0 : 0; }
+
 /* the line went quiet or the loop stops: let the packets held back for reordering go (the caller then
  * flushes its send batch) */
 static inline void ina_loop_release_held(ina_loop *l)

@@ -19,6 +19,10 @@
 /* packets queued before a flush: a result goes to every worker of its job, so a batch of 256 gives each
  * of 4 workers GSO runs of up to 64 results */
 #define SEND_BATCH 256
+/* a receive's cmsgs: UDP_GRO's segment size and the IP header's TOS byte (IP_RECVTOS: its ECN field) */
+#define RX_CMSG_SPACE (INA_GRO_CMSG_SPACE + CMSG_SPACE(sizeof(int)))
+/* a send's cmsgs: UDP_SEGMENT for a GSO run, IP_TOS for a data packet's ECN field (ECT(0)) */
+#define TX_CMSG_SPACE (INA_GSO_CMSG_SPACE + CMSG_SPACE(sizeof(int)))
 
 struct ina_udp {
     ina_loop loop; /* core, impairments, punt queue */
@@ -30,7 +34,7 @@ struct ina_udp {
     struct mmsghdr rmsg[INA_UDP_BATCH];
     struct iovec riov[INA_UDP_BATCH];
     struct sockaddr_in raddr[INA_UDP_BATCH];
-    char rctrl[INA_UDP_BATCH][INA_GRO_CMSG_SPACE];
+    char rctrl[INA_UDP_BATCH][RX_CMSG_SPACE];
     uint8_t *rbuf;
     int gro; /* UDP_GRO is on: a receive may hold a run of datagrams */
     /* send batch: per queued packet its header, payload, destination */
@@ -47,7 +51,7 @@ struct ina_udp {
     uint32_t glen[SEND_BATCH];
     int gpkt[SEND_BATCH];
     struct mmsghdr gmsg[SEND_BATCH];
-    char gctrl[SEND_BATCH][INA_GSO_CMSG_SPACE];
+    char gctrl[SEND_BATCH][TX_CMSG_SPACE];
     int gfirst[SEND_BATCH], gcount[SEND_BATCH];
 };
 
@@ -71,6 +75,8 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
     u->fd = fd;
     u->gso = INA_UDP_GSO_LOOPBACK;
     u->gro = ina_gro_set(fd, 1) == 0; /* RX_BUF already holds the largest coalesced receive */
+    int on = 1; /* each receive's TOS byte: CE marks its packets congested (docs/protocol.md, "Congestion") */
+    setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &on, sizeof on);
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -150,14 +156,44 @@ static void group_by_destination(ina_udp *u)
     }
 }
 
-/* messages for the grouped packets from position `from` on: a run of same-size packets to one destination
- * becomes one GSO message (the kernel cuts it into the datagrams sendmmsg would have sent) */
+/* message h's cmsgs in ctrl (TX_CMSG_SPACE bytes): UDP_SEGMENT of seg bytes for a GSO run (run > 1), and the
+ * IP_TOS of its packets' ECN field (ina_ecn_out) unless it is 0 (the socket's own) */
+static void send_cmsgs(struct msghdr *h, char *ctrl, int run, uint16_t seg, int ecn)
+{
+    size_t len = (run > 1 ? CMSG_SPACE(sizeof seg) : 0) + (ecn ? CMSG_SPACE(sizeof ecn) : 0);
+    if (!len)
+        return;
+    memset(ctrl, 0, TX_CMSG_SPACE);
+    h->msg_control = ctrl;
+    h->msg_controllen = len;
+    struct cmsghdr *c = CMSG_FIRSTHDR(h);
+    if (run > 1) {
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof seg);
+        memcpy(CMSG_DATA(c), &seg, sizeof seg);
+        c = CMSG_NXTHDR(h, c);
+    }
+    if (ecn && c) {
+        c->cmsg_level = IPPROTO_IP;
+        c->cmsg_type = IP_TOS;
+        c->cmsg_len = CMSG_LEN(sizeof ecn);
+        memcpy(CMSG_DATA(c), &ecn, sizeof ecn);
+    }
+}
+
+/* queued packet i's ECN field (its class: a run never mixes two) */
+static inline int ecn_of(const ina_udp *u, int i) { return ina_ecn_out(u->shdr[i]); }
+
+/* messages for the grouped packets from position `from` on: a run of same-size packets to one destination,
+ * of one ECN class, becomes one GSO message (the kernel cuts it into the datagrams sendmmsg would have sent) */
 static int pack(ina_udp *u, int from)
 {
     int m = 0;
     for (int k = from; k < u->n_send; m++) {
-        int same = 1;
-        while (k + same < u->n_send && u->sdst[u->gpkt[k + same]] == u->sdst[u->gpkt[k]])
+        int same = 1, ecn = ecn_of(u, u->gpkt[k]);
+        while (k + same < u->n_send && u->sdst[u->gpkt[k + same]] == u->sdst[u->gpkt[k]] &&
+               ecn_of(u, u->gpkt[k + same]) == ecn)
             same++;
         uint64_t dst = u->sdst[u->gpkt[k]];
         int gso = u->gso == INA_UDP_GSO_ALL || (u->gso == INA_UDP_GSO_LOOPBACK && on_loopback(dst));
@@ -168,8 +204,7 @@ static int pack(ina_udp *u, int from)
         h->msg_namelen = sizeof u->saddr[0];
         h->msg_iov = u->giov[k];
         h->msg_iovlen = 2 * (size_t)run; /* header and payload per packet, one after the other */
-        if (run > 1)
-            ina_gso_cmsg(h, u->gctrl[m], (uint16_t)u->glen[k]);
+        send_cmsgs(h, u->gctrl[m], run, (uint16_t)u->glen[k], ecn);
         u->gfirst[m] = k;
         u->gcount[m] = run;
         k += run;
@@ -266,28 +301,46 @@ static int receive_batch(ina_udp *u)
         h->msg_iovlen = 1;
         h->msg_name = &u->raddr[i];
         h->msg_namelen = sizeof u->raddr[i];
-        if (u->gro)
-            h->msg_control = u->rctrl[i], h->msg_controllen = sizeof u->rctrl[i];
+        h->msg_control = u->rctrl[i]; /* UDP_GRO's segment size, the TOS byte */
+        h->msg_controllen = sizeof u->rctrl[i];
     }
     return recvmmsg(u->fd, u->rmsg, INA_UDP_BATCH, MSG_DONTWAIT, NULL);
+}
+
+/* whether a received message's IP header had ECN CE (its IP_TOS cmsg; one header for a whole UDP_GRO run) */
+static int ce_marked(struct msghdr *m)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS && c->cmsg_len >= CMSG_LEN(1))
+            return (*CMSG_DATA(c) & 3) == INA_CE;
+    return 0;
+}
+
+/* one datagram of a receive to the loop, as the core takes it (CE: INA_FLAG_CONGESTED set) */
+static inline void receive_one(ina_udp *u, uint64_t src, uint8_t *pkt, uint32_t len, int ce)
+{
+    if (ce)
+        ina_mark_congested(pkt, len);
+    ina_loop_receive(&u->loop, src, pkt, len);
 }
 
 /* message i of a receive batch to the loop, a coalesced UDP_GRO run datagram by datagram (cut at the
  * cmsg's segment size, the last one shorter), so impairments and the capture see each as before */
 static void deliver(ina_udp *u, int i)
 {
-    const uint8_t *pkt = u->riov[i].iov_base;
+    uint8_t *pkt = u->riov[i].iov_base;
     uint32_t len = u->rmsg[i].msg_len, seg = u->gro ? ina_gro_size(&u->rmsg[i].msg_hdr) : 0;
     uint64_t src = addr_id(&u->raddr[i]);
+    int ce = ce_marked(&u->rmsg[i].msg_hdr);
     u->c.bytes_in += len;
     if (u->rmsg[i].msg_hdr.msg_flags & MSG_TRUNC)
         len = 0, seg = 0; /* larger than any valid packet: the core counts it as malformed */
     if (!seg || seg >= len) {
-        ina_loop_receive(&u->loop, src, pkt, len);
+        receive_one(u, src, pkt, len, ce);
         return;
     }
     for (uint32_t off = 0; off < len; off += seg) {
-        ina_loop_receive(&u->loop, src, pkt + off, len - off < seg ? len - off : seg);
+        receive_one(u, src, pkt + off, len - off < seg ? len - off : seg, ce);
         u->c.gro_segments++;
     }
 }

@@ -34,7 +34,7 @@ def render() -> str:
                  "NC_SPAN", "MAX_WORKERS", "MAX_ELEMENTS", "HEADER_SIZE", "POOL_SET_BIT", "POOL_RESERVED_BIT",
                  "POOL_SLOT_MASK", "MAX_SLOTS", "PACKET_ID_MASK", "JOIN_SIZE", "JOIN_PAYLOAD_SIZE", "JOIN_MAC_SIZE",
                  "MAX_ERROR_TEXT", "BLOCK_EXT_SIZE", "BLOCK_NONE", "NO_RANK", "MAX_ABORT_TEXT", "CALL_SPARSE",
-                 "CALL_NUMBER_MASK", "MAX_CALL_LEN"):
+                 "CALL_NUMBER_MASK", "MAX_CALL_LEN", "ECT0", "CE"):
         lines.append(_define(name, getattr(w, name)))
     lines += [_define("JOIN_ACK_PAYLOAD_SIZE", w.JOIN_ACK_PAYLOAD.size),
               _define("JOIN_WAIT_PAYLOAD_SIZE", w.JOIN_WAIT_PAYLOAD.size),

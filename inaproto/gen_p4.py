@@ -48,6 +48,7 @@ def constants() -> list[str]:
     c += [("bit<8>", f"CODEC_{name.upper()}", code) for code, name in sorted(w.CODEC_NAMES.items())]
     c += [("bit<8>", "CODEC_MAX", max(w.CODEC_NAMES)), ("bit<8>", "FLAG_OVERFLOW", w.FLAG_OVERFLOW),
           ("bit<8>", "FLAG_REPLY", w.FLAG_REPLY), ("bit<8>", "FLAG_CONGESTED", w.FLAG_CONGESTED),
+          ("bit<2>", "ECN_ECT0", w.ECT0), ("bit<2>", "ECN_CE", w.CE),
           ("bit<8>", "EXP_NONE", w.EXP_NONE & 0xFF), ("int<16>", "NC_BIAS", w.NC_BIAS),
           ("int<16>", "NC_SPAN", w.NC_SPAN), ("int<16>", "NC_LEVEL_MIN", w.NC_LEVEL_MIN),
           ("int<16>", "NC_LEVEL_MAX", w.NC_LEVEL_MAX), ("bit<16>", "HEADER_SIZE", w.HEADER_SIZE),
@@ -268,7 +269,7 @@ def lane_parser() -> list[str]:
         while chunk:
             nxt, b = f"parse_{stack}_{chunk >> 1}" if chunk > 1 else "accept", chunk.bit_length() - 1
             if stack == "l8":
-                extracts = [f"pkt.extract(hdr.l8.next);"] * chunk
+                extracts = ["pkt.extract(hdr.l8.next);"] * chunk
             elif chunk == LANES or chunk < I32_RUN:
                 extracts = [f"pkt.extract(hdr.i32_{chunk});"]
             else:

@@ -159,7 +159,9 @@ BLOCK_NONE = 0xFFFFFFFF
 DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "spoofed", "wrong_session", "bad_slot", "stale",
                 "ahead", "mismatch", "duplicate", "bad_codes", "bad_mac", "rate_limited", "not_control",
                 "fragment", "call_mismatch", "failed", "oversized", "punt_overflow")
-SLOT_COUNTERS = ("received", "multicast", "resent", "dropped")
+# per slot: data packets received, rounds multicast, results resent, drops, and counted contributions that were
+# congested (FLAG_CONGESTED, or CE on arrival: docs/protocol.md, "Congestion")
+SLOT_COUNTERS = ("received", "multicast", "resent", "dropped", "congested")
 
 
 def drop_reason(index: int) -> str:

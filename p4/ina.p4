@@ -54,6 +54,8 @@ const bit<8> CODEC_MAX = 2;
 const bit<8> FLAG_OVERFLOW = 1;
 const bit<8> FLAG_REPLY = 4;
 const bit<8> FLAG_CONGESTED = 16;
+const bit<2> ECN_ECT0 = 2;
+const bit<2> ECN_CE = 3;
 const bit<8> EXP_NONE = 128;
 const int<16> NC_BIAS = 64;
 const int<16> NC_SPAN = 56;
@@ -229,6 +231,7 @@ struct meta_t {
     bit<1> bad_codes;
     bit<1> overflow;
     bit<1> fused;           // add_finish32 wrote the result into the packet's lanes
+    bit<1> congested;       // this packet is counted in its round and congested (its flag, or CE on arrival)
     bit<16> nc_lo;          // valid NC codes m (bits 6..0) lie in [nc_lo, nc_hi]; m - nc_lo is the shift
     bit<16> nc_hi;
     // the round's stored fields (for results)
@@ -437,6 +440,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
     counter(SLOT_CAPACITY, CounterType.packets) multicast;
     counter(SLOT_CAPACITY, CounterType.packets) resent;
     counter(SLOT_CAPACITY, CounterType.packets) dropped;
+    counter(SLOT_CAPACITY, CounterType.packets) congested;   // counted contributions that were congested
     counter(MEMBER_CAPACITY, CounterType.packets) heard;     // admitted packets per member (liveness)
     meter(3, MeterType.packets) punt_meter;                  // to the CPU: 0 strangers' control requests, 1 failed
                                                              // jobs' packets, 2 members' control requests
@@ -1017,6 +1021,11 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
             meta.reason = (has_expected == 0 || (d != 0 && d < 0x80000000)) ? DROP_AHEAD : DROP_STALE;
         }
         if (meta.op == OP_NONE || meta.op == OP_WRITE || meta.op == OP_ADD) {
+            // model.Switch._counted: a counted contribution's congestion (its flag, or CE in its IP header) is
+            // the round's, until the slot's next round (meta.flags = 0 above)
+            if ((hdr.ina.flags & FLAG_CONGESTED) != 0 || hdr.ipv4.tos[1:0] == ECN_CE) {
+                meta.flags = meta.flags | FLAG_CONGESTED; meta.congested = 1;
+            }
             bitmap = bitmap | me;
             obitmap = obitmap & ~me;
             count = count + 1;
@@ -3953,6 +3962,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         hdr.udp.checksum = 0;
         hdr.ipv4.total_len = hdr.udp.length + 20;
         hdr.ipv4.ttl = 64;
+        hdr.ipv4.tos = (bit<8>)ECN_ECT0;  // results leave ECN-capable (the checksum is computed at the end)
         hdr.ipv4.src = meta.sw_ip;
         hdr.udp.src_port = meta.sw_port;
         hdr.ethernet.src = meta.sw_mac;
@@ -3976,6 +3986,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         hdr.udp.checksum = 0;
         hdr.ipv4.total_len = hdr.udp.length + 20;
         hdr.ipv4.ttl = 64;
+        hdr.ipv4.tos = 0;  // answers are not ECN-capable (only results are)
         hdr.ethernet.dst = hdr.ethernet.src;
         hdr.ipv4.dst = hdr.ipv4.src;
         hdr.udp.dst_port = hdr.udp.src_port;
@@ -4043,6 +4054,7 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         hdr.udp.checksum = 0;
         hdr.ipv4.total_len = hdr.udp.length + 20;
         hdr.ipv4.ttl = 64;
+        hdr.ipv4.tos = 0;  // answers are not ECN-capable (only results are)
         hdr.ethernet.dst = hdr.ethernet.src;
         hdr.ipv4.dst = hdr.ipv4.src;
         hdr.udp.dst_port = hdr.udp.src_port;
@@ -4168,7 +4180,9 @@ control InaIngress(inout headers_t hdr, inout meta_t meta, inout standard_metada
         heard.count(meta.member_index);
         received.count(meta.counter_index);
         if (hdr.ina.codec == CODEC_NC8) { nc_range(); check_nc(); }
+        meta.congested = 0;
         slot_step();
+        if (meta.congested == 1) { congested.count(meta.counter_index); }
         if (meta.op == OP_DROP) {  // stale, ahead, mismatch, bad_codes are told once; duplicates are not
             drops.count((bit<32>)meta.reason);
             dropped.count(meta.counter_index);

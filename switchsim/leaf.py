@@ -98,7 +98,8 @@ class LeafSwitch(Switch):
         return super()._update(h, data, src)
 
     def _complete(self, job, h, st):
-        """Every local worker contributed: the partial sum goes up; the round completes when the root answers."""
+        """Every local worker contributed: the partial sum goes up (congested if a local contribution was); the
+        round completes when the root answers."""
         exp = st.exp_cur
         if st.codec == wire.CODEC_INT32:
             self._finish(st)
@@ -108,7 +109,7 @@ class LeafSwitch(Switch):
         st.up = wire.pack(wire.MSG_UPDATE, job=self.uplink.job, rank=self.uplink.rank,
                           packet_id=self._up_id(job, st.round_id), slot=h.slot, set=h.set, count=st.n_elems,
                           codec=st.codec, exp_cur=exp, exp_next=st.exp_max, payload=payload,
-                          session=self.uplink.session)
+                          session=self.uplink.session, flags=st.flags & wire.FLAG_CONGESTED)
         self.up_sent += 1
         return [(st.up, self.uplink.address)]
 
@@ -155,7 +156,7 @@ class LeafSwitch(Switch):
         if st.round_id is None or st.complete or self._up_id(job, st.round_id) != h.packet_id:
             return self._drop("stale", job, h.slot)  # a duplicate of a result already passed down
         st.result = bytes(wire.payload_view(data, h))
-        st.flags |= h.flags
+        st.flags |= h.flags  # the root's OVERFLOW and CONGESTED (any leaf's, or CE on the way down: server.py)
         st.exp_max = h.exp_next
         st.complete = True
         self.down += 1

@@ -14,6 +14,7 @@ import time
 from inaproto import wire
 
 PREFIX = "ina_"
+SLOT_HELP = {"congested": "congested contributions counted in the job's rounds (docs/protocol.md, Congestion)"}
 TRANSPORT = {"bytes_in": "bytes received", "bytes_out": "bytes sent", "send_errors": "sends that failed",
              "captured": "packets written to the capture", "capture_skipped": "packets past the capture's size"}
 
@@ -48,7 +49,7 @@ class StatsCollector:
 
 
 def _job_families(jobs: dict, counter, gauge):
-    slot = {c: counter(PREFIX + "job_" + c, f"packets {c} in the job's slots", labels=["job"])
+    slot = {c: counter(PREFIX + "job_" + c, SLOT_HELP.get(c, f"packets {c} in the job's slots"), labels=["job"])
             for c in wire.SLOT_COUNTERS}
     state = {g: gauge(PREFIX + "job_" + g, f"the job's {g.replace('_', ' ')}", labels=["job"])
              for g in ("world_size", "generation", "members", "pending", "failed")}
@@ -83,6 +84,13 @@ def serve_metrics(stats, host: str, port: int):
 
 
 # ---------------------------------------------------------------- stats --watch
+def _at(per: dict, counter: str, i: int) -> int:
+    """Slot i's count of a per-slot array; 0 where there is none (no previous look, a counter an older switch
+    does not report)."""
+    a = per.get(counter)
+    return a[i] if a else 0
+
+
 def busiest_slots(prev: dict | None, cur: dict, top: int = 8) -> list[dict]:
     """The slots that moved most since the last look (all jobs), with what each counter did meanwhile."""
     rows = []
@@ -92,7 +100,7 @@ def busiest_slots(prev: dict | None, cur: dict, top: int = 8) -> list[dict]:
             continue
         old = ((prev or {}).get("jobs", {}).get(job) or {}).get("per_slot") or {}
         for i in range(len(per["received"])):
-            d = {c: per[c][i] - (old.get(c, [0] * len(per[c]))[i] if old else 0) for c in wire.SLOT_COUNTERS}
+            d = {c: _at(per, c, i) - _at(old, c, i) for c in wire.SLOT_COUNTERS}
             if any(d.values()):
                 rows.append({"job": job, "slot": i, **d})
     rows.sort(key=lambda r: (-r["received"], -r["resent"], r["slot"]))
@@ -112,7 +120,7 @@ def render(prev: dict | None, cur: dict, dt: float):
         before = ((prev or {}).get("jobs", {}).get(job) or {}).get("received", j["received"])
         rate = (j["received"] - before) / dt if dt > 0 else 0.0
         jobs.add_row(job, str(j.get("world_size")), str(j.get("generation")), str(j.get("members", "")),
-                     *(str(j[c]) for c in wire.SLOT_COUNTERS), f"{rate:,.0f}")
+                     *(str(j.get(c, "")) for c in wire.SLOT_COUNTERS), f"{rate:,.0f}")
     slots = Table(title="busiest slots since the last look")
     for col in ("job", "slot", *wire.SLOT_COUNTERS):
         slots.add_column(col, justify="right")

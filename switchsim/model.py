@@ -358,9 +358,18 @@ class Switch:
             else:
                 st.acc = st.acc + values  # add
                 st.exp_max = max(st.exp_max, h.exp_next)
-        st.bitmap = before | bit
+        return self._counted(job, h, st, other)
+
+    def _counted(self, job, h, st, other):
+        """h's rank is in the round (step 4): its bit, its congestion (docs/protocol.md, "Congestion": only a
+        counted contribution's flag is the round's), and the result once every rank's is."""
+        bit = 1 << h.rank
+        st.bitmap |= bit
         other.bitmap &= ~bit
         st.count += 1
+        if h.flags & wire.FLAG_CONGESTED:
+            st.flags |= wire.FLAG_CONGESTED
+            job.counters["congested"][h.slot] += 1
         return self._complete(job, h, st) if st.count == job.world_size else []
 
     def _out_of_order(self, job, h, src, size: int, expected):

@@ -49,6 +49,34 @@ def bind_udp(host, port) -> socket.socket:
     return sock
 
 
+# ECN (docs/protocol.md, "Congestion"): a data packet that arrives CE-marked counts as FLAG_CONGESTED, and data
+# packets leave ECN-capable (ECT(0): results, and a leaf's partial sums up), so a queue on the way marks them
+# instead of dropping; control answers do not
+ECT0_CMSG = [(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0.to_bytes(4, sys.byteorder))]  # an int, as the kernel takes it
+TOS_SPACE = socket.CMSG_SPACE(4)
+
+
+def listen_ecn(sock: socket.socket):
+    """Every datagram sock receives comes with its IP header's TOS byte (an IP_TOS cmsg)."""
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+
+
+def ce_marked(ancdata) -> bool:
+    """Whether recvmsg's ancillary data says the datagram arrived with ECN CE."""
+    return any(level == socket.IPPROTO_IP and kind == socket.IP_TOS and data and data[0] & 3 == wire.CE
+               for level, kind, data in ancdata)
+
+
+def congested(data: bytes) -> bytes:
+    """A data packet that arrived CE-marked as the switch takes it: with FLAG_CONGESTED set (no check covers the
+    flags byte; a packet that is no data packet is left as it is)."""
+    if len(data) <= wire.OFFSETS["flags"] or data[1] not in wire.DATA_MESSAGES:
+        return data
+    marked = bytearray(data)
+    marked[wire.OFFSETS["flags"]] |= wire.FLAG_CONGESTED
+    return bytes(marked)
+
+
 def offer_groups(sock: socket.socket, control):
     """A switch bound on loopback may send a job's results once to the job's group (docs/protocol.md, "Results
     to a group"): its socket sends groups through lo, and the control plane learns the port. $INA_GROUP=0: never."""
@@ -143,11 +171,15 @@ class UDPServer:
         self.started = time.monotonic()
         backend.control.stats = self.stats  # stats replies carry the transport's counters too
         offer_groups(self.sock, backend.control)
+        listen_ecn(self.sock)
 
     def _send(self, items):
         for data, dst in items:
             try:
-                self.sock.sendto(data, dst)
+                if data[1:2] and data[1] in wire.DATA_MESSAGES:
+                    self.sock.sendmsg([data], ECT0_CMSG, 0, dst)
+                else:
+                    self.sock.sendto(data, dst)
                 self.bytes_out += len(data)
             except OSError:
                 self.send_errors += 1  # e.g. a worker that went away; never fatal to the switch
@@ -201,14 +233,15 @@ class UDPServer:
                 continue
             for _ in range(256):  # drain a batch before looking at the stop flag again
                 try:
-                    n, src = sock.recvfrom_into(buf)
+                    n, anc, _, src = sock.recvmsg_into([buf], TOS_SPACE)
                 except BlockingIOError:
                     control.drained()  # it keeps up: a member's silence is the member's (check_members)
                     break
                 except OSError:
                     continue
                 self.bytes_in += n
-                self._handle(bytes(view[:n]), src)
+                data = bytes(view[:n])
+                self._handle(congested(data) if ce_marked(anc) else data, src)
 
     def start_thread(self) -> threading.Thread:
         """serve_forever in a daemon thread, for tests and in-process demos.

@@ -7,6 +7,8 @@ a first round in set 0, and a packet from another port than the rank joined from
 Runs against every backend in conftest.BACKENDS, each job joined first (conftest.Harness)."""
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,86 @@ def test_mismatched_round_is_dropped(switch_backend):
     assert sw.send(1, bad) == []
     assert sw.stats()["dropped"]["mismatch"] == 1
     assert len(sw.send(1, update(1, 0, 0, 1, 0, R))) == 2
+
+
+# ------------------------------------------------------------------ congestion (docs/protocol.md, "Congestion")
+F = wire.FLAG_CONGESTED
+CE_ROUND = 3  # the packet id whose rank 0 update arrives CE-marked where the backend has an IP header
+
+
+def congested_update(rank, pid, slot=0, flags=0, session=0, sparse=False):
+    kind = wire.call_kind("int32") | (wire.CALL_SPARSE if sparse else 0)
+    if sparse:
+        return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, 1, rank, pid, slot, pid & 1, 64, wire.CODEC_INT32, 0, 0,
+                                flags, 0, wire.BLOCK_NONE, V(rank + 1).astype(">i4").tobytes(), session, kind, 0, 64)
+    return wire.pack(wire.MSG_UPDATE, job=1, rank=rank, packet_id=pid, slot=slot, set=pid & 1, count=64,
+                     codec=wire.CODEC_INT32, exp_cur=0, exp_next=R, payload=V(rank + 1).astype(">i4").tobytes(),
+                     flags=flags, session=session, call_kind=kind, call_len=64)
+
+
+# (port, packet): a flagged round and its resends, a duplicate / a stranger's / another session's flagged packet
+# that must not count, the set's next round clean, a round with CE on arrival (the flag for the model), sparse
+CONGESTION = [(0, congested_update(0, 0, flags=F)), (1, congested_update(1, 0)), (0, congested_update(0, 0, flags=F)),
+              (1, congested_update(1, 0)), (0, congested_update(0, 1)), (0, congested_update(0, 1, flags=F)),
+              (7, congested_update(1, 1, flags=F)), (1, congested_update(1, 1, flags=F, session=0xDEAD)),
+              (1, congested_update(1, 1)), (0, congested_update(0, 2)), (1, congested_update(1, 2)),
+              (1, congested_update(1, CE_ROUND)), (0, congested_update(0, CE_ROUND, flags=F)),
+              (1, congested_update(1, 0, slot=1, flags=F, sparse=True)), (0, congested_update(0, 0, slot=1, sparse=True))]
+WANT_FLAGS = [[], [F, F], [F], [F], [], [], [], [wire.FLAG_REPLY], [0, 0], [], [0, 0], [], [F, F], [], [F, F]]
+
+
+def _ip_socket(sw, port):
+    """The backend's socket for port where the switch sees an IP header (UDP, DPDK, BMv2), else None."""
+    s = sw._sock(port) if hasattr(sw, "_sock") else None
+    return s if isinstance(s, socket.socket) else None
+
+
+def _send_ce(sw, port, data):
+    """data from port's socket with ECN CE and its flag clear (the switch sets it); what came back, each with
+    the ECN field it arrived with."""
+    import select
+    import time
+
+    for s in sw.socks.values():
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    sock = _ip_socket(sw, port)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.CE)
+    try:
+        sw._emit(port, data[:3] + bytes([data[3] & ~F]) + data[4:])
+    finally:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0)
+    got, by_fd, deadline = [], {s.fileno(): p for p, s in sw.socks.items()}, time.monotonic() + sw.quiet
+    while (left := deadline - time.monotonic()) > 0:
+        for s in select.select(list(sw.socks.values()), [], [], left)[0]:
+            pkt, anc, _, _ = s.recvmsg(65536, socket.CMSG_SPACE(4))
+            tos = [d[0] for level, kind, d in anc if (level, kind) == (socket.IPPROTO_IP, socket.IP_TOS)]
+            got.append(((by_fd[s.fileno()], pkt), tos[0] & 3 if tos else None))
+    return sw.untold([g for g, _ in got]), [ecn for _, ecn in got]
+
+
+def _anonymous(out):
+    """(port, packet) with the session and boot id zeroed: they differ between two switches."""
+    cut = wire.OFFSETS["session"], wire.OFFSETS["boot"]
+    return sorted((p, d[:cut[0]] + bytes(4) + d[cut[0] + 4:cut[1]] + bytes(4) + d[cut[1] + 4:]) for p, d in out)
+
+
+def test_congestion_matches_the_model(switch_backend):
+    """FLAG_CONGESTED ORed over a round's counted contributions, byte for byte as the model; where the switch
+    reads an IP header, a CE-marked update counts as flagged and results leave ECT(0)."""
+    from .conftest import ModelHarness
+
+    sw, model = switch_backend({1: 2}, slots=2, max_elements=64), ModelHarness({1: 2}, slots=2, max_elements=64)
+    for step, ((port, data), flags) in enumerate(zip(CONGESTION, WANT_FLAGS)):
+        want = model.send(port, data)
+        ce = wire.unpack(data).packet_id == CE_ROUND and port == 0 and _ip_socket(sw, port) is not None
+        got, ecn = _send_ce(sw, port, data) if ce else (sw.send(port, data), None)
+        assert _anonymous(got) == _anonymous(want), f"step {step}"
+        assert sorted(wire.unpack(d).flags for _, d in want) == flags, f"step {step}"
+        if ce:
+            assert ecn == [wire.ECT0] * 2, "results leave ECN-capable"
+    if _ip_socket(sw, 0) is not None:  # a result's resend leaves ECT(0) too; the switch's answers do not
+        out, ecn = _send_ce(sw, 1, congested_update(1, CE_ROUND))  # a duplicate: CE on it counts for nothing
+        assert [wire.unpack(d).flags for _, d in out] == [F] and ecn == [wire.ECT0]
+        out, ecn = _send_ce(sw, 1, congested_update(1, 1, flags=F, session=0xDEAD))
+        assert [wire.unpack(d).msg_type for _, d in out] == [wire.MSG_ERROR] and ecn == [0]
+    assert sw.stats()["jobs"]["1"]["congested"] == model.stats()["jobs"]["1"]["congested"] == 3

@@ -41,7 +41,8 @@ def test_c_wire_constants_match_wire_py():
                  "NC_LEVEL_MIN", "NC_LEVEL_MAX", "NC_SPAN", "MAX_WORKERS", "MAX_ELEMENTS", "HEADER_SIZE",
                  "POOL_SET_BIT", "POOL_RESERVED_BIT", "POOL_SLOT_MASK", "MAX_SLOTS", "PACKET_ID_MASK", "JOIN_SIZE",
                  "JOIN_MAC_SIZE", "MAX_ERROR_TEXT", "BLOCK_EXT_SIZE", "BLOCK_NONE", "FLAG_PER_SLOT", "FLAG_REPLY",
-                 "NO_RANK", "MAX_ABORT_TEXT", "CALL_SPARSE", "CALL_NUMBER_MASK", "MAX_CALL_LEN"):
+                 "NO_RANK", "MAX_ABORT_TEXT", "CALL_SPARSE", "CALL_NUMBER_MASK", "MAX_CALL_LEN", "FLAG_CONGESTED",
+                 "ECT0", "CE"):
         assert d[f"INA_{name}"] == getattr(wire, name), name
     for code, name in wire.ERROR_NAMES.items():
         assert d[f"INA_ERR_{name.upper()}"] == code
@@ -235,15 +236,16 @@ class Traffic:
             session = int(rs.choice([session ^ 1, 0, int(rs.integers(1, 2**32))]))  # an old or guessed session
         s = min(slot, wire.MAX_SLOTS - 1)
         call, kind, n = self.call_of(key, codec, sparse)
+        flags = wire.FLAG_CONGESTED if (pid + rank + slot) % 5 == 0 else 0  # not drawn: the stream stays as it was
         if sparse:  # block-sparse round: the holders' next blocks mostly lie after the round's block
             nxt = int(rs.choice([block + 1, block + 2, block + 3, wire.BLOCK_NONE, block, block - 1, 0]))
             if not count:
                 nxt = int(rs.choice([block + 1, block + 3, wire.BLOCK_NONE, block]))
             return wire.pack_sparse(wire.MSG_SPARSE_UPDATE, job, rank, pid, s, pid & 1, count, codec, exp_cur,
-                                    int(rs.integers(-128, 128)), 0, block if count else wire.BLOCK_NONE,
+                                    int(rs.integers(-128, 128)), flags, block if count else wire.BLOCK_NONE,
                                     nxt & 0xFFFFFFFF, payload, session, kind, call, n)
         return wire.pack(wire.MSG_UPDATE, job, rank, pid, s, pid & 1, count, codec, exp_cur,
-                         int(rs.integers(-128, 128)), 0, payload, session, kind, call, n)
+                         int(rs.integers(-128, 128)), flags, payload, session, kind, call, n)
 
     def fault(self, data, job, rank):
         rs, f = self.rs, self.rs.random()
@@ -340,6 +342,8 @@ def test_core_matches_model_packet_for_packet(seed, rounding):
             if p[1] == wire.MSG_ERROR and wire.unpack_error(p)[0] == wire.ERR_DROPPED}
     assert told == set(wire.TOLD_DROPS), told  # every reason a member is told of, told by the core too
     assert stats["jobs"]["1"]["resent"] > 0 and stats["jobs"]["4"]["multicast"] > 0
+    assert stats["jobs"]["1"]["congested"] > 0 and any(p[1] in (wire.MSG_RESULT, wire.MSG_SPARSE_RESULT) and
+                                                       p[3] & wire.FLAG_CONGESTED for _, _, out, _ in log for p, _ in out)
     assert stats["jobs"]["1"]["generation"] > 1  # restarts happened
     assert sparse_blocks > 20 and sparse_empty > 5  # block-sparse rounds, with and without elements
 
