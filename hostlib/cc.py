@@ -11,6 +11,7 @@ random loss is repaired (a gap resends at once, the timeout is the last resort),
 docs/protocol.md, "Congestion"."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 from inaproto import wire
@@ -31,6 +32,13 @@ RTO_FLOOR = 0.005  # ... and under a policy: a scheduler's hiccup on a loaded ho
 RTO_RTTS = 4.0  # ... nor anything under this many smoothed round trips
 BATCH = 8  # the delay signal takes the smallest of this many round trips (CoDel's minimum over an interval)
 DUPTHRESH = 3  # results of packets this much later than one still out: it was lost, resend it (fast retransmit)
+
+
+def configure(name: str | None, shm: bool, rto: float | None) -> tuple[int, float]:
+    """A Communicator's policy (name, else $INA_CC, else DEFAULT; shared memory has no path to follow, its rings
+    are the window: "none" unless asked) and its timeout's floor (rto, else RTO_FLOOR; RTO_NONE under "none")."""
+    policy = policy_of(name or os.environ.get("INA_CC") or ("none" if shm else DEFAULT))
+    return policy, rto if rto is not None else RTO_NONE if policy == NONE else RTO_FLOOR
 
 
 def policy_of(name: str) -> int:

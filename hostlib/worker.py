@@ -19,7 +19,6 @@ HEARTBEAT_EVERY seconds, in calls and between them, lets the switch tell a dead 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 import time
@@ -67,12 +66,10 @@ class Communicator:
                 ask the same (the switch refuses the join otherwise), and the switch caps it at its limit.
             timeout: seconds without a result before an allreduce gives up.
             join_timeout: seconds to wait for every rank to join (default: timeout).
-            rto, max_rto: floor and ceiling of the retransmission timeout; between them it follows the
-                measured round trip. None: cc.RTO_FLOOR and, under a policy, cc.RTO_RTTS round trips
-                (cc.RTO_NONE under "none").
-            cc: the congestion policy (hostlib/cc.py): "aimd" (the default, or $INA_CC) follows the path from
-                a small window, on the aggregate's congestion mark (CE, or the delay signal where no link marks);
-                "ecn" on CE marks only; "none" is SwitchML's fixed window and timeout (the baseline).
+            rto, max_rto: floor and ceiling of the retransmission timeout, which follows the measured round
+                trip between them (None: the policy's floor, cc.configure).
+            cc: the congestion policy (hostlib/cc.py: "aimd", "ecn", or "none", SwitchML's fixed window;
+                None: $INA_CC, else "aimd", "none" on shared memory).
             seed: base of the stochastic-rounding streams, so runs can be repeated bit for bit.
             fast: None for the C loop where it applies, False to force the Python loop.
             key: the job key (default $INA_JOB_KEY), needed when the switch serves the job with --key-file.
@@ -88,11 +85,7 @@ class Communicator:
         self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
-        # shared memory has no path to follow (its rings are the window): SwitchML's fixed window unless asked
-        self.policy = congestion.policy_of(cc or os.environ.get("INA_CC") or
-                                           (congestion.DEFAULT if shm is None else "none"))
-        if rto is None:
-            rto = congestion.RTO_NONE if self.policy == congestion.NONE else congestion.RTO_FLOOR
+        self.policy, rto = congestion.configure(cc, shm is not None, rto)
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
         self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto, self.policy)
         self.cc = congestion.Window(self.policy)  # the congestion window: a fresh one per generation
@@ -110,12 +103,7 @@ class Communicator:
         self._lock = threading.RLock()  # one call (or join) on the socket at a time
         self._asked = (window, auto, elements_per_packet)
         self._join_timeout = self.timeout if join_timeout is None else join_timeout
-        self.sock, self.group = open_socket(shm, self.address), open_group(shm, self.address, job, rank, self.key)
-        self.link.loopback = shm is None and self.address[0].startswith("127.")
-        self.chan = Channel(self.sock, self.group, self.stats, self.link, on_mark=lambda: self.cc.mark())
-        self._send, self._recv, self._wait = self.chan.send, self.chan.recv, self.chan.wait
-        self._sock_closed = False
-        self._heartbeat = Heartbeat(self.sock)
+        self._open(shm)
         try:
             self._start_generation()
         except BaseException:
@@ -123,6 +111,16 @@ class Communicator:
             join.withdraw(self)
             self._close_sockets()
             raise
+
+    def _open(self, shm: str | None):
+        """The sockets (or the shared-memory port), the channel over them and the heartbeat."""
+        self.sock = open_socket(shm, self.address)
+        self.group = open_group(shm, self.address, self.job, self.rank, self.key)
+        self.link.loopback = shm is None and self.address[0].startswith("127.")
+        self.chan = Channel(self.sock, self.group, self.stats, self.link, on_mark=lambda: self.cc.mark())
+        self._send, self._recv, self._wait = self.chan.send, self.chan.recv, self.chan.wait
+        self._sock_closed = False
+        self._heartbeat = Heartbeat(self.sock)
 
     def _start_generation(self):
         """Join (a barrier with every rank) and set up a fresh generation: window, slots, call numbers."""
