@@ -1,12 +1,12 @@
 /* A worker's congestion window (hostlib/cc.py is its twin, tests/test_cc.py checks that both take the same
  * steps): how many of its packets may be in flight, following the path. It starts small and doubles per
- * round trip (slow start), then grows by one packet per round trip while results come back unmarked, and
- * shrinks by INA_CC_BETA, at most once per round trip, when a result carries FLAG_CONGESTED: the switch ORs
- * every contribution's mark into the round, so every worker of the job sees the same signal. A worker marks
- * its next update congested when a result reached it CE-marked (its downlink is congested) or, on a path where
- * no link marks, when a round trip rose INA_CC_TARGET above the path's base (the delay signal). Losses are not
- * a signal: random loss is repaired (fast retransmit, timeout), not slowed down for. docs/protocol.md,
- * "Congestion". */
+ * round trip (slow start), then grows by INA_CC_INCREASE packets per round trip (half a standard TCP flow's)
+ * while results come back unmarked, and shrinks by INA_CC_BETA, at most once per round trip, when a result
+ * carries FLAG_CONGESTED: the switch ORs every contribution's mark into the round, so every worker of the job
+ * sees the same signal. A worker marks its next update congested when a result reached it CE-marked (its
+ * downlink is congested) or, on a path where no link marks, when INA_CC_BATCH round trips in a row were more
+ * than the target above the path's base (the delay signal). Losses are not a signal: random loss is repaired
+ * (fast retransmit, timeout), not slowed down for. docs/protocol.md, "Congestion". */
 #ifndef INA_CC_H
 #define INA_CC_H
 #include <stdint.h>
@@ -43,7 +43,8 @@ int ina_cc_echo(ina_cc *c);     /* FLAG_CONGESTED or 0 for the update built now 
 /* the retransmission timeout's floor: min_rto (the caller's), and under a policy a few round trips */
 double ina_cc_rto_floor(const ina_cc *c, double srtt, double min_rto);
 /* the floor after a spurious retransmission (a result later than the timeout, not lost: a loaded host, a
- * queue the estimate missed): doubled under a policy, up to max_rto; min_rto under INA_CC_NONE */
-double ina_cc_spurious_floor(const ina_cc *c, double min_rto, double max_rto);
+ * queue the estimate missed): doubled under a policy, up to cap (SwitchML's constant); min_rto under
+ * INA_CC_NONE */
+double ina_cc_spurious_floor(const ina_cc *c, double min_rto, double cap);
 
 #endif

@@ -33,6 +33,7 @@
 #define GONE_EVERY 0.1   /* seconds between checks that a shared-memory switch is still there */
 #define RTT_BATCH 16     /* RTT samples per estimator update (their minimum), as in the Python loop */
 #define INT32_MAX_ 2147483647
+#define START_RTO 0.03 /* hostlib/cc.py's START_RTO */
 #define INA_TOS_CMSG_SPACE CMSG_SPACE(sizeof(int)) /* IP_TOS of a received datagram (IP_RECVTOS, channel.py) */
 
 typedef struct {
@@ -410,7 +411,7 @@ static void note_answer(ina_wk *w, const entry *e, double t)
 {
     if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2) {
         w->spurious_retransmissions++;
-        w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, w->max_rto);
+        w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, fmin(START_RTO, w->max_rto));
     }
 }
 
@@ -507,6 +508,16 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
     return 0;
 }
 
+/* a packet's first timeout: not less than START_RTO, SwitchML's constant, before the call's first result (the
+ * peers may not have started the call: a rank's compute runs late) and in slow start (no estimate has seen
+ * the queue a doubling window builds): a resend then would be spurious */
+static double first_rto(const ina_wk *w, const priv_t *p)
+{
+    const ina_cc *c = &w->cc;
+    int early = !p->first_result || c->cwnd < c->ssthresh;
+    return c->policy == INA_CC_NONE || !early ? w->rto : fmax(w->rto, START_RTO);
+}
+
 /* build stream s's current round into its window entry and queue it; INA_WK_AGAIN, INA_WK_ENCODE_ERROR, or
  * INA_WK_SWITCH_ERROR with an error pending (the round cannot complete) */
 static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
@@ -518,7 +529,7 @@ static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
     if (len < 0)
         return INA_WK_ENCODE_ERROR;
     *e = (entry){.q = p->round[s] * w->window + s, .len = (uint32_t)len, .busy = 1, .first_sent = t,
-                 .deadline = t + w->rto, .rto = w->rto};
+                 .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
     queue(w, p, e);
     return INA_WK_AGAIN;
 }
@@ -557,6 +568,8 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
     }
     e->busy = 0;
     double now_ = now();
+    if (p->first_result == 0)
+        p->first_result = now_;
     note_answer(w, e, now_);
     rtt_sample(w, now_ - e->first_sent);
     p->round[s]++;
@@ -809,7 +822,7 @@ static int send_new(ina_wk *w, priv_t *p, uint32_t q, double t)
     if (len < 0)
         return INA_WK_ENCODE_ERROR;
     *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .seq = w->cc.sent++, .first_sent = t,
-                 .deadline = t + w->rto, .rto = w->rto};
+                 .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
     queue(w, p, e);
     p->sent[q] = 1;
     p->inflight += e->len;

@@ -1,8 +1,8 @@
 """A worker's congestion window: how many of its packets may be in flight, following the path (csrc/ina_cc.c
 is its twin in the C loop; tests/test_cc.py checks that both take the same steps on the same events).
 
-It starts small and doubles per round trip (slow start), then grows by one packet per round trip while
-results come back unmarked, and keeps BETA of itself, at most once per round trip, when a result carries
+It starts small and doubles per round trip (slow start), then grows by INCREASE packets per round trip (half
+a standard TCP flow's) while results come back unmarked, and keeps BETA of itself, at most once per round trip, when a result carries
 FLAG_CONGESTED. The switch ORs every counted contribution's mark into the round's result, so every worker of
 the job sees the same signal and the windows stay alike. A worker marks its next update congested when a
 result reached it CE-marked (its downlink's queue) or, with the "aimd" policy on a path where no link marks,
@@ -25,11 +25,20 @@ NONE, ECN, AIMD = 0, 1, 2
 INITIAL = 10  # packets in flight before the first result (RFC 6928's initial window)
 MIN = 2  # never fewer
 BETA = 0.7  # the share of the window kept on a congested round (CUBIC's beta)
-TARGET_MIN = 0.001  # seconds of queueing the delay signal allows, at least ...
+# packets added per round trip after slow start: half a standard TCP flow's with this beta (RFC 8312 section
+# 4.2, CUBIC's TCP-friendly region: 3 (1 - beta) / (1 + beta)). INA's round trip is short (worker, switch,
+# worker) beside a TCP flow's between two workers (twice the links), and growing per round trip it grows faster
+# in time: with TCP's increase INA took 72 % of a link beside CUBIC, with half of it 56-61 % (4 hosts,
+# 100 Mbit/s, 1 ms, ECN links; `switchsim bench net --ecn`)
+INCREASE = 1.5 * (1 - BETA) / (1 + BETA)
+# seconds of queueing the delay signal allows, at least ... (above the queue where ECN links mark: 2.4 ms at
+# 100 Mbit/s, switchsim/netns.py; there the marks are the signal, shared with the TCP flows beside)
+TARGET_MIN = 0.005
 TARGET_BASES = 1.0  # ... and this many base round trips
 RTO_NONE = 0.03  # the retransmission timeout's floor under "none" (a constant, as SwitchML's timer) ...
 RTO_FLOOR = 0.005  # ... and under a policy: a scheduler's hiccup on a loaded host is not a loss ...
 RTO_RTTS = 4.0  # ... nor anything under this many smoothed round trips
+START_RTO = RTO_NONE  # a packet's first timeout before the call's first result: the peers may not be in the call
 BATCH = 8  # the delay signal takes the smallest of this many round trips (CoDel's minimum over an interval)
 DUPTHRESH = 3  # results of packets this much later than one still out: it was lost, resend it (fast retransmit)
 
@@ -105,13 +114,18 @@ class Window:
                 self.ssthresh, self.recover = self.cwnd, self.sent
                 self.reductions += 1
             return
-        self.cwnd = min(self.cwnd + (1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd), cap)
+        self.cwnd = min(self.cwnd + (1.0 if self.cwnd < self.ssthresh else INCREASE / self.cwnd), cap)
 
     def mark(self):
         """A datagram reached this worker CE-marked."""
         self.marks += 1
         if self.policy != NONE:
             self.marked = self.echo = 1
+
+    def early(self, first_result) -> bool:
+        """Before the call's first result (the peers may not be in the call) or in slow start (no estimate
+        has seen the queue a doubling window builds): a packet's first timeout is at least START_RTO."""
+        return not first_result or self.cwnd < self.ssthresh
 
     def take_echo(self) -> int:
         """The flags of the update built now: FLAG_CONGESTED once after a signal."""
@@ -124,10 +138,10 @@ FIELDS = tuple(f.name for f in fields(Window))
 COUNTERS = ("reductions", "marks", "delay_signals")  # kept over re-joins (a new generation's window starts afresh)
 
 
-def spurious_floor(policy: int, min_rto: float, max_rto: float) -> float:
+def spurious_floor(policy: int, min_rto: float, cap: float) -> float:
     """The floor after a spurious retransmission (a result later than the timeout, not lost: a loaded host, a
-    queue the estimate missed): doubled under a policy, up to max_rto."""
-    return min_rto if policy == NONE else min(2 * min_rto, max_rto)
+    queue the estimate missed): doubled under a policy, up to cap (START_RTO, SwitchML's constant)."""
+    return min_rto if policy == NONE or min_rto >= cap else min(2 * min_rto, cap)
 
 
 def rto_floor(policy: int, srtt: float, min_rto: float) -> float:

@@ -38,8 +38,9 @@ def drive(comm, stream, progress):
             flags = window.take_echo() if isinstance(stream, DenseStream) else 0
             packet = stream.build(key, flags)
             comm.chan.send(packet)
-            inflight[key] = InFlight(now, now + comm.rtt.rto, comm.rtt.rto, seq=window.sent, flags=flags,
-                                     size=len(packet))
+            rto = comm.rtt.rto if window.policy == cc.NONE or not window.early(first_result) else \
+                max(comm.rtt.rto, cc.START_RTO)
+            inflight[key] = InFlight(now, now + rto, rto, seq=window.sent, flags=flags, size=len(packet))
             window.sent += 1
             load[0] += len(packet)
         comm.chan.wait(SCAN_EVERY if inflight else 0.0)
@@ -76,7 +77,7 @@ def _answered(comm, stream, rec: InFlight, h, now: float, first_result: float):
     srtt = comm.rtt.srtt
     if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
         comm.stats.spurious_retransmissions += 1
-        comm.rtt.min_rto = cc.spurious_floor(comm.rtt.policy, comm.rtt.min_rto, comm.rtt.max_rto)
+        comm.rtt.min_rto = cc.spurious_floor(comm.rtt.policy, comm.rtt.min_rto, min(cc.START_RTO, comm.rtt.max_rto))
     if rec.tries and srtt is not None:
         comm.stats.repair(now - rec.first_sent, srtt)
     comm.rtt.sample(now - rec.first_sent)

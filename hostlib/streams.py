@@ -70,10 +70,11 @@ class RttEstimator:
 
     def seed(self, r: float):
         """A first estimate from one round trip the join measured, where none was made yet (a policy only:
-        "none" keeps its constant floor until calls measure)."""
+        "none" keeps its constant floor until calls measure). The timeout itself starts at START_RTO, as
+        SwitchML's: one idle round trip says nothing of the queue a first call's window builds."""
         if self.srtt is None and r > 0 and self.policy != cc.NONE:
             self.srtt, self.rttvar = r, r / 2
-            self.rto = min(max(3 * r, cc.rto_floor(self.policy, r, self.min_rto)), self.max_rto)
+            self.rto = min(max(cc.START_RTO, cc.rto_floor(self.policy, r, self.min_rto)), self.max_rto)
 
 
 class CallSlots:

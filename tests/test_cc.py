@@ -55,7 +55,8 @@ def test_the_c_window_takes_the_python_windows_steps(policy, cap, base, events):
         assert same(c, w), ev
         assert w.allowed(cap) == lib.ina_cc_allowed(c, cap)
         assert lib.ina_cc_rto_floor(c, 0.004, 0.005) == cc.rto_floor(policy, 0.004, 0.005)
-        assert lib.ina_cc_spurious_floor(c, 0.005, 0.1) == cc.spurious_floor(policy, 0.005, 0.1)
+        assert lib.ina_cc_spurious_floor(c, 0.005, 0.03) == cc.spurious_floor(policy, 0.005, 0.03)
+        assert lib.ina_cc_spurious_floor(c, 0.1, 0.03) == cc.spurious_floor(policy, 0.1, 0.03)
 
 
 def test_slow_start_then_one_packet_a_round_trip():
@@ -71,9 +72,9 @@ def test_slow_start_then_one_packet_a_round_trip():
     w.result(16, -1.0, True, 500)  # the same round trip's packets: no second cut
     assert w.reductions == 1
     before = w.cwnd
-    for seq in range(30, 44):  # one round trip of results: one packet more
+    for seq in range(30, 44):  # one round trip of results: INCREASE packets more
         w.result(seq, -1.0, False, 500)
-    assert 0.9 < w.cwnd - before < 1.1
+    assert 0.9 * cc.INCREASE < w.cwnd - before < 1.1 * cc.INCREASE
     w.result(w.sent, -1.0, True, 500)  # a packet sent after the cut: a new round trip's congestion
     assert w.reductions == 2
 
@@ -122,8 +123,9 @@ def test_ecn_ignores_delay_and_none_ignores_everything():
     assert n.allowed(500) == 500 and n.take_echo() == 0 and n.reductions == 0 and n.marks == 1
 
 
-def test_a_spurious_retransmission_doubles_the_floor_up_to_the_ceiling():
-    assert cc.spurious_floor(cc.AIMD, 0.005, 0.1) == 0.01 and cc.spurious_floor(cc.AIMD, 0.08, 0.1) == 0.1
+def test_a_spurious_retransmission_doubles_the_floor_up_to_switchmls_constant():
+    assert cc.spurious_floor(cc.AIMD, 0.005, 0.03) == 0.01 and cc.spurious_floor(cc.AIMD, 0.02, 0.03) == 0.03
+    assert cc.spurious_floor(cc.AIMD, 0.05, 0.03) == 0.05  # a floor the caller set above the cap stays
     assert cc.spurious_floor(cc.NONE, 0.03, 0.1) == 0.03  # SwitchML's constant
     assert cc.rto_floor(cc.AIMD, 0.004, 0.005) == 0.016 and cc.rto_floor(cc.NONE, 0.004, 0.03) == 0.03
 

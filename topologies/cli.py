@@ -221,6 +221,8 @@ def add_net_bench(sp, csv):
                     help="INA congestion policies, a row pair each (default %(default)s; of " + ", ".join(POLICIES)
                          + "; none: SwitchML's fixed window, --window or 10 ms of the link's rate)")
     sp.add_argument("--loss", type=float, default=0.0, help="every link's loss, per packet and direction")
+    sp.add_argument("--tcp-cc", default="cubic",
+                    help="the TCP bulk flow's congestion control (default %(default)s, Linux's; bbr ignores ECN)")
     sp.add_argument("--codec", choices=("int32", "fixed", "nc"), default="int32")
     sp.add_argument("--elements", type=int, default=1 << 20, help="elements per allreduce call (default %(default)s)")
     sp.add_argument("--window", type=int, default=None,
@@ -256,7 +258,7 @@ def cmd_bench_net(args) -> int:
     rows = _measure("net", args, lambda progress: bench_net(
         args.hosts, args.bw, args.delay, args.seconds, args.ecn, args.ccs, args.codec, args.elements,
         args.window, args.short_rate, args.short_kb, progress=progress, job2=args.second_job, loss=args.loss,
-        fixed_window=fixed))
+        fixed_window=fixed, tcp_cc=args.tcp_cc))
     if rows is None:
         return 2
     print(json.dumps({"net": rows}, indent=2) if getattr(args, "json", False) else

@@ -26,6 +26,7 @@ from inabench.harness import ROOT
 from topologies.run import Deployment, Member, Spec
 
 TCP_PORT, RR_PORT = 5201, 5202
+TCP_CC = "cubic"  # the bulk flow's congestion control: Linux's default, not the host's (BBR ignores ECN)
 JOB2 = 2  # the second INA job's id (cross traffic)
 START_LIMIT = 60.0  # seconds for the INA ranks to join and finish a first call
 
@@ -120,7 +121,7 @@ def _rtts(p) -> list[float]:
 
 def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: str = "int32",
           elements: int = 1 << 20, window: int | None = None, cc: str = "none", short_rate: float = 50.0,
-          short_kb: float = 16.0, job2: bool = False) -> dict:
+          short_kb: float = 16.0, job2: bool = False, tcp_cc: str = TCP_CC) -> dict:
     """One phase on a fresh topology: what each flow achieved over the same `seconds`; job2: a second INA
     job (2 ranks, on workers 0 and 1, the same policy) beside the first."""
     with tempfile.TemporaryDirectory() as tmp, Deployment(spec, tmp, {JOB2: 2} if job2 else None) as dep:
@@ -142,7 +143,8 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
         clients = []
         if tcp:
             clients.append(("bulk", _spawn(dep, w0, ["-m", "topologies.traffic", "bulk",
-                                                     f"{dep.topo.worker_ips[1]}:{TCP_PORT}", seconds], tmp, "bulk")))
+                                                     f"{dep.topo.worker_ips[1]}:{TCP_PORT}", seconds, tcp_cc],
+                                           tmp, "bulk")))
         if short:
             clients.append(("rr-client", _spawn(dep, w0, ["-m", "topologies.traffic", "rr-client",
                                                           f"{dep.topo.worker_ips[1]}:{RR_PORT}", seconds, short_rate,
@@ -208,14 +210,15 @@ def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: lis
 def bench_net(hosts: int = 4, bw: float = 100.0, delay_ms: float = 1.0, seconds: float = 20.0, ecn: bool = False,
               ccs=("none",), codec: str = "int32", elements: int = 1 << 20, window: int | None = None,
               short_rate: float = 50.0, short_kb: float = 16.0, backend: str = "c", progress=None,
-              job2: bool = False, loss: float = 0.0, fixed_window: int | None = None) -> list[dict]:
+              job2: bool = False, loss: float = 0.0, fixed_window: int | None = None,
+              tcp_cc: str = TCP_CC) -> list[dict]:
     """Rows: the idle link's short flows, TCP alone, then per policy INA alone, INA beside TCP and the
     short flows, and with job2 INA beside a second INA job; each phase on a fresh topology. window: INA's
     (None: hostlib's); fixed_window: the "none" policy's where window is None (SwitchML's, set for the link)."""
     if hosts < 2:
         raise ValueError("bench net needs at least 2 hosts (TCP runs from worker 0 to worker 1)")
     spec = Spec(hosts, backend, bw, delay_ms, loss, ecn=ecn)
-    common = dict(codec=codec, elements=elements, short_rate=short_rate, short_kb=short_kb)
+    common = dict(codec=codec, elements=elements, short_rate=short_rate, short_kb=short_kb, tcp_cc=tcp_cc)
     plan = [("idle (short flows)", "-", False, False, True), ("tcp alone", "-", False, True, False)]
     for cc in ccs:
         plan += [("ina alone", cc, True, False, False), ("ina + tcp + short", cc, True, True, True)]

@@ -3,7 +3,8 @@ cluster's links — bulk TCP (data loading, checkpoints), short request/response
 lookups). One process per role, started inside a host by the benchmark and stopped with it:
 
     python -m topologies.traffic sink PORT SECONDS           # counts what TCP senders deliver, per 100 ms
-    python -m topologies.traffic bulk HOST:PORT SECONDS      # one TCP flow, as fast as it goes
+    python -m topologies.traffic bulk HOST:PORT SECONDS [CC] # one TCP flow, as fast as it goes (CC: its
+                                                             # congestion control, e.g. cubic; default the host's)
     python -m topologies.traffic rr-server PORT SECONDS      # answers each request with the bytes it asks
     python -m topologies.traffic rr-client HOST:PORT SECONDS RATE KB   # RATE flows/s of KB each, timed
 
@@ -78,11 +79,16 @@ def sink(port: int, seconds: float):
     print(json.dumps({"role": "sink", "bin_s": BIN, "bytes": bins, "total": sum(bins)}), flush=True)
 
 
-def bulk(address: str, seconds: float):
-    """One TCP flow sending as fast as the path lets it, for `seconds`."""
+def bulk(address: str, seconds: float, cc: str | None = None):
+    """One TCP flow sending as fast as the path lets it, for `seconds`; cc: its congestion control (the
+    host's default otherwise, which may be one that ignores ECN, as BBR does)."""
     host, port = address.rsplit(":", 1)
     stop, sent, buf = Stop(seconds), 0, bytes(CHUNK)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if cc:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+        s.settimeout(10)
+        s.connect((host, int(port)))
         s.settimeout(0.2)
         while not stop:
             try:
@@ -171,7 +177,7 @@ def main(argv: list[str]):
     if role == "sink":
         sink(int(rest[0]), float(rest[1]))
     elif role == "bulk":
-        bulk(rest[0], float(rest[1]))
+        bulk(rest[0], float(rest[1]), rest[2] if len(rest) > 2 else None)
     elif role == "rr-server":
         rr_server(int(rest[0]), float(rest[1]))
     elif role == "rr-client":
