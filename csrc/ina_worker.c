@@ -11,7 +11,9 @@
  * a result of another call is stale; an error of this generation ends the call with the datagram for the
  * caller (INA_WK_SWITCH_ERROR) as worker.py's _results says (on_error), but for ERR_DROPPED, which is only
  * counted (on_dropped); one of another session is stale; a switch port that keeps refusing (UDP) or a
- * shared-memory switch that is gone ends it as INA_WK_REFUSED instead of waiting for the timeout. */
+ * shared-memory switch that is gone ends it as INA_WK_REFUSED instead of waiting for the timeout.
+ * The congestion window (ina_cc.h, hostlib/cc.py's twin) limits the bytes in flight of a dense call (send_ready),
+ * a result's FLAG_CONGESTED and a CE mark on it step it (answered, ce_marked), and a gap resends at once (gap). */
 #define _GNU_SOURCE
 #include "ina_worker.h"
 
@@ -48,7 +50,7 @@ typedef struct {
     uint8_t *pkts;   /* the packet of each entry, pkt_max bytes apart */
     size_t pkt_max, esize;
     uint32_t next_q;    /* sparse: 1 once the announcements went out */
-    uint32_t *cand;     /* dense: packets a completion may have made sendable (at most 3 W between sends) */
+    uint32_t *cand;     /* dense: packets a completion may have made sendable, those the window holds back first */
     uint32_t n_cand;
     uint8_t *sent;      /* dense: per packet */
     uint32_t una, hi_done; /* dense: the first packet not done; the last one done (+1) */

@@ -1,7 +1,9 @@
 """The congestion window (hostlib/cc.py and its twin csrc/ina_cc.c): both take the same steps on the same events;
-slow start, the cut once per round trip, additive increase, the delay signal's batch, the echo, the policies."""
+slow start, the cut once per round trip, additive increase, the delay signal's batch, the echo, the policies;
+and on a lossy switch, the gap's resend in either loop."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hyp
@@ -134,3 +136,30 @@ def test_a_policy_by_name():
     assert cc.policy_of("aimd") == cc.AIMD and cc.policy_of("none") == cc.NONE
     with pytest.raises(ValueError, match="no such congestion policy"):
         cc.policy_of("reno")
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["python-loop", "c-loop"])
+def test_a_loss_is_resent_at_the_gap_and_the_sum_stays_exact(fast):
+    """A lossy switch (5 % of datagrams each way): under "aimd" the gaps resend (fast retransmits, most repairs
+    within a few round trips), under "none" only the timeout does; every sum exact either way."""
+    if fast and kernels.lib is None:
+        pytest.skip("the C kernels are not built (INA_KERNELS=numpy)")
+    from .conftest import SwitchProcess
+    from .test_e2e import run_workers
+
+    sw = SwitchProcess("--workers", 2, "--loss", 0.05, "--seed", 7, backend="python")
+    try:
+        rs = np.random.default_rng(3)
+        xs = [rs.integers(-(2**24), 2**24, 20000).astype(np.int32) for _ in range(2)]
+        got = {}
+        for policy in ("aimd", "none"):
+            outs, errors, stats = run_workers(sw.address, xs, "int32", job=1, calls=2, elements_per_packet=64,
+                                              window=32, timeout=30, cc=policy, fast=fast)
+            assert errors == [None, None]
+            assert all(np.array_equal(o, xs[0].astype(np.int64) + xs[1]) for o in outs)
+            got[policy] = stats
+        assert all(s.fast_retransmits > 0 and s.retransmissions >= s.fast_retransmits for s in got["aimd"])
+        assert all(s.fast_retransmits == 0 and s.retransmissions > 0 for s in got["none"])
+        assert all(sum(s.repairs) > 0 for s in got["aimd"] + got["none"])
+    finally:
+        sw.stop()

@@ -38,9 +38,11 @@ def test_jain_index():
 @pytest.mark.parametrize("ecn", [False, True])
 def test_bench_net_counts_add_up(ecn):
     seconds, rate = 2.0, 20.0
-    rows = net.bench_net(hosts=2, bw=50.0, delay_ms=1.0, seconds=seconds, ecn=ecn, elements=1 << 17,
-                         window=64, short_rate=rate, short_kb=8)
+    policy = "aimd" if ecn else "none"  # ECN links: the congestion window; tail-drop: SwitchML's fixed window
+    rows = net.bench_net(hosts=2, bw=50.0, delay_ms=1.0, seconds=seconds, ecn=ecn, ccs=(policy,),
+                         elements=1 << 17, window=64, short_rate=rate, short_kb=8)
     idle, tcp, ina, both = rows
+    assert ina["cc"] == both["cc"] == policy
     assert [r["phase"] for r in rows] == ["idle (short flows)", "tcp alone", "ina alone", "ina + tcp + short"]
     for r in (idle, both):  # flows start at the rate asked, for the phase's length, and all complete
         assert abs(r["short flows"] - rate * seconds) <= 2 and r["short failed"] == 0
@@ -54,10 +56,13 @@ def test_bench_net_counts_add_up(ecn):
     assert both["jain"] == round(net.jain([both["ina Mbit/s"], both["tcp Mbit/s"]]), 3)
     assert total <= 50.0 * 1.1  # two flows on one 50 Mbit/s link share it
     assert both["short p99 x idle"] == round(both["short p99 ms"] / idle["short p99 ms"], 2)
+    assert 0 <= ina["fast retx"] <= ina["retx"]
     if ecn:
         assert ina["marked"] > 0 and both["marked"] > 0  # INA alone fills the link's queue past the threshold
+        assert ina["cuts"] > 0 and both["cuts"] > 0  # the marks reach the window, through the aggregate
     else:
         assert not ina["marked"] and not both["marked"]  # no marking queue: 0 (a delay stage) or None
+        assert ina["cuts"] == 0 and ina["cwnd"] == 64  # SwitchML's fixed window
 
 
 def test_a_second_ina_job_shares_the_links():
