@@ -102,6 +102,7 @@
 /* timers and rate limits (inaproto/timers.py): milliseconds, and per second / burst */
 #define INA_HEARTBEAT_EVERY_MS 500
 #define INA_REFUSED_AFTER_MS 500
+#define INA_START_RTO_MS 30
 #define INA_CONTROL_RATE 2000
 #define INA_CONTROL_BURST 200
 #define INA_SOURCE_RATE 50

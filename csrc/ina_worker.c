@@ -35,12 +35,13 @@
 #define GONE_EVERY 0.1   /* seconds between checks that a shared-memory switch is still there */
 #define RTT_BATCH 16     /* RTT samples per estimator update (their minimum), as in the Python loop */
 #define INT32_MAX_ 2147483647
-#define START_RTO 0.03 /* hostlib/cc.py's START_RTO */
+#define START_RTO (INA_START_RTO_MS * 1e-3) /* inaproto/timers.py's START_RTO */
 #define INA_TOS_CMSG_SPACE CMSG_SPACE(sizeof(int)) /* IP_TOS of a received datagram (IP_RECVTOS, channel.py) */
 
 typedef struct {
     uint32_t q, tries, len;
     int busy, fast; /* fast: resent for a gap since its last send (once; the timeout is the last resort) */
+    int by_gap;     /* its last resend was the gap's, not the timer's */
     uint64_t seq;   /* its send number (ina_cc.sent) */
     double first_sent, deadline, rto;
 } entry;
@@ -413,7 +414,8 @@ static void note_answer(ina_wk *w, const entry *e, double t)
 {
     if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2) {
         w->spurious_retransmissions++;
-        w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, fmin(START_RTO, w->max_rto));
+        if (!e->by_gap) /* the timer was short (a gap's resend was early: results came out of order) */
+            w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, fmin(START_RTO, w->max_rto));
     }
 }
 
@@ -468,7 +470,7 @@ static void gap(ina_wk *w, priv_t *p, double t)
         entry *e = &p->win[q % w->window];
         if (w->done[q] || !p->sent[q] || !e->busy || e->q != q || e->fast)
             continue;
-        e->fast = 1;
+        e->fast = e->by_gap = 1;
         e->tries++;
         e->deadline = t + e->rto;
         w->retransmissions++;
@@ -808,6 +810,7 @@ static int scan(ina_wk *w, priv_t *p, double t)
         e->rto = fmin(e->rto * 2, w->max_rto);
         e->deadline = t + e->rto;
         e->tries++;
+        e->by_gap = 0;
     }
     flush(w, p);
     return INA_WK_AGAIN;

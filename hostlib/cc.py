@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from inaproto import wire
+from inaproto import timers, wire
 
 # the policies: SwitchML's fixed window (every lane at once, a timeout per loss: the baseline a researcher
 # compares against); the aggregate's mark from CE only; the default, CE or the delay signal
@@ -33,12 +33,10 @@ BETA = 0.7  # the share of the window kept on a congested round (CUBIC's beta)
 INCREASE = 1.5 * (1 - BETA) / (1 + BETA)
 # seconds of queueing the delay signal allows, at least ... (above the queue where ECN links mark: 2.4 ms at
 # 100 Mbit/s, switchsim/netns.py; there the marks are the signal, shared with the TCP flows beside)
-TARGET_MIN = 0.005
+TARGET_MIN = 0.003
 TARGET_BASES = 1.0  # ... and this many base round trips
-RTO_NONE = 0.03  # the retransmission timeout's floor under "none" (a constant, as SwitchML's timer) ...
-RTO_FLOOR = 0.005  # ... and under a policy: a scheduler's hiccup on a loaded host is not a loss ...
-RTO_RTTS = 4.0  # ... nor anything under this many smoothed round trips
-START_RTO = RTO_NONE  # a packet's first timeout before the call's first result: the peers may not be in the call
+# the retransmission timeout's floors (inaproto/timers.py says which is which)
+RTO_NONE, RTO_FLOOR, RTO_RTTS, START_RTO = timers.RTO_NONE, timers.RTO_FLOOR, timers.RTO_RTTS, timers.START_RTO
 BATCH = 8  # the delay signal takes the smallest of this many round trips (CoDel's minimum over an interval)
 DUPTHRESH = 3  # results of packets this much later than one still out: it was lost, resend it (fast retransmit)
 

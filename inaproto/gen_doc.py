@@ -119,8 +119,6 @@ STRUCT_TYPES = {"B": "u8", "H": "u16", "I": "u32", "Q": "u64", "b": "i8"}
 
 
 def _constants():
-    from hostlib import cc  # the worker's timers are hostlib's choice, as the model's examples are switchsim's
-
     t = timers
     w = wire
     rows = [("VERSION", w.VERSION, "header byte 0"), ("DEFAULT_PORT", w.DEFAULT_PORT, "the switch's UDP port"),
@@ -159,13 +157,13 @@ def _constants():
                                                   "it (a call or a join it answered before): `SwitchSilent`"),
                ("REFUSED_AFTER", t.REFUSED_AFTER, "worker: connection refused this long, nothing heard: unreachable"),
                ("ABORT_WAIT", t.ABORT_WAIT, "worker: an abort is repeated every 100 ms this long at most"),
-               ("rto", cc.RTO_FLOOR, "worker (hostlib's choice; any timer works): retransmission timeout "
-                                     f"floor under a congestion policy, with {cc.RTO_RTTS:g} smoothed round trips "
-                                     f"(`none`: {cc.RTO_NONE:g} s, SwitchML's constant); above it RFC 6298's SRTT + "
-                                     "4 RTTVAR, each update from the smallest of 16 round-trip samples; doubling "
-                                     f"per retry; a packet's first timeout at least {cc.START_RTO:g} s before the "
-                                     "call's first result and in slow start; a spurious retransmission doubles "
-                                     f"the floor, up to {cc.START_RTO:g} s (\"The worker's window\")"),
+               ("rto", t.RTO_FLOOR, "worker (hostlib's choice; any timer works): retransmission timeout "
+                                    f"floor under a congestion policy, with {t.RTO_RTTS:g} smoothed round trips "
+                                    f"(`none`: {t.RTO_NONE:g} s, SwitchML's constant); above it RFC 6298's SRTT + "
+                                    "4 RTTVAR, each update from the smallest of 16 round-trip samples; doubling "
+                                    f"per retry; a packet's first timeout at least {t.START_RTO:g} s before the "
+                                    "call's first result and in slow start; a spurious timer's resend doubles "
+                                    f"the floor, up to {t.START_RTO:g} s (\"The worker's window\")"),
                ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
     rates = [("SOURCE_RATE", t.SOURCE_RATE, "switch: a non-member's control requests per source address"),
              ("CONTROL_RATE", t.CONTROL_RATE, "switch: every non-member's control requests together"),

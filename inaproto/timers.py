@@ -13,6 +13,14 @@ HEARTBEAT_EVERY = 0.5
 SWITCH_SILENT = 3.0
 REFUSED_AFTER = 0.5  # "connection refused" this long with nothing heard: no switch listens there
 ABORT_WAIT = 1.0  # an abort is repeated every 100 ms at most this long, until the switch's error confirms it
+# the retransmission timeout (hostlib's choice, hostlib/cc.py; any timer works): its floor under cc="none" (a
+# constant, as SwitchML's timer), and under a policy RTO_FLOOR and RTO_RTTS smoothed round trips (a scheduler's
+# hiccup on a loaded host is not a loss); a packet's first timeout before the call's first result and in slow
+# start (the peers may not be in the call; no estimate has seen the queue a doubling window builds)
+RTO_NONE = 0.03
+RTO_FLOOR = 0.005
+RTO_RTTS = 4.0
+START_RTO = RTO_NONE
 
 # ---------------------------------------------------------------- the switch
 JOIN_EXPIRY = 3.0  # a pending join lives this long without being repeated
