@@ -19,15 +19,23 @@ IN_FLIGHT_BYTES = 512 << 10
 IN_FLIGHT_ELEMENTS = 160 << 10
 REPAIR_BINS = 32  # the C loop's INA_WK_REPAIR_BINS
 AUTO_WINDOW_MAX = 1024
+# ... and across a network, under a congestion policy: the lanes the congestion window moves in. More lanes than
+# a path holds cost only a longer exponent-only start per call (a shared-scale codec sends D = W of them);
+# 128 packets of 1 KiB are 1 Mbit: 100 Mbit/s x 10 ms, 10 Gbit/s x 100 us (bench ddp --topo, 4 hosts, 100 Mbit/s,
+# 1 ms: the 480 of loopback were 9 % slower a step than 64 fixed lanes, docs/protocol.md "The worker's window")
+NETWORK_WINDOW = 128
 
 
-def auto_window(granted: int, payload: int, world_size: int, elements: int) -> int:
+def auto_window(granted: int, payload: int, world_size: int, elements: int, network: bool = False) -> int:
     """The window for packets of `payload` bytes carrying `elements` elements: IN_FLIGHT_BYTES of packets and
     IN_FLIGHT_ELEMENTS of elements, and no more than half the switch's socket buffer shared by every worker's
     window (past it, results are dropped and wait for a retransmission timeout); at least 4 packets, at most
-    what the switch granted. Every rank computes the same from the same arguments."""
+    what the switch granted, and NETWORK_WINDOW across a network (network: a switch not on loopback, under a
+    congestion policy). Ranks that ask differently get the smallest ask from the switch."""
     budget = min(IN_FLIGHT_BYTES, SOCKET_BUFFER // (2 * world_size))
     packets = min(budget // (wire.HEADER_SIZE + payload), IN_FLIGHT_ELEMENTS // max(1, elements))
+    if network:
+        packets = min(packets, NETWORK_WINDOW)
     return max(1, min(granted, max(4, packets)))
 
 

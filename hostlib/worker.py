@@ -112,6 +112,10 @@ class Communicator:
             self._close_sockets()
             raise
 
+    def _across_network(self) -> bool:
+        """A switch reached over a network (not loopback, not shared memory) under a congestion policy."""
+        return not self.link.loopback and not isinstance(self.sock, ShmSocket) and self.policy != congestion.NONE
+
     def _open(self, shm: str | None):
         """The sockets (or the shared-memory port), the channel over them and the heartbeat."""
         self.sock = open_socket(shm, self.address)
@@ -128,7 +132,7 @@ class Communicator:
         elements = elements_per_packet or self.codec.default_elements
         if auto:  # every rank asks the same (same codec, packet size, world): the switch grants their minimum
             window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size,
-                                 elements)
+                                 elements, network=self._across_network())
         gen = join.join(self, window, self._join_timeout, elements)
         if not 1 <= gen.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
             raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {gen.window}, "
