@@ -12,7 +12,7 @@
 #define INA_CC_INCREASE (1.5 * (1 - INA_CC_BETA) / (1 + INA_CC_BETA))
 /* seconds of queueing the delay signal allows, at least ... (above the queue where ECN links mark: 2.4 ms at
  * 100 Mbit/s, switchsim/netns.py; there the marks are the signal, shared with the TCP flows beside) */
-#define INA_CC_TARGET_MIN 0.003
+#define INA_CC_TARGET_MIN 0.005
 #define INA_CC_TARGET_BASES 1.0  /* ... and this many base round trips */
 /* the retransmission timeout's floor: the caller's min_rto (hostlib/cc.py's RTO_FLOOR by default: a scheduler's
  * hiccup on a loaded host is not a loss) and INA_CC_RTO_RTTS smoothed round trips; the delay signal takes the

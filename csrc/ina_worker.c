@@ -41,7 +41,6 @@
 typedef struct {
     uint32_t q, tries, len;
     int busy, fast; /* fast: resent for a gap since its last send (once; the timeout is the last resort) */
-    int by_gap;     /* its last resend was the gap's, not the timer's */
     uint64_t seq;   /* its send number (ina_cc.sent) */
     double first_sent, deadline, rto;
 } entry;
@@ -414,8 +413,9 @@ static void note_answer(ina_wk *w, const entry *e, double t)
 {
     if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2) {
         w->spurious_retransmissions++;
-        if (!e->by_gap) /* the timer was short (a gap's resend was early: results came out of order) */
-            w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, fmin(START_RTO, w->max_rto));
+        /* the timer was short, or a gap's resend early: either way the floor goes up (under loss a higher floor
+         * also spares the timer's resends of packets that wait for a peer's repair) */
+        w->min_rto = ina_cc_spurious_floor(&w->cc, w->min_rto, fmin(START_RTO, w->max_rto));
     }
 }
 
@@ -470,7 +470,7 @@ static void gap(ina_wk *w, priv_t *p, double t)
         entry *e = &p->win[q % w->window];
         if (w->done[q] || !p->sent[q] || !e->busy || e->q != q || e->fast)
             continue;
-        e->fast = e->by_gap = 1;
+        e->fast = 1;
         e->tries++;
         e->deadline = t + e->rto;
         w->retransmissions++;
@@ -810,7 +810,6 @@ static int scan(ina_wk *w, priv_t *p, double t)
         e->rto = fmin(e->rto * 2, w->max_rto);
         e->deadline = t + e->rto;
         e->tries++;
-        e->by_gap = 0;
     }
     flush(w, p);
     return INA_WK_AGAIN;

@@ -33,7 +33,7 @@ BETA = 0.7  # the share of the window kept on a congested round (CUBIC's beta)
 INCREASE = 1.5 * (1 - BETA) / (1 + BETA)
 # seconds of queueing the delay signal allows, at least ... (above the queue where ECN links mark: 2.4 ms at
 # 100 Mbit/s, switchsim/netns.py; there the marks are the signal, shared with the TCP flows beside)
-TARGET_MIN = 0.003
+TARGET_MIN = 0.005
 TARGET_BASES = 1.0  # ... and this many base round trips
 # the retransmission timeout's floors (inaproto/timers.py says which is which)
 RTO_NONE, RTO_FLOOR, RTO_RTTS, START_RTO = timers.RTO_NONE, timers.RTO_FLOOR, timers.RTO_RTTS, timers.START_RTO

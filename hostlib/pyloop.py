@@ -77,9 +77,8 @@ def _answered(comm, stream, rec: InFlight, h, now: float, first_result: float):
     srtt = comm.rtt.srtt
     if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
         comm.stats.spurious_retransmissions += 1
-        if not rec.by_gap:  # the timer was short (a gap's resend was early: results came out of order)
-            comm.rtt.min_rto = cc.spurious_floor(comm.rtt.policy, comm.rtt.min_rto,
-                                                 min(cc.START_RTO, comm.rtt.max_rto))
+        # the timer was short, or a gap's resend early: either way the floor goes up (the C loop says why)
+        comm.rtt.min_rto = cc.spurious_floor(comm.rtt.policy, comm.rtt.min_rto, min(cc.START_RTO, comm.rtt.max_rto))
     if rec.tries and srtt is not None:
         comm.stats.repair(now - rec.first_sent, srtt)
     comm.rtt.sample(now - rec.first_sent)
@@ -98,8 +97,7 @@ def _gaps(comm, stream, inflight: dict, now: float):
         comm.chan.send(stream.build(key, rec.flags))
         comm.stats.retransmissions += 1
         comm.stats.fast_retransmits += 1
-        rec.fast = rec.by_gap = True
-        rec.tries, rec.deadline = rec.tries + 1, now + rec.rto
+        rec.fast, rec.tries, rec.deadline = True, rec.tries + 1, now + rec.rto
 
 def _scan(comm, stream, inflight: dict, now: float):
     """Rebuild and resend every packet whose timeout expired, backing off; give up after comm.timeout."""
@@ -112,7 +110,7 @@ def _scan(comm, stream, inflight: dict, now: float):
         comm.chan.send(stream.build(key, rec.flags))
         comm.stats.retransmissions += 1
         rec.rto = min(rec.rto * 2, comm.rtt.max_rto)
-        rec.deadline, rec.tries, rec.by_gap = now + rec.rto, rec.tries + 1, False
+        rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
 
 
 def _results(comm, stream, inflight: dict):

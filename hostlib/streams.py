@@ -34,7 +34,6 @@ class InFlight:
     seq: int = 0  # its send number (cc.Window.sent)
     flags: int = 0  # its header's flags (FLAG_CONGESTED echoed): a resend is rebuilt bit for bit
     fast: bool = False  # resent for a gap since its last send (once; the timeout is the last resort)
-    by_gap: bool = False  # its last resend was the gap's, not the timer's
     size: int = 0  # its bytes (the congestion window counts them)
 
 

@@ -163,7 +163,7 @@ def _constants():
                                     f"(`none`: {t.RTO_NONE:g} s, SwitchML's constant); above it RFC 6298's SRTT + "
                                     "4 RTTVAR, each update from the smallest of 16 round-trip samples; doubling "
                                     f"per retry; a packet's first timeout at least {t.START_RTO:g} s before the "
-                                    "call's first result and in slow start; a spurious timer's resend doubles "
+                                    "call's first result and in slow start; a spurious retransmission doubles "
                                     f"the floor, up to {t.START_RTO:g} s (\"The worker's window\")"),
                ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
     rates = [("SOURCE_RATE", t.SOURCE_RATE, "switch: a non-member's control requests per source address"),
