@@ -185,8 +185,10 @@ def inputs(codec: str, n: int, size: int, seed: int) -> list[np.ndarray]:
 
 
 def allreduce(dep: Deployment, codec: str = "int32", size: int = 1 << 16, window: int = 32,
-              timeout: float = 60.0, seed: int = 0) -> dict:
-    """One allreduce of every job at once, a worker process per worker host; checked per job."""
+              timeout: float = 60.0, seed: int = 0, cc: str | None = None) -> dict:
+    """One allreduce of every job at once, a worker process per worker host; checked per job. cc: the
+    workers' congestion policy (None: hostlib's default)."""
+    policy = [f"cc={json.dumps(cc)}"] if cc else []
     with tempfile.TemporaryDirectory() as tmp:
         xs = inputs(codec, len(dep.members), size, seed)
         procs = []
@@ -194,7 +196,8 @@ def allreduce(dep: Deployment, codec: str = "int32", size: int = 1 << 16, window
             np.save(os.path.join(tmp, f"in{w}.npy"), x)
             procs.append(dep.topo.popen(m.host, [sys.executable, WORKER, m.switch, m.rank, m.world, codec,
                                                  os.path.join(tmp, f"in{w}.npy"), os.path.join(tmp, f"out{w}"),
-                                                 f"window={window}", f"timeout={json.dumps(timeout)}", f"job={m.job}"],
+                                                 f"window={window}", f"timeout={json.dumps(timeout)}", f"job={m.job}",
+                                                 *policy],
                                         cwd=ROOT, stderr=open(os.path.join(tmp, f"err{w}"), "w")))
         wait_workers(procs, tmp, timeout * 2 + 30)
         outs = [np.load(os.path.join(tmp, f"out{w}.npy")) for w in range(len(procs))]
@@ -213,7 +216,7 @@ def allreduce(dep: Deployment, codec: str = "int32", size: int = 1 << 16, window
 
 
 def run(spec: Spec, codec: str = "int32", size: int = 1 << 16, window: int = 32, timeout: float = 60.0,
-        seed: int = 0) -> dict:
+        seed: int = 0, cc: str | None = None) -> dict:
     """Build, allreduce once, report, tear down: what `topo run --json` prints.
 
     Returns:
@@ -222,7 +225,7 @@ def run(spec: Spec, codec: str = "int32", size: int = 1 << 16, window: int = 32,
         smoothed round trip), per-link bytes and the switches' drops.
     """
     with tempfile.TemporaryDirectory() as logs, Deployment(spec, logs) as dep:
-        report = allreduce(dep, codec, size, window, timeout, seed)
+        report = allreduce(dep, codec, size, window, timeout, seed, cc)
         counters = dep.stop_switches()
         return {**asdict(spec), "codec": codec, "size": size, **report, "links": dep.topo.link_bytes(),
                 "switch_dropped": {name: {k: v for k, v in c.get("dropped", {}).items() if v}

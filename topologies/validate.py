@@ -11,6 +11,7 @@ from topologies.bench import median
 from topologies.run import Spec, run
 
 ELEMENTS = {"int32": 256, "fixed": 256, "nc": 1024}  # hostlib's default elements per packet (1 KiB payloads)
+MODELLED = "none"  # the model's protocol is SwitchML's: W self-clocked slots, a timeout per loss (hostlib cc="none")
 
 
 def setting(workers: int, size_elems: int, bw_mbit: float | None, codec: str, loss: float, window: int,
@@ -30,16 +31,16 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
     load), and, given a loss, what a lost round costs its slot (the time that loss adds on bw_mbit links,
     over the model's expected stalls; two runs more)."""
     cores = os.cpu_count() or 1
-    fast = run(Spec(2, backend), codec, size, window)
+    fast = run(Spec(2, backend), codec, size, window, cc=MODELLED)
     probe = setting(2, size, None, codec, 0.0, window, {"cores": cores})
     rounds = projection.ina(probe)["packets_per_worker"]
-    small = run(Spec(2, backend), codec, ELEMENTS[codec] * 32, 2)  # 32 packets, 2 in flight: no queue
+    small = run(Spec(2, backend), codec, ELEMENTS[codec] * 32, 2, cc=MODELLED)  # 32 packets, 2 in flight: no queue
     latency = small["rtt_ms"] / 2000
     cpu = max(0.0, fast["seconds"] - 2 * latency) * min(cores, 3) / (2 * rounds)
     cal = {"cores": cores, "latency": latency, "cpu_per_packet": cpu}
     if not loss:
         return cal
-    clean = run(Spec(2, backend, bw_mbit), codec, size, window)
+    clean = run(Spec(2, backend, bw_mbit), codec, size, window, cc=MODELLED)
     lossy = _median_run(Spec(2, backend, bw_mbit, loss=loss), codec, size, window, 3)
     s = setting(2, size, bw_mbit, codec, loss, window, cal)
     w = min(window, rounds)
@@ -51,7 +52,7 @@ def calibrate(codec: str = "int32", size: int = 1 << 18, window: int = 64, bw_mb
 
 def _median_run(spec: Spec, codec: str, size: int, window: int, repeat: int) -> dict:
     """The run with the median time of `repeat` (under loss one run's time is one draw of a wide distribution)."""
-    return median([run(spec, codec, size, window) for _ in range(repeat)])
+    return median([run(spec, codec, size, window, cc=MODELLED) for _ in range(repeat)])
 
 
 def validate(workers=(2, 3, 4, 6, 8), codecs=("int32", "fixed", "nc"), losses=(0.0, 0.05), size: int = 1 << 18,
