@@ -42,6 +42,7 @@ typedef struct {
     uint32_t q, tries, len;
     int busy, fast; /* fast: resent for a gap since its last send (once; the timeout is the last resort) */
     uint64_t seq;   /* its send number (ina_cc.sent) */
+    uint32_t k;     /* dense: its place in the call's send order (priv_t.order) */
     double first_sent, deadline, rto;
 } entry;
 
@@ -53,8 +54,11 @@ typedef struct {
     uint32_t *cand;     /* dense: packets a completion may have made sendable, those the window holds back first */
     uint32_t n_cand;
     uint8_t *sent;      /* dense: per packet */
-    uint32_t una, hi_done; /* dense: the first packet not done; the last one done (+1) */
-    uint32_t gap_scan;  /* dense: the packets below it were looked at for a gap */
+    uint32_t una;       /* dense: the first packet not done */
+    uint32_t *order;    /* dense: the packets in the order they were first sent (a lane held back by a loss sends
+                         * its next packet late: packet numbers are not the send order) */
+    uint32_t n_sent, hi_sent; /* dense: packets sent; the last send whose result came (+1) */
+    uint32_t gap_scan;  /* dense: the sends below it were looked at for a gap */
     uint64_t inflight;  /* dense: bytes of the packets sent and not done: the congestion window counts packets
                          * of pkt_max bytes, so the exponent-only packets of a call's start count for little */
     double first_result; /* when the call's first result came (0: none yet): the peers are in the call */
@@ -162,7 +166,8 @@ int ina_wk_start(ina_wk *w)
          * previous packet and its block's exponent done): the list never holds more, waiting or not */
         p->cand = malloc((2 * (size_t)w->total + w->window + 1) * sizeof *p->cand);
         p->sent = calloc(w->total, 1);
-        if (!p->cand || !p->sent) {
+        p->order = malloc(w->total * sizeof *p->order);
+        if (!p->cand || !p->sent || !p->order) {
             ina_wk_finish(w);
             return INA_WK_NO_MEMORY;
         }
@@ -216,6 +221,7 @@ void ina_wk_finish(ina_wk *w)
     free(p->round);
     free(p->exp_target);
     free(p->cand);
+    free(p->order);
     free(p->sent);
     free(p);
     w->priv = NULL;
@@ -458,17 +464,20 @@ static void answered(ina_wk *w, priv_t *p, entry *e, int congested)
     ina_cc_result(&w->cc, e->seq, path ? t - e->first_sent : -1, congested, w->window);
 }
 
-/* a gap: packets INA_WK_DUPTHRESH later than one still out came back, so it (or its result) was lost: resend it
- * at once, once (TCP's fast retransmit, ATP's gap-triggered resend); each packet is looked at once, when the
- * results pass it. Not under INA_CC_NONE (SwitchML's timeout alone) nor block-sparse (one round per stream). */
+/* a gap: results of packets sent INA_WK_DUPTHRESH later than one still out came back, so it (or its result) was
+ * lost: resend it at once, once (TCP's fast retransmit, ATP's gap-triggered resend); each send is looked at
+ * once, when the results pass it, in send order (RACK's): a packet sent late, its lane held back by a loss,
+ * is not taken for lost. Not under INA_CC_NONE (SwitchML's timeout alone) nor block-sparse (one round per
+ * stream). */
 static void gap(ina_wk *w, priv_t *p, double t)
 {
     if (w->cc.policy == INA_CC_NONE || w->sparse)
         return;
-    uint32_t q = p->gap_scan > p->una ? p->gap_scan : p->una;
-    for (; q + INA_WK_DUPTHRESH < p->hi_done; q++) {
+    uint32_t k = p->gap_scan;
+    for (; k + INA_WK_DUPTHRESH < p->hi_sent; k++) {
+        uint32_t q = p->order[k];
         entry *e = &p->win[q % w->window];
-        if (w->done[q] || !p->sent[q] || !e->busy || e->q != q || e->fast)
+        if (w->done[q] || !e->busy || e->q != q || e->fast)
             continue;
         e->fast = 1;
         e->tries++;
@@ -477,7 +486,7 @@ static void gap(ina_wk *w, priv_t *p, double t)
         w->fast_retransmits++;
         queue(w, p, e);
     }
-    p->gap_scan = q;
+    p->gap_scan = k;
 }
 
 /* a result's payload as native int32 (wire order is big-endian) */
@@ -686,9 +695,10 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
     if (w->D && w->D != w->window)
         p->cand[p->n_cand++] = q + w->D; /* the packet that carries its block */
     entry *e = &p->win[q % w->window];
-    if (e->busy && e->q == q)
+    if (e->busy && e->q == q) {
+        p->hi_sent = e->k + 1 > p->hi_sent ? e->k + 1 : p->hi_sent;
         answered(w, p, e, h.flags & INA_FLAG_CONGESTED);
-    p->hi_done = q + 1 > p->hi_done ? q + 1 : p->hi_done;
+    }
     while (p->una < w->total && w->done[p->una])
         p->una++;
     return INA_WK_AGAIN;
@@ -825,10 +835,11 @@ static int send_new(ina_wk *w, priv_t *p, uint32_t q, double t)
     long len = build(w, p, q, p->pkts + (size_t)(e - p->win) * p->pkt_max);
     if (len < 0)
         return INA_WK_ENCODE_ERROR;
-    *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .seq = w->cc.sent++, .first_sent = t,
+    *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .seq = w->cc.sent++, .k = p->n_sent, .first_sent = t,
                  .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
     queue(w, p, e);
     p->sent[q] = 1;
+    p->order[p->n_sent++] = q;
     p->inflight += e->len;
     return INA_WK_AGAIN;
 }

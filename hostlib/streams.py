@@ -157,7 +157,13 @@ class DenseStream(Stream):
         self.done = np.zeros(self.total, dtype=bool)
         self.sent = np.zeros(self.total, dtype=bool)
         self.ndone = 0
-        self.una = self.hi_done = self.gap_scan = 0  # the first packet not done; the last done + 1; gaps below seen
+        self.una = 0  # the first packet not done
+        # the packets in the order they were first sent, each one's place in it, the last send whose result
+        # came (+1) and the sends below gap_scan looked at for a gap: a lane held back by a loss sends its next
+        # packet late, so packet numbers are not the send order (the C loop's order)
+        self.order = np.zeros(self.total, dtype=np.int64)
+        self.place = np.zeros(self.total, dtype=np.int64)
+        self.n_sent = self.hi_sent = self.gap_scan = 0
         self.report_every = max(1, self.total // 100)
         self.candidates = collections.deque(range(min(self.W, self.total)))  # what a completion may have freed
 
@@ -170,28 +176,32 @@ class DenseStream(Stream):
         order. The first packet not done goes whatever the window: ranks whose windows differ never wait on
         each other's packets (the C loop's send_ready)."""
         if full() and self.sendable(self.una):
-            self.sent[self.una] = True
-            yield self.una
+            yield self._sending(self.una)
         while self.candidates:
             q = self.candidates[0]
             if self.sendable(q):
                 if full():
                     return
-                self.sent[q] = True
                 self.candidates.popleft()
-                yield q
+                yield self._sending(q)
             else:
                 self.candidates.popleft()
 
+    def _sending(self, q: int) -> int:
+        self.sent[q] = True
+        self.order[self.n_sent], self.place[q] = q, self.n_sent
+        self.n_sent += 1
+        return q
+
     def gaps(self):
-        """Packets sent and not done that DUPTHRESH later ones passed: lost (or their results were); each
-        packet is looked at once, when the results pass it (the C loop's gap)."""
-        q = max(self.gap_scan, self.una)
-        while q + cc.DUPTHRESH < self.hi_done:
-            if not self.done[q] and self.sent[q]:
-                yield q
-            q += 1
-        self.gap_scan = q
+        """Packets not done whose results DUPTHRESH packets sent after them passed: lost (or their results
+        were); each send is looked at once, when the results pass it, in send order (RACK's; the C loop's gap)."""
+        k = self.gap_scan
+        while k + cc.DUPTHRESH < self.hi_sent:
+            if not self.done[self.order[k]]:
+                yield int(self.order[k])
+            k += 1
+        self.gap_scan = k
 
     def build(self, q: int, flags: int = 0) -> bytes:
         pid, slot = self.where(q)
@@ -224,7 +234,8 @@ class DenseStream(Stream):
             self.store(q - self.D, h, data)
         self.done[q] = True
         self.ndone += 1
-        self.hi_done = max(self.hi_done, q + 1)
+        if self.sent[q]:
+            self.hi_sent = max(self.hi_sent, int(self.place[q]) + 1)
         while self.una < self.total and self.done[self.una]:
             self.una += 1
         self.candidates.append(q + self.W)  # its lane's next packet
