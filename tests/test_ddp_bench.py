@@ -87,3 +87,23 @@ def test_the_topology_window_is_about_ten_ms_of_the_link():
     from topologies.cli import topo_window
 
     assert topo_window(100) == 117 and topo_window(1000) == 1024 and topo_window(1) == 16
+
+
+@pytest.mark.skipif(bool(Topology.why_not(0.0, 1.0)), reason=Topology.why_not(0.0, 1.0) or "-")
+def test_the_hosts_tcp_is_the_one_asked_and_a_missing_one_is_named():
+    """gloo's TCP on the namespace hosts is --tcp-cc's (a new namespace takes the host's own, which may be BBR),
+    and a congestion control the kernel lacks is a named error that leaves no namespace behind."""
+    from topologies.ddp import Hosts
+
+    hosts = Hosts(2, "c", bw=100, delay_ms=1.0, tcp_cc="reno")
+    try:
+        for ns in hosts.dep.topo.worker_ns:
+            got = hosts.dep.topo.run(ns, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"], capture_output=True,
+                                     text=True).stdout.strip()
+            assert got == "reno", ns
+    finally:
+        hosts.close()
+    before = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    with pytest.raises(ValueError, match="--tcp-cc no-such-cc"):
+        Hosts(2, "c", bw=100, delay_ms=1.0, tcp_cc="no-such-cc")
+    assert set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) <= before

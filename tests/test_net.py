@@ -37,7 +37,7 @@ def test_jain_index():
 
 @pytest.mark.parametrize("ecn", [False, True])
 def test_bench_net_counts_add_up(ecn):
-    seconds, rate = 2.0, 20.0
+    seconds, rate = 1.5, 20.0
     policy = "aimd" if ecn else "none"  # ECN links: the congestion window; tail-drop: SwitchML's fixed window
     rows = net.bench_net(hosts=2, bw=50.0, delay_ms=1.0, seconds=seconds, ecn=ecn, ccs=(policy,),
                          elements=1 << 17, window=64, short_rate=rate, short_kb=8)

@@ -333,6 +333,9 @@ def add_ddp_bench(sp, csv):
     sp.add_argument("--delay", type=_ms, default=1.0, metavar="D", help="--topo: every link's delay each way (ms)")
     sp.add_argument("--loss", type=float, default=0.0, help="--topo: per packet and direction")
     sp.add_argument("--ecn", action="store_true", help="--topo: the links' queues mark CE above a threshold")
+    sp.add_argument("--tcp-cc", default="cubic",
+                    help="--topo: the worker hosts' TCP congestion control, gloo's (default %(default)s, Linux's; "
+                         "the host's own may be bbr, which ignores loss)")
     sp.add_argument("--tta", action="store_true",
                     help="time to accuracy instead: the digits MLP for --epochs, epochs and seconds to --target")
     sp.add_argument("--target", type=float, default=0.95, help="--tta: test accuracy (default %(default)s)")
@@ -400,4 +403,4 @@ def topo_window(bw_mbit: float, seconds: float = 0.01) -> int:
 def _ddp_hosts(args):
     from .ddp import Hosts
 
-    return lambda world: Hosts(world, args.backend, args.bw, args.delay, args.loss, args.ecn)
+    return lambda world: Hosts(world, args.backend, args.bw, args.delay, args.loss, args.ecn, args.tcp_cc)
