@@ -41,10 +41,11 @@ BATCH = 8  # the delay signal takes the smallest of this many round trips (CoDel
 DUPTHRESH = 3  # results of packets this much later than one still out: it was lost, resend it (fast retransmit)
 
 
-def configure(name: str | None, shm: bool, rto: float | None) -> tuple[int, float]:
-    """A Communicator's policy (name, else $INA_CC, else DEFAULT; shared memory has no path to follow, its rings
-    are the window: "none" unless asked) and its timeout's floor (rto, else RTO_FLOOR; RTO_NONE under "none")."""
-    policy = policy_of(name or os.environ.get("INA_CC") or ("none" if shm else DEFAULT))
+def configure(name: str | None, local: bool, rto: float | None) -> tuple[int, float]:
+    """A Communicator's policy (name, else $INA_CC, else DEFAULT; local, shared memory or loopback, has no path
+    to follow: the rings are the window, a loopback round trip's delay is the CPU's: "none" unless asked) and
+    its timeout's floor (rto, else RTO_FLOOR; RTO_NONE under "none")."""
+    policy = policy_of(name or os.environ.get("INA_CC") or ("none" if local else DEFAULT))
     return policy, rto if rto is not None else RTO_NONE if policy == NONE else RTO_FLOOR
 
 

@@ -165,8 +165,11 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
     w.srtt, w.rttvar = rtt.srtt or 0.0, rtt.rttvar
-    for name in cc.FIELDS:  # the congestion window carries over calls and loops (Communicator.learn)
-        setattr(w.cc, name, getattr(comm.cc, name))
+    if comm.cc_struct is not None:  # the window as the last C call left it: one copy (Communicator.cc)
+        w.cc = comm.cc_struct[0]
+    else:  # the Python loop's, or a new generation's
+        for name in cc.FIELDS:
+            setattr(w.cc, name, getattr(comm.cc, name))
     # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
     gso, gro = gso_modes(comm.link)
     w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
@@ -217,7 +220,7 @@ def _learned(outcome: Outcome, w, heard_at: float) -> Outcome:
     outcome.gso_ok, outcome.gro_ok = bool(w.gso), bool(w.gro)
     if w.have_srtt:
         outcome.rtt = (w.srtt, w.rttvar, w.rto, w.min_rto)
-    outcome.cc = {name: getattr(w.cc, name) for name in cc.FIELDS}
+    outcome.cc = ffi.new("ina_cc *", w.cc)  # a copy: the frame's struct serves the next call of its shape
     outcome.heard_at = heard_at
     return outcome
 

@@ -147,7 +147,7 @@ class Outcome:
     landed: np.ndarray | None = None
     counters: dict | None = None
     rtt: tuple[float, float, float, float] | None = None  # srtt, rttvar, rto, min_rto
-    cc: dict | None = None  # the congestion window's fields (cc.FIELDS) as the loop left them
+    cc: object = None  # the C loop's congestion window as it left it (an ina_cc struct; Communicator.cc)
     drop_note: str | None = None
     gso_ok: bool = True
     gro_ok: bool = True

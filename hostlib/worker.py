@@ -69,7 +69,7 @@ class Communicator:
             rto, max_rto: floor and ceiling of the retransmission timeout, which follows the measured round
                 trip between them (None: the policy's floor, cc.configure).
             cc: the congestion policy (hostlib/cc.py: "aimd", "ecn", or "none", SwitchML's fixed window;
-                None: $INA_CC, else "aimd", "none" on shared memory).
+                None: $INA_CC, else "aimd", "none" on loopback and shared memory: no path to follow).
             seed: base of the stochastic-rounding streams, so runs can be repeated bit for bit.
             fast: None for the C loop where it applies, False to force the Python loop.
             key: the job key (default $INA_JOB_KEY), needed when the switch serves the job with --key-file.
@@ -85,7 +85,7 @@ class Communicator:
         self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
-        self.policy, rto = congestion.configure(cc, shm is not None, rto)
+        self.policy, rto = congestion.configure(cc, shm is not None or self.address[0].startswith("127."), rto)
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
         self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto, self.policy)
         self.cc = congestion.Window(self.policy)  # the congestion window: a fresh one per generation
@@ -111,6 +111,21 @@ class Communicator:
             join.withdraw(self)
             self._close_sockets()
             raise
+
+    @property
+    def cc(self) -> congestion.Window:
+        """The congestion window (hostlib/cc.py). A C loop call leaves its window in an ina_cc struct
+        (cc_struct), read into the Window only when it is asked for here: calls in a row copy one struct in
+        and out, not its fields one by one (microseconds a call)."""
+        if self.cc_struct is not None:
+            for name in congestion.FIELDS:
+                setattr(self._cc, name, getattr(self.cc_struct, name))
+            self.cc_struct = None
+        return self._cc
+
+    @cc.setter
+    def cc(self, window: congestion.Window):
+        self._cc, self.cc_struct = window, None
 
     def _across_network(self) -> bool:
         """A switch reached over a network (not loopback, not shared memory) under a congestion policy."""
@@ -475,7 +490,7 @@ class Communicator:
         if outcome.rtt is not None:
             self.rtt.srtt, self.rtt.rttvar, self.rtt.rto, self.rtt.min_rto = outcome.rtt
         if outcome.cc is not None:
-            self.cc.__dict__.update(outcome.cc)
+            self.cc_struct = outcome.cc
         if outcome.heard_at is not None and outcome.heard_at > self.link.heard_at:
             self.link.heard_at = outcome.heard_at
             self.link.refused_since = None

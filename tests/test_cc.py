@@ -138,6 +138,17 @@ def test_a_policy_by_name():
         cc.policy_of("reno")
 
 
+def test_the_default_policy_follows_a_path_only_where_there_is_one(monkeypatch):
+    """Across a network "aimd"; on loopback or shared memory (no path: a round trip's delay is the CPU's)
+    SwitchML's fixed window and timeout, unless asked by name or $INA_CC."""
+    monkeypatch.delenv("INA_CC", raising=False)
+    assert cc.configure(None, False, None) == (cc.AIMD, cc.RTO_FLOOR)
+    assert cc.configure(None, True, None) == (cc.NONE, cc.RTO_NONE)
+    assert cc.configure("ecn", True, 0.002) == (cc.ECN, 0.002)
+    monkeypatch.setenv("INA_CC", "aimd")
+    assert cc.configure(None, True, None) == (cc.AIMD, cc.RTO_FLOOR)
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["python-loop", "c-loop"])
 def test_a_loss_is_resent_at_the_gap_and_the_sum_stays_exact(fast):
     """A lossy switch (5 % of datagrams each way): under "aimd" the gaps resend (fast retransmits, most repairs
