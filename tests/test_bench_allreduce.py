@@ -122,7 +122,7 @@ def test_bench_allreduce_small_run_in_a_pipe():
     ina = rows["c/int32 x2 1024 B"]
     assert ina["#wrong"] == 0 and ina["count"] == 1024 and ina["x gloo"] > 0 and rows["gloo x2"]["#wrong"] == 0
     assert ina["busbw"] == pytest.approx(ina["algbw"]) == pytest.approx(4096 / ina["time"] / 1e3)
-    table = cmd[:-2] + ["int32", "--no-gloo", "--iters", "3"]  # the table, of one configuration
+    table = cmd[:-1] + ["int32", "--no-gloo", "--iters", "3"]  # the table, of one configuration
     run = subprocess.run(table, capture_output=True, text=True, timeout=300, cwd=ROOT)
     _no_terminal_codes(run)
     assert "#       size         count    type  redop" in run.stdout and "c/int32 x2 1024 B" in run.stdout
