@@ -85,7 +85,7 @@ class Communicator:
         self.address = (SHM_HOST, shm) if shm is not None else parse_address(switch)
         self.rank, self.world_size, self.job = rank, world_size, job
         self.codec = get_codec(codec, **codec_params)
-        self.policy, rto = congestion.configure(cc, shm is not None or self.address[0].startswith("127."), rto)
+        self.policy, rto = congestion.configure(cc, shm is not None or self._on_loopback(shm), rto)
         # rto is the floor of the retransmission timeout; above it the timeout follows the measured round trip
         self.timeout, self.rtt = float(timeout), RttEstimator(rto, max_rto, self.policy)
         self.cc = congestion.Window(self.policy)  # the congestion window: a fresh one per generation
@@ -131,11 +131,14 @@ class Communicator:
         """A switch reached over a network (not loopback, not shared memory) under a congestion policy."""
         return not self.link.loopback and not isinstance(self.sock, ShmSocket) and self.policy != congestion.NONE
 
+    def _on_loopback(self, shm: str | None) -> bool:
+        return shm is None and self.address[0].startswith("127.")
+
     def _open(self, shm: str | None):
         """The sockets (or the shared-memory port), the channel over them and the heartbeat."""
         self.sock = open_socket(shm, self.address)
         self.group = open_group(shm, self.address, self.job, self.rank, self.key)
-        self.link.loopback = shm is None and self.address[0].startswith("127.")
+        self.link.loopback = self._on_loopback(shm)
         self.chan = Channel(self.sock, self.group, self.stats, self.link, on_mark=lambda: self.cc.mark())
         self._send, self._recv, self._wait = self.chan.send, self.chan.recv, self.chan.wait
         self._sock_closed = False
