@@ -9,6 +9,9 @@ from inaproto import wire
 
 DEFAULT_SLOTS = 512
 DEFAULT_MAX_ELEMENTS = 1024
+DEFAULT_MAX_JOBS = 4  # a shared switch's equal shares: its pool divided by this many jobs
+DEFAULT_POOL = DEFAULT_MAX_JOBS * DEFAULT_SLOTS  # so a job alone on a shared switch gets today's 512 slots
+ADMISSION_RULES = ("open", "keyed")
 
 
 @dataclass
@@ -24,6 +27,15 @@ class SwitchConfig:
         keys: job id -> key (bytes); joins of those jobs must carry its MAC.
         control_hosts: hosts besides loopback that may read the counters.
         first_packet_id: every slot's first packet id (even); None: random per generation.
+        shared: a shared switch (`serve` without --job): no job is served at start; a job is admitted at
+            its first join, its world size from the join, and ends when its members leave or fall silent.
+            `slots` is then each job's quota (its share of the pool) and `jobs` must be empty.
+        pool: a shared switch's slots over every job (each job's `slots` come out of it).
+        min_slots: the fewest slots a shared switch admits a job with (None: its quota, `slots`); a job
+            that cannot get them is refused at once (wire.ERR_POOL_FULL).
+        admit: a shared switch's admission rule: "open" (any job id) or "keyed" (only jobs whose key the
+            operator issued into key_dir, `switchsim key issue`; every join carries the key's MAC).
+        key_dir: where a keyed shared switch finds the keys it issued (JOB.key files).
     """
 
     jobs: dict[int, int] = field(default_factory=lambda: {1: 2})
@@ -34,6 +46,11 @@ class SwitchConfig:
     keys: dict[int, bytes] = field(default_factory=dict)
     control_hosts: tuple[str, ...] = ()
     first_packet_id: int | None = None
+    shared: bool = False
+    pool: int = DEFAULT_POOL
+    min_slots: int | None = None
+    admit: str = "open"
+    key_dir: str | None = None
 
     def __post_init__(self):
         self.jobs, self.keys, self.control_hosts = dict(self.jobs), dict(self.keys), tuple(self.control_hosts)
@@ -51,9 +68,34 @@ class SwitchConfig:
         unknown = sorted(set(self.keys) - set(self.jobs))
         if unknown:
             raise ValueError(f"keys for jobs {unknown} that are not served")
+        self._check_shared()
         f = self.first_packet_id
         if f is not None and (f & 1 or not 0 <= f <= wire.PACKET_ID_MASK):
             raise ValueError(f"first packet id {f}: must be even and fit 32 bits (set 0 comes first)")
+
+    def _check_shared(self):
+        if not self.shared:
+            if self.admit != "open" or self.key_dir is not None:
+                raise ValueError("--admit and --key-dir are a shared switch's (serve without --job)")
+            return
+        if self.jobs:
+            raise ValueError("a shared switch admits its jobs as they join: no --job")
+        if not 1 <= self.pool <= wire.MAX_SLOTS * 64:
+            raise ValueError(f"pool of {self.pool} slots: must be positive")
+        if self.slots > self.pool:
+            raise ValueError(f"each job's {self.slots} slots exceed the pool of {self.pool}")
+        m = self.min_slots
+        if m is not None and not 1 <= m <= self.slots:
+            raise ValueError(f"min_slots {m}: must be in 1..{self.slots} (a job's quota)")
+        if self.admit not in ADMISSION_RULES:
+            raise ValueError(f"admission rule {self.admit!r}: one of {', '.join(ADMISSION_RULES)}")
+        if (self.admit == "keyed") != (self.key_dir is not None):
+            raise ValueError("a keyed shared switch needs --key-dir (the keys it issued), and only it takes one")
+
+    @property
+    def least_slots(self) -> int:
+        """The fewest slots a shared switch admits a job with."""
+        return self.min_slots or self.slots
 
     def control(self) -> dict:
         """The control plane's part (switchsim.control.ControlPlane keyword arguments)."""
