@@ -88,6 +88,9 @@ ERRORS = {
                 "(generation, rank, reason), never larger than the packet (its text is cut), a REPLY; "
                 "informational: a worker goes on",
                 "the second byte is the drop reason's index in the drop-reason list, not a rank"),
+    "pool_full": ("a shared switch's join of a new job it cannot give its least slots (`--min-slots`, default its "
+                  "quota): at the job's first join, or every pending join at its barrier; the text says what "
+                  "is in use", "—"),
 }
 
 DROPS = {
@@ -113,6 +116,7 @@ DROPS = {
     "failed": "a packet of a failed generation (answered with its error)",
     "oversized": "a control request larger than the control plane takes (C loops)",
     "punt_overflow": "the queue to the control plane is full (C loops)",
+    "pool_full": "a join of a new job a shared switch cannot give its least slots (answered: pool_full)",
 }
 
 STRUCT_TYPES = {"B": "u8", "H": "u16", "I": "u32", "Q": "u64", "b": "i8"}

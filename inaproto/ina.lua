@@ -41,7 +41,7 @@ local DATA_MESSAGES = { [0] = true, [1] = true, [8] = true, [9] = true }
 local SPARSE_MESSAGES = { [8] = true, [9] = true }
 local TEXT_PAYLOADS = { [5] = "error", [7] = "stats", [11] = "abort" }
 local CALL_KIND_NAMES = { [0] = "none", [1] = "int32", [129] = "int32 sparse", [2] = "fixed", [130] = "fixed sparse", [3] = "nc", [131] = "nc sparse", [4] = "dither", [132] = "dither sparse" }
-local ERROR_NAMES = { [0] = "not_member", [1] = "rejected", [2] = "rank_taken", [3] = "call_mismatch", [4] = "aborted", [5] = "peer_dead", [6] = "dropped" }
+local ERROR_NAMES = { [0] = "not_member", [1] = "rejected", [2] = "rank_taken", [3] = "call_mismatch", [4] = "aborted", [5] = "peer_dead", [6] = "dropped", [7] = "pool_full" }
 local RANK_NAMES = { [255] = "none" }
 local PAYLOAD_SIZE = { [2] = 30, [3] = 16, [4] = 8, [5] = 2 }
 local HEADER = {

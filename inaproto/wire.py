@@ -135,9 +135,12 @@ ERR_PEER_DEAD = 5  # a member fell silent (no packet, no heartbeat) or left: ran
 # bad_codes): informational, once per generation, rank and reason, never larger than the packet; the second
 # byte is the reason's index in DROP_REASONS (not a rank), the text the details (backend-specific)
 ERR_DROPPED = 6
+# a shared switch cannot give a new job the slots it needs (docs/protocol.md, "A shared switch"): the join is
+# refused at once, the text saying what is in use; the subject byte is NO_RANK
+ERR_POOL_FULL = 7
 ERROR_NAMES = {ERR_NOT_MEMBER: "not_member", ERR_REJECTED: "rejected", ERR_RANK_TAKEN: "rank_taken",
                ERR_CALL_MISMATCH: "call_mismatch", ERR_ABORTED: "aborted", ERR_PEER_DEAD: "peer_dead",
-               ERR_DROPPED: "dropped"}
+               ERR_DROPPED: "dropped", ERR_POOL_FULL: "pool_full"}
 TOLD_DROPS = ("malformed", "bad_slot", "stale", "ahead", "mismatch", "bad_codes")  # answered with ERR_DROPPED
 MAX_ABORT_TEXT = 200  # an abort's reason (utf-8), after the header
 
@@ -158,7 +161,7 @@ BLOCK_NONE = 0xFFFFFFFF
 # What a switch counts, the same names and order on every backend (the C enums are generated from these).
 DROP_REASONS = ("malformed", "unknown_job", "unknown_worker", "spoofed", "wrong_session", "bad_slot", "stale",
                 "ahead", "mismatch", "duplicate", "bad_codes", "bad_mac", "rate_limited", "not_control",
-                "fragment", "call_mismatch", "failed", "oversized", "punt_overflow")
+                "fragment", "call_mismatch", "failed", "oversized", "punt_overflow", "pool_full")
 # per slot: data packets received, rounds multicast, results resent, drops, and counted contributions that were
 # congested (FLAG_CONGESTED, or CE on arrival: docs/protocol.md, "Congestion")
 SLOT_COUNTERS = ("received", "multicast", "resent", "dropped", "congested")
