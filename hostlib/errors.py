@@ -3,7 +3,7 @@ TypeError / ValueError / OverflowError, agreed with the peers first). One base, 
 in attributes, so a framework can react to the kind of failure without parsing messages:
 
 - `cause`: a short name ("call_mismatch", "aborted", "peer_dead", "not_member", "restarted",
-  "unreachable", "silent", "rejected", "rank_taken", "timeout");
+  "unreachable", "silent", "rejected", "rank_taken", "pool_full", "timeout");
 - `rank`: the rank the error names (the one that differed, aborted, died or holds a rank), or None;
 - `switch`: the switch's address as the worker was given it ("HOST:PORT" or "shm://NAME").
 
@@ -38,6 +38,13 @@ class RankTaken(JoinRejected):
     """Another address holds this rank of a job without a key (a second job with the same id, or a stranger)."""
 
     cause = "rank_taken"
+
+
+class PoolFull(JoinRejected):
+    """A shared switch cannot give this job the slots it needs now (its pool is lent to other jobs): refused
+    at once, the message saying what is in use. A later join may be admitted once jobs end."""
+
+    cause = "pool_full"
 
 
 class CollectiveError(INAError):
@@ -98,4 +105,4 @@ class CallTimeout(INAError, TimeoutError):
 
 
 ERROR_CLASSES = {"call_mismatch": CallMismatch, "aborted": CallAborted, "peer_dead": PeerDead,
-                 "rejected": JoinRejected, "rank_taken": RankTaken}
+                 "rejected": JoinRejected, "rank_taken": RankTaken, "pool_full": PoolFull}

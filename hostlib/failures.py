@@ -60,7 +60,8 @@ def from_datagram(who, data) -> INAError:
 def join_refused(who, data) -> INAError:
     """The switch's answer to a join that it refused (no session: not of a generation)."""
     code, subject, text = wire.unpack_error(data)
-    cls = {wire.ERR_RANK_TAKEN: errors.RankTaken, wire.ERR_PEER_DEAD: errors.PeerDead}.get(code, errors.JoinRejected)
+    cls = {wire.ERR_RANK_TAKEN: errors.RankTaken, wire.ERR_PEER_DEAD: errors.PeerDead,
+           wire.ERR_POOL_FULL: errors.PoolFull}.get(code, errors.JoinRejected)
     return cls(f"switch {who.switch} rejected rank {who.rank}: {text}", switch=who.switch, job=who.job,
                rank=None if subject == wire.NO_RANK else subject)
 

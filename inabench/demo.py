@@ -95,7 +95,7 @@ def start_switch(args, ns=None, extra=()) -> SwitchProcess:
     (a VethNamespace)."""
     cmd = ns.serve_command(wire.DEFAULT_PORT) if args.backend == "dpdk" else None
     return SwitchProcess("--workers", args.workers, "--loss", args.loss, "--dup", args.dup, "--reorder", args.reorder,
-                         "--slots", args.slots, "--elements-per-packet", args.elements_per_packet,
+                         *(("--slots", args.slots) if args.slots else ()), "--elements-per-packet", args.elements_per_packet,
                          "--nc-rounding", args.nc_rounding, "--seed", args.seed, *extra, backend=args.backend, cmd=cmd)
 
 

@@ -7,7 +7,7 @@ import sys
 
 from inaproto import auth, wire
 
-from .config import DEFAULT_MAX_ELEMENTS, DEFAULT_SLOTS, SwitchConfig
+from .config import ADMISSION_RULES, DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_JOBS, DEFAULT_SLOTS, SwitchConfig
 
 
 def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
@@ -18,7 +18,7 @@ def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
         jobs: --job ID:WORKERS specs.
 
     Returns:
-        job id -> world size (job 1 with 2 workers when neither is given).
+        job id -> world size; empty when neither is given (a shared switch: jobs admitted as they join).
 
     Raises:
         SystemExit: a spec that is not ID:WORKERS.
@@ -30,8 +30,8 @@ def parse_jobs(workers: int | None, jobs: list[str] | None) -> dict[int, int]:
             out[int(job)] = int(n)
         except ValueError:
             raise SystemExit(f"switchsim: --job wants ID:WORKERS, got {spec!r}") from None
-    if workers is not None or not out:
-        out.setdefault(1, workers or 2)
+    if workers is not None:
+        out.setdefault(1, workers)
     return out
 
 
@@ -136,9 +136,20 @@ def config_from_args(args) -> SwitchConfig:
     jobs = parse_jobs(args.workers, args.job)
     if args.elements_per_packet is None:
         args.elements_per_packet = 64 if args.backend == "bmv2" else DEFAULT_MAX_ELEMENTS
-    return SwitchConfig(jobs, args.slots, args.elements_per_packet, args.nc_rounding, args.seed,
+    if args.uplink and not jobs:
+        jobs = {1: 2}  # a leaf serves one job (job 1 of 2 workers unless said)
+    shared = not jobs
+    pool, max_jobs = getattr(args, "pool", None), getattr(args, "max_jobs", None) or DEFAULT_MAX_JOBS
+    if not shared and (pool or getattr(args, "max_jobs", None) or getattr(args, "min_slots", None)
+                       or getattr(args, "admit", "open") != "open" or getattr(args, "key_dir", None)):
+        raise ValueError("--pool, --max-jobs, --min-slots, --admit and --key-dir are a shared switch's: serve "
+                         "without --job / --workers")
+    slots = args.slots or (pool // max_jobs if shared and pool else DEFAULT_SLOTS)
+    shares = dict(shared=True, pool=pool or slots * max_jobs, min_slots=args.min_slots, admit=args.admit,
+                  key_dir=args.key_dir) if shared else {}
+    return SwitchConfig(jobs, slots, args.elements_per_packet, args.nc_rounding, args.seed,
                         keys=parse_keys(args.key_file, jobs), control_hosts=tuple(args.control or ()),
-                        first_packet_id=args.first_packet_id)
+                        first_packet_id=args.first_packet_id, **shares)
 
 
 def cmd_serve(args) -> int:
@@ -166,9 +177,11 @@ def cmd_serve(args) -> int:
         return 2
     host, port = server.address
     where = getattr(server, "url", None) or f"{host}:{port}"  # shm://NAME for the shared-memory transport
-    jobs = ", ".join(f"job {j}: {job.world_size} workers" for j, job in switch.jobs.items())
-    print(f"switchsim listening on {where} ({jobs}; {args.slots} slots, "
-          f"<= {args.elements_per_packet} elements/packet, backend {args.backend})", flush=True)
+    c = switch.config
+    jobs = (f"shared: jobs admitted as they join ({c.admit}), a pool of {c.pool} slots, {c.slots} a job"
+            if c.shared else ", ".join(f"job {j}: {n} workers" for j, n in c.jobs.items()) + f"; {c.slots} slots")
+    print(f"switchsim listening on {where} ({jobs}, <= {args.elements_per_packet} elements/packet, "
+          f"backend {args.backend})", flush=True)
     if getattr(server, "p4runtime", None):  # bmv2: where p4runtime-shell attaches
         from .bmv2 import CONTROLLER_ELECTION_ID, DEVICE_ID
 
@@ -258,6 +271,37 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_key(args) -> int:
+    """`switchsim key issue|revoke --key-dir DIR --job N`: a keyed shared switch admits only the jobs whose key
+    is in its --key-dir (read at each new job's first join, so issuing and revoking need no restart). issue
+    writes a fresh key (owner-only) and prints its path: the job's workers take it as $INA_JOB_KEY."""
+    import os
+    import secrets
+
+    path = os.path.join(args.key_dir, f"{args.job}.key")
+    if args.action == "revoke":
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            print(f"switchsim: no key issued for job {args.job} in {args.key_dir}", file=sys.stderr)
+            return 1
+        print(f"revoked {path} (a running job keeps its generation; its next join is refused)")
+        return 0
+    if not 0 <= args.job <= 0xFFFF:
+        print(f"switchsim: job id {args.job} out of range 0..65535", file=sys.stderr)
+        return 2
+    os.makedirs(args.key_dir, mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if args.force else os.O_EXCL), 0o600)
+    except FileExistsError:
+        print(f"switchsim: job {args.job} has a key already ({path}); --force replaces it", file=sys.stderr)
+        return 1
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    print(path)
+    return 0
+
+
 def csv(cast):
     """An argparse type for comma lists: "1,2" -> [cast("1"), cast("2")]."""
     return lambda text: [cast(v) for v in text.split(",") if v]
@@ -268,7 +312,9 @@ def add_network_flags(sp):
     sp.add_argument("--loss", type=float, default=0.0, help="drop probability per packet and direction")
     sp.add_argument("--dup", type=float, default=0.0, help="duplication probability per packet and direction")
     sp.add_argument("--reorder", type=float, default=0.0, help="probability to hold a packet behind the next")
-    sp.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="slots per job (each has 2 sets)")
+    sp.add_argument("--slots", "--job-slots", type=int, default=None,
+                    help=f"slots per job, each with 2 sets (default {DEFAULT_SLOTS}; a shared switch: each job's "
+                         f"quota of its pool, default --pool / --max-jobs)")
     sp.add_argument("--elements-per-packet", type=int, default=None,
                     help=f"largest packet the switch accepts (default {DEFAULT_MAX_ELEMENTS}; bmv2: 64)")
     sp.add_argument("--nc-rounding", choices=("stochastic", "deterministic"), default="stochastic",
@@ -295,6 +341,13 @@ def add_parser(sub):
     ds.add_argument("--path", action="store_true", help="print the installed file's absolute path instead")
     ds.set_defaults(func=cmd_dissector)
 
+    k = sub.add_parser("key", help="issue or revoke a job's key for a keyed shared switch (serve --admit keyed)")
+    k.add_argument("action", choices=("issue", "revoke"))
+    k.add_argument("--key-dir", required=True, help="the switch's --key-dir")
+    k.add_argument("--job", type=int, required=True, help="the job id")
+    k.add_argument("--force", action="store_true", help="issue: replace a key issued before")
+    k.set_defaults(func=cmd_key)
+
     t = sub.add_parser("stats", help="print a running switch's counters")
     t.add_argument("switch", nargs="?", default=f"127.0.0.1:{wire.DEFAULT_PORT}")
     t.add_argument("--timeout", type=float, default=2.0)
@@ -308,8 +361,21 @@ def add_parser(sub):
 def add_serve(sub):
     """`switchsim serve`."""
     s = sub.add_parser("serve", help="run a switch on UDP")
-    s.add_argument("--workers", type=int, help="workers of job 1 (default 2)")
-    s.add_argument("--job", action="append", metavar="ID:WORKERS", help="serve this job (repeatable)")
+    s.add_argument("--workers", type=int, help="serve job 1 with this many workers (the one-job shorthand)")
+    s.add_argument("--job", action="append", metavar="ID:WORKERS",
+                   help="serve this job (repeatable); without --job and --workers the switch is shared: jobs are "
+                        "admitted at their first join and end when their members leave or fall silent")
+    s.add_argument("--pool", type=int, help=f"a shared switch's slots over all jobs (default --slots x "
+                                            f"--max-jobs, {DEFAULT_SLOTS * DEFAULT_MAX_JOBS})")
+    s.add_argument("--max-jobs", type=int, help=f"a shared switch's equal shares: each job's quota is the pool "
+                                                f"divided by this (default {DEFAULT_MAX_JOBS})")
+    s.add_argument("--min-slots", type=int, help="a shared switch admits a job with no fewer slots than this "
+                                                 "(default: its quota); a job it cannot give them is refused at "
+                                                 "once (PoolFull)")
+    s.add_argument("--admit", choices=ADMISSION_RULES, default="open",
+                   help="a shared switch's admission: open (any job id; loopback, trusted labs) or keyed (only jobs "
+                        "whose key was issued into --key-dir: switchsim key issue)")
+    s.add_argument("--key-dir", help="--admit keyed: the directory of issued keys (JOB.key)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
     s.add_argument("--shm", metavar="NAME", help="serve workers on this host through shared-memory rings "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import time
 from collections import OrderedDict
@@ -42,6 +43,7 @@ from inaproto.timers import (CLAIM_ACTIVE, CONTROL_RATE, ERROR_RATE, HEARTBEAT_E
 
 COOKIE = 0xC0C1E  # a salt: the secret's cookies differ from its session values
 SATURATED = 0.25  # a transport that has not found its receive queue empty for this long is behind it
+SWEEP_EVERY = 0.25  # a shared switch looks for ended jobs this often at most (with the requests it handles)
 
 
 class TokenBucket:
@@ -96,6 +98,53 @@ class JobControl:
     group: tuple | None = None  # where the generation's results go once for every member (_group), or None
     members: dict = field(default_factory=dict)  # rank -> Member of the current generation
     pending: dict = field(default_factory=dict)  # rank -> Pending for the next one
+    slots: int = 0  # the job's slots in the data plane (0: a shared switch's job not holding any yet)
+    base: int = 0  # their offset in a shared switch's pool
+    shared: bool = False  # admitted at run time: it ends when its members leave or fall silent
+    since: float | None = None  # when it got its slots (a static job: its first generation)
+
+
+class Pool:
+    """A shared switch's slots, lent to its jobs as contiguous runs (the P4 program's registers are one
+    array: a job's slots are [base, base + slots)). First fit, so the pool's free end stays whole."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.runs: dict[int, tuple[int, int]] = {}  # job id -> (base, slots)
+
+    def in_use(self) -> int:
+        return sum(n for _, n in self.runs.values())
+
+    def free_runs(self) -> list[tuple[int, int]]:
+        """(base, length) of every free run, in order."""
+        out, at = [], 0
+        for base, n in sorted(self.runs.values()):
+            if base > at:
+                out.append((at, base - at))
+            at = base + n
+        return out + ([(at, self.size - at)] if at < self.size else [])
+
+    def largest_free(self) -> int:
+        return max((n for _, n in self.free_runs()), default=0)
+
+    def take(self, job_id: int, least: int, most: int) -> tuple[int, int] | None:
+        """(base, slots) of a run of `most` slots (the first that fits), else of the largest free run if it
+        has at least `least`; None: the pool cannot hold the job."""
+        runs = self.free_runs()
+        fit = next(((b, most) for b, n in runs if n >= most), None)
+        if fit is None:
+            b, n = max(runs, key=lambda r: r[1], default=(0, 0))
+            fit = (b, n) if n >= least else None
+        if fit is not None:
+            self.runs[job_id] = fit
+        return fit
+
+    def give_back(self, job_id: int):
+        self.runs.pop(job_id, None)
+
+    def describe(self) -> str:
+        return (f"{self.in_use()} of {self.size} slots in use by {len(self.runs)} jobs, the largest free run "
+                f"{self.largest_free()}")
 
 
 def derive_session(secret: int, job: int, generation: int, nonces: list[int]) -> int:
@@ -115,7 +164,12 @@ class ControlPlane:
         switch's boot id (random by default: a restarted switch has another); peer_silent: seconds of
         silence after which a member is dead."""
         self.dataplane, self.slots, self.max_elements = dataplane, config.slots, config.max_elements
-        self.jobs = {j: JobControl(j, n, config.keys.get(j)) for j, n in config.jobs.items()}
+        self.jobs = {j: JobControl(j, n, config.keys.get(j), slots=config.slots) for j, n in config.jobs.items()}
+        # a shared switch (config.shared): jobs admitted at their first join, slots lent from the pool
+        self.pool = Pool(config.pool) if config.shared else None
+        self.least_slots, self.admission, self.key_dir = config.least_slots, config.admit, config.key_dir
+        self.ended = 0  # shared jobs ended so far
+        self.swept_at = float("-inf")
         self.secret = secrets.randbits(64) if secret is None else secret
         self.control_hosts = set(config.control_hosts)  # besides loopback
         self.clock = clock or time.monotonic
@@ -143,6 +197,7 @@ class ControlPlane:
         member's request is never rate-limited; a stranger's goes through its own budget and the shared one."""
         if not self.known(h, src) and not (self._source_budget(src).take() and self.requests.take()):
             return self._drop("rate_limited")
+        self.sweep()
         if h.msg_type == wire.MSG_JOIN:
             return self._join(h, data, src)
         if h.msg_type == wire.MSG_LEAVE:
@@ -186,12 +241,20 @@ class ControlPlane:
         nonce, world, window, mac, elements = wire.JOIN_PAYLOAD.unpack_from(data, wire.HEADER_SIZE)
         h.packet_id = nonce & wire.PACKET_ID_MASK  # every answer echoes it: the joiner takes only its own
         job = self.jobs.get(h.job)
+        if job is None and self.pool is not None:
+            job, refused = self._arrival(h, src, world, window, elements, mac, nonce)
+            if job is None:
+                return refused
         if job is None:
             self.dataplane.count_drop("unknown_job")
             return self._error(h, src, f"unknown job {h.job}")
         if job.key is not None and not auth.mac_ok(job.key, mac, h.job, h.rank, nonce, world, window, elements):
             self.dataplane.count_drop("bad_mac")
             return self._error(h, src, f"join of job {h.job} rank {h.rank} refused: bad MAC (wrong job key?)")
+        if job.shared and not job.slots:
+            self._resize_unclaimed(job, world)
+            if self.pool.largest_free() < min(self.least_slots, window):
+                return self._pool_full(h, src, min(self.least_slots, window))
         refusal = (f"job {h.job} has {job.world_size} workers, not {world}" if world != job.world_size else
                    f"rank {h.rank} out of range for job {h.job} of {job.world_size} workers"
                    if h.rank >= job.world_size else "window 0: a worker needs at least one slot" if window < 1 else "")
@@ -263,11 +326,17 @@ class ControlPlane:
         ka, kb = sizes[a], sizes[b]
         text = (f"job {job.job_id}: ranks ask for different packet sizes: rank {b} {kb} elements per packet, "
                 f"rank {a} {ka} (elements_per_packet, or the codecs, differ)")
+        return self._refuse_all(job, wire.ERR_REJECTED, text, subject=b)
+
+    def _refuse_all(self, job, code: int, text: str, reason: str | None = None, subject: int = wire.NO_RANK):
+        """Refuse every pending join of the job at once (each answer echoes its join's nonce)."""
         pending, job.pending = job.pending, {}
         out = []
         for r, p in sorted(pending.items()):
             h = wire.Header(wire.MSG_JOIN, job=job.job_id, rank=r, packet_id=p.nonce & wire.PACKET_ID_MASK)
-            out += self._error(h, p.address, text, wire.ERR_REJECTED, b)
+            if reason:
+                self.dataplane.count_drop(reason)
+            out += self._error(h, p.address, text, code, subject)
         return out
 
     def _contested(self, job, h, src, m: Member, now):
@@ -289,9 +358,10 @@ class ControlPlane:
                                    f"or serve it with --key-file", wire.ERR_RANK_TAKEN, h.rank)
 
     def _window_cap(self, job) -> int:
+        slots = job.slots or self.slots  # a shared job without slots yet: its quota
         if self.in_flight is None:
-            return self.slots
-        return max(1, min(self.slots, self.in_flight // job.world_size))
+            return slots
+        return max(1, min(slots, self.in_flight // job.world_size))
 
     def _live(self, job, rank, m: Member, now, idle: float | None = None) -> bool:
         if m.left:
@@ -302,10 +372,16 @@ class ControlPlane:
         return now - m.seen_at < (self.member_idle if idle is None else idle)
 
     def _start_generation(self, job, now):
-        """Every rank joined: a new generation with clean slots, admitted in the data plane."""
+        """Every rank joined: a new generation with clean slots, admitted in the data plane (a shared
+        switch's job gets its slots from the pool first, or every join is refused: pool_full)."""
         ranks = range(job.world_size)
+        window = min(job.pending[r].window for r in ranks)
+        if job.shared and not job.slots and not self._lend(job, window, now):
+            return self._refuse_all(job, wire.ERR_POOL_FULL, self._pool_text(job.job_id, min(self.least_slots, window)),
+                                    "pool_full")
+        job.since = job.since or now
         job.generation += 1
-        job.window = min(job.pending[r].window for r in ranks)
+        job.window = min(window, job.slots)
         job.elements = job.pending[0].elements
         nonces = [job.pending[r].nonce for r in ranks]
         job.session = derive_session(self.secret, job.job_id, job.generation, nonces)
@@ -333,7 +409,7 @@ class ControlPlane:
         return None
 
     def _join_ack(self, job, rank):
-        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, self.slots, job.elements, job.window,
+        payload = wire.JOIN_ACK_PAYLOAD.pack(job.generation & 0xFFFFFFFF, job.slots, job.elements, job.window,
                                              job.first_id)
         return wire.pack(wire.MSG_JOIN_ACK, job=job.job_id, rank=rank, payload=payload, session=job.session,
                          boot=self.boot, packet_id=job.members[rank].nonce & wire.PACKET_ID_MASK)
@@ -352,6 +428,83 @@ class ControlPlane:
         or a join forged from another's address, never can). Stateless, like a SYN cookie."""
         where = int.from_bytes(hashlib.blake2b(repr(src).encode(), digest_size=8).digest(), "big")
         return (rng.derive_seed(self.secret, COOKIE, job.job_id, rank, echo, where) & 0xFFFFFFFF) or 1
+
+    # ------------------------------------------------------------------ a shared switch (docs/protocol.md)
+    def _arrival(self, h, src, world: int, window: int, elements: int, mac: bytes, nonce: int):
+        """The first join of a job a shared switch does not have: (its new JobControl, None), or (None, the
+        refusal). Keyed: only a job whose key the operator issued, with its MAC; a refusal creates nothing,
+        so a stranger's joins hold no state and no slots."""
+        key = None
+        if self.admission == "keyed":
+            key = self._issued_key(h.job)
+            if key is None or not auth.mac_ok(key, mac, h.job, h.rank, nonce, world, window, elements):
+                self.dataplane.count_drop("bad_mac")
+                why = "no key was issued for it" if key is None else "bad MAC (wrong job key?)"
+                return None, self._error(h, src, f"join of job {h.job} rank {h.rank} refused: {why}")
+        if not 1 <= world <= wire.MAX_WORKERS:
+            self.dataplane.count_drop("unknown_worker")
+            return None, self._error(h, src, f"job {h.job}: world size {world} out of range 1..{wire.MAX_WORKERS}")
+        need = min(self.least_slots, max(window, 1))
+        if self.pool.largest_free() < need:
+            return None, self._pool_full(h, src, need)
+        job = self.jobs[h.job] = JobControl(h.job, world, key, shared=True)
+        return job, []
+
+    def _issued_key(self, job_id: int) -> bytes | None:
+        """The key the operator issued for the job (`switchsim key issue`: KEY_DIR/JOB.key), or None."""
+        try:
+            return auth.load_key(os.path.join(self.key_dir, f"{job_id}.key"))
+        except (OSError, ValueError):
+            return None
+
+    def _resize_unclaimed(self, job, world: int):
+        """A job without slots whose joins nobody confirmed (a stray's, or expired) takes the world size
+        of the next join: a stray join of another size never locks a job id out."""
+        now = self.clock()
+        if world != job.world_size and not any(p.confirmed and now - p.at <= self.join_expiry
+                                               for p in job.pending.values()):
+            job.world_size, job.pending = world, {}
+
+    def _pool_text(self, job_id: int, need: int) -> str:
+        return f"job {job_id}: the switch's slot pool is full: it needs {need} slots; {self.pool.describe()}"
+
+    def _pool_full(self, h, src, need: int):
+        self.dataplane.count_drop("pool_full")
+        return self._error(h, src, self._pool_text(h.job, need), wire.ERR_POOL_FULL)
+
+    def _lend(self, job, window: int, now) -> bool:
+        """Slots for a shared job from the pool: its window's worth up to its quota, at least min_slots
+        (or its window, if smaller); the data plane gets the job."""
+        run = self.pool.take(job.job_id, min(self.least_slots, window), min(self.slots, window))
+        if run is None:
+            return False
+        job.base, job.slots = run
+        self.dataplane.add_job(job.job_id, job.world_size, job.slots, job.base)
+        return True
+
+    def sweep(self):
+        """End the shared jobs that are gone (every member left, or silent for peer_silent, and nobody
+        joining): their slots go back to the pool. Run with the requests (any job's heartbeat, join or a
+        stats request), at most every SWEEP_EVERY seconds."""
+        now = self.clock()
+        if self.pool is None or now - self.swept_at < SWEEP_EVERY:
+            return
+        self.swept_at = now
+        deaf = now - self.saturated_at < self.peer_silent  # the switch fell behind: silence proves nothing
+        for job in [j for j in self.jobs.values() if j.shared]:
+            if any(now - p.at <= self.join_expiry for p in job.pending.values()):
+                continue
+            if not job.slots or all(m.left or (not deaf and not self._live(job, r, m, now, self.peer_silent))
+                                    for r, m in job.members.items()):
+                self._end(job)
+
+    def _end(self, job):
+        """A shared job ends: the data plane forgets it, its slots go back to the pool."""
+        del self.jobs[job.job_id]
+        if job.slots:
+            self.dataplane.remove_job(job.job_id)
+            self.pool.give_back(job.job_id)
+            self.ended += 1
 
     # ------------------------------------------------------------------ failure of a generation
     def _member(self, h, src):
@@ -433,7 +586,11 @@ class ControlPlane:
         if job is None:
             return self._drop(m)
         m.left = True
-        if self._failed(job) or all(x.left for x in job.members.values()):
+        if all(x.left for x in job.members.values()):
+            if job.shared and not job.pending:  # the job closed: its slots go back to the pool now
+                self._end(job)
+            return []
+        if self._failed(job):
             return []
         # the others may still call: they fail by name at once (a call that completed still resends)
         return self.fail(job, wire.ERR_PEER_DEAD, h.rank, f"job {h.job}: rank {h.rank} left the job (closed its "
@@ -451,10 +608,20 @@ class ControlPlane:
         return [(wire.pack(wire.MSG_STATS, payload=body, boot=self.boot), src)]
 
     def annotate(self, stats: dict) -> dict:
-        """Add each job's control state (members, pending joins, whether keyed) to a data plane's stats."""
+        """Add each job's control state (members, pending joins, whether keyed, its slots and age) to a data
+        plane's stats, listing a shared switch's jobs that hold no slots yet too, and its pool."""
+        now = self.clock()
         for j in self.jobs.values():
-            stats["jobs"][str(j.job_id)].update(members=sum(not m.left for m in j.members.values()),
-                                                 pending=len(j.pending), keyed=j.key is not None,
-                                                 group=net.format_address(j.group) if j.group else None)
+            entry = stats["jobs"].setdefault(str(j.job_id), {"world_size": j.world_size, "slots": 0,
+                                                             "generation": 0, "failed": False})
+            entry.update(members=sum(not m.left for m in j.members.values()), pending=len(j.pending),
+                         keyed=j.key is not None, group=net.format_address(j.group) if j.group else None,
+                         age_s=round(now - j.since, 3) if j.since is not None else 0.0)
+            if j.shared:
+                entry.update(slot_base=j.base)
+        if self.pool is not None:
+            stats["pool"] = {"slots": self.pool.size, "in_use": self.pool.in_use(), "jobs": len(self.pool.runs),
+                             "largest_free": self.pool.largest_free(), "job_slots": self.slots,
+                             "min_slots": self.least_slots, "admit": self.admission, "ended": self.ended}
         stats["boot"] = self.boot
         return stats

@@ -38,6 +38,7 @@ class StatsCollector:
             drops.add_metric([reason], n)
         yield drops
         yield from _job_families(s.get("jobs", {}), CounterMetricFamily, GaugeMetricFamily)
+        yield from _pool_families(s.get("pool"), CounterMetricFamily, GaugeMetricFamily)
         impaired = CounterMetricFamily(PREFIX + "impairment", "the emulated network's faults",
                                        labels=["side", "fault"])
         for side, faults in s.get("impairment", {}).items():
@@ -52,7 +53,8 @@ def _job_families(jobs: dict, counter, gauge):
     slot = {c: counter(PREFIX + "job_" + c, SLOT_HELP.get(c, f"packets {c} in the job's slots"), labels=["job"])
             for c in wire.SLOT_COUNTERS}
     state = {g: gauge(PREFIX + "job_" + g, f"the job's {g.replace('_', ' ')}", labels=["job"])
-             for g in ("world_size", "generation", "members", "pending", "failed")}
+             for g in ("world_size", "generation", "members", "pending", "failed", "slots", "slot_base")}
+    state["age_s"] = gauge(PREFIX + "job_age_seconds", "seconds since the job got its slots", labels=["job"])
     grouped = gauge(PREFIX + "job_grouped", "1 while the job's results go once to its loopback group (docs/protocol.md)",
                     labels=["job"])
     for job, j in jobs.items():
@@ -64,6 +66,17 @@ def _job_families(jobs: dict, counter, gauge):
     yield from slot.values()
     yield from state.values()
     yield grouped
+
+
+def _pool_families(pool: dict | None, counter, gauge):
+    """A shared switch's slot pool (docs/protocol.md, "A shared switch")."""
+    if pool is None:
+        return
+    for name, text in (("slots", "slots in the shared switch's pool"), ("in_use", "slots lent to jobs"),
+                       ("jobs", "jobs holding slots"), ("largest_free", "the longest run of free slots")):
+        yield gauge(PREFIX + "pool_" + name, text, value=pool[name])
+    yield counter(PREFIX + "pool_jobs_ended", "shared jobs that ended (their slots back in the pool)",
+                  value=pool["ended"])
 
 
 def serve_metrics(stats, host: str, port: int):
@@ -114,12 +127,13 @@ def render(prev: dict | None, cur: dict, dt: float):
 
     jobs = Table(title=f"switch: {cur.get('packets_in', 0)} in, {cur.get('packets_out', 0)} out, "
                        f"up {cur.get('uptime_s', 0):.0f} s")
-    for col in ("job", "world", "generation", "members", *wire.SLOT_COUNTERS, "received/s"):
+    for col in ("job", "world", "generation", "members", "slots", "age s", *wire.SLOT_COUNTERS, "received/s"):
         jobs.add_column(col, justify="right")
     for job, j in sorted(cur.get("jobs", {}).items()):
-        before = ((prev or {}).get("jobs", {}).get(job) or {}).get("received", j["received"])
-        rate = (j["received"] - before) / dt if dt > 0 else 0.0
+        before = ((prev or {}).get("jobs", {}).get(job) or {}).get("received", j.get("received", 0))
+        rate = (j.get("received", 0) - before) / dt if dt > 0 else 0.0
         jobs.add_row(job, str(j.get("world_size")), str(j.get("generation")), str(j.get("members", "")),
+                     str(j.get("slots", "")), f"{j.get('age_s', 0):.0f}",
                      *(str(j.get(c, "")) for c in wire.SLOT_COUNTERS), f"{rate:,.0f}")
     slots = Table(title="busiest slots since the last look")
     for col in ("job", "slot", *wire.SLOT_COUNTERS):
@@ -127,7 +141,10 @@ def render(prev: dict | None, cur: dict, dt: float):
     for r in busiest_slots(prev, cur):
         slots.add_row(*(str(r[c]) for c in ("job", "slot", *wire.SLOT_COUNTERS)))
     drops = ", ".join(f"{k} {v}" for k, v in cur.get("dropped", {}).items() if v) or "none"
-    return Group(jobs, slots, f"dropped: {drops}")
+    pool = cur.get("pool")
+    lent = (f"pool: {pool['in_use']} of {pool['slots']} slots lent to {pool['jobs']} jobs, {pool['ended']} "
+            f"ended\n" if pool else "")
+    return Group(jobs, slots, f"{lent}dropped: {drops}")
 
 
 def watch(address, interval: float, count: int | None, timeout: float, out=sys.stdout) -> int:

@@ -195,6 +195,25 @@ class Switch:
         job.group = group
         job.reset_slots()
 
+    def add_job(self, job_id: int, world_size: int, slots: int, base: int = 0):
+        """A shared switch admitted a job (switchsim/control.py): slots of its own, clean, no generation yet
+        (admit follows). base, its offset in the switch's pool, is the P4 program's (one register pool).
+
+        Raises:
+            ValueError: a job already served.
+        """
+        if job_id in self.jobs:
+            raise ValueError(f"job {job_id} is served already")
+        self.jobs[job_id] = Job(job_id, world_size, slots, self.max_elements)
+
+    def remove_job(self, job_id: int):
+        """The job ended: its slots and state go; its later packets are dropped as unknown_job.
+
+        Raises:
+            KeyError: a job not served.
+        """
+        del self.jobs[job_id]
+
     def set_boot(self, boot: int):
         """The switch's boot id, which everything it sends carries (a worker tells a restart by it)."""
         self.boot = boot
@@ -486,7 +505,8 @@ class Switch:
         """
         jobs = {}
         for job_id, job in self.jobs.items():
-            j = {"world_size": job.world_size, "generation": job.generation, "failed": job.failed is not None}
+            j = {"world_size": job.world_size, "slots": job.slots, "generation": job.generation,
+                 "failed": job.failed is not None}
             j.update({name: int(c.sum()) for name, c in job.counters.items()})
             if per_slot:
                 j["per_slot"] = {name: c.tolist() for name, c in job.counters.items()}

@@ -30,6 +30,9 @@ RETRY_EVERY = 50  # calls on gloo between two attempts to re-join the switch ($I
 RECOVERY_POLL = 0.2  # seconds between the watcher's looks for another rank's recovery ($INA_RECOVERY_POLL)
 COUNTERS = ("gloo_calls", "faults", "rejoins", "failed_rejoins", "recovered_results", "landed_sums")  # ina_stats
 SWITCH_FAULTS = (errors.SwitchFault, OSError)  # OSError: CallTimeout, SwitchUnreachable, a dead route
+# a join refused for a passing reason is a fault too (gloo now, the switch again later): a shared switch's
+# pool lent to other jobs
+PASSING_REFUSALS = (errors.PoolFull,)
 log = logging.getLogger("hostlib.integrations.torch_backend")  # one logger for the backend, whatever module
 
 
@@ -46,7 +49,7 @@ class State(enum.Enum):
 # (from, to, what makes it): every transition Failover makes, and nothing else (tests/test_torch_failover.py)
 TRANSITIONS = (
     (State.JOINING, State.JOINED, "every rank joined (vote ok)"),
-    (State.JOINING, State.ON_GLOO, "a rank could not reach the switch (vote fault, not strict)"),
+    (State.JOINING, State.ON_GLOO, "a rank could not reach the switch or its pool is full (vote fault, not strict)"),
     (State.JOINED, State.RECOVERING, "a switch fault under a call, or another rank's recovery (watcher)"),
     (State.RECOVERING, State.ON_GLOO, "places agreed: kept sum handed over, landed blocks, or gloo"),
     (State.RECOVERING, State.JOINED, "another rank raised the call's error: CallAborted here too"),
@@ -260,15 +263,16 @@ class Failover:
     def _try_join(self, initial: bool):
         """Join once every rank is ready (a store barrier, so the switch's join barrier never waits for a rank
         that is still computing). Returns ("ok" | "fault" | "error", the exception or None): unreachable is a
-        fault; a refused join an error at init_process_group, a fault when re-joining (the restarted switch
-        may serve other jobs: training goes on)."""
+        fault, and so is a full pool (PoolFull: other jobs hold a shared switch's slots for now); another
+        refused join an error at init_process_group, a fault when re-joining (the restarted switch may serve
+        other jobs: training goes on)."""
         self.vote(f"ready/{self._joins}", "ok")
         self._joins += 1
         try:
             self.comm = Communicator(self.switch, self.rank, self.size, job=self.job, codec=self.codec,
                                      **self.connect_kwargs)
             return "ok", None
-        except SWITCH_FAULTS as e:
+        except (*SWITCH_FAULTS, *PASSING_REFUSALS) as e:
             return "fault", e
         except errors.INAError as e:
             return ("error" if initial else "fault"), e
@@ -376,12 +380,13 @@ class Failover:
         if was_down:
             return
         why = error if error is not None else "a switch fault on another rank"
+        how = "has no slots for this job" if isinstance(error, errors.PoolFull) else "failed"
         if not self._warned:
             self._warned = True
-            warnings.warn(f"process group 'ina': switch {self.switch} failed ({why}); the calls go through gloo, "
+            warnings.warn(f"process group 'ina': switch {self.switch} {how} ({why}); the calls go through gloo, "
                           f"with a re-join every {self.retry_every} calls", RuntimeWarning, stacklevel=3)
-        log.warning("process group 'ina': rank %d: switch %s failed (%s): sums go through gloo, a re-join every "
-                    "%d calls", self.rank, self.switch, why, self.retry_every)
+        log.warning("process group 'ina': rank %d: switch %s %s (%s): sums go through gloo, a re-join every "
+                    "%d calls", self.rank, self.switch, how, why, self.retry_every)
 
     def _drop_comm(self):
         if self._on_drop is not None:
