@@ -6,6 +6,7 @@ import signal
 import sys
 
 from inaproto import auth, wire
+from inaproto.timers import PEER_SILENT
 
 from .config import ADMISSION_RULES, DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_JOBS, DEFAULT_SLOTS, SwitchConfig
 
@@ -149,7 +150,7 @@ def config_from_args(args) -> SwitchConfig:
                   key_dir=args.key_dir) if shared else {}
     return SwitchConfig(jobs, slots, args.elements_per_packet, args.nc_rounding, args.seed,
                         keys=parse_keys(args.key_file, jobs), control_hosts=tuple(args.control or ()),
-                        first_packet_id=args.first_packet_id, **shares)
+                        first_packet_id=args.first_packet_id, peer_silent=args.peer_silent, **shares)
 
 
 def cmd_serve(args) -> int:
@@ -376,6 +377,9 @@ def add_serve(sub):
                    help="a shared switch's admission: open (any job id; loopback, trusted labs) or keyed (only jobs "
                         "whose key was issued into --key-dir: switchsim key issue)")
     s.add_argument("--key-dir", help="--admit keyed: the directory of issued keys (JOB.key)")
+    s.add_argument("--peer-silent", type=float, default=PEER_SILENT, metavar="SECONDS",
+                   help=f"a member silent this long (no packet, no heartbeat) is dead: its generation fails, and a "
+                        f"shared switch's job whose members are all silent ends (default {PEER_SILENT:g})")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=wire.DEFAULT_PORT, help="UDP port (0 = any free port)")
     s.add_argument("--shm", metavar="NAME", help="serve workers on this host through shared-memory rings "

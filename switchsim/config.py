@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from inaproto import wire
+from inaproto.timers import PEER_SILENT
 
 DEFAULT_SLOTS = 512
 DEFAULT_MAX_ELEMENTS = 1024
@@ -36,6 +37,8 @@ class SwitchConfig:
         admit: a shared switch's admission rule: "open" (any job id) or "keyed" (only jobs whose key the
             operator issued into key_dir, `switchsim key issue`; every join carries the key's MAC).
         key_dir: where a keyed shared switch finds the keys it issued (JOB.key files).
+        peer_silent: seconds of silence (no packet, no heartbeat) after which a member is dead: its
+            generation fails, and a shared switch's job whose members are all silent ends.
     """
 
     jobs: dict[int, int] = field(default_factory=lambda: {1: 2})
@@ -51,6 +54,7 @@ class SwitchConfig:
     min_slots: int | None = None
     admit: str = "open"
     key_dir: str | None = None
+    peer_silent: float = PEER_SILENT
 
     def __post_init__(self):
         self.jobs, self.keys, self.control_hosts = dict(self.jobs), dict(self.keys), tuple(self.control_hosts)
@@ -69,6 +73,8 @@ class SwitchConfig:
         if unknown:
             raise ValueError(f"keys for jobs {unknown} that are not served")
         self._check_shared()
+        if not self.peer_silent > 0:
+            raise ValueError(f"peer_silent {self.peer_silent}: must be positive seconds")
         f = self.first_packet_id
         if f is not None and (f & 1 or not 0 <= f <= wire.PACKET_ID_MASK):
             raise ValueError(f"first packet id {f}: must be even and fit 32 bits (set 0 comes first)")

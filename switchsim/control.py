@@ -156,13 +156,13 @@ def derive_session(secret: int, job: int, generation: int, nonces: list[int]) ->
 class ControlPlane:
     def __init__(self, dataplane, config, secret: int | None = None, clock=None, join_expiry=JOIN_EXPIRY,
                  member_idle=MEMBER_IDLE, stats=None, in_flight: int | None = None, boot: int | None = None,
-                 peer_silent=PEER_SILENT):
+                 peer_silent: float | None = None):
         """dataplane: what to admit into (config.DataPlane); config: its SwitchConfig; secret: the key of
         the session values (random by default); clock, join_expiry, member_idle: for tests; in_flight: the
         packets a job may have in flight over all its workers (the agreed window is at most this divided
         by the world size; None: no limit but the slots), for a switch that drops bursts (BMv2); boot: the
         switch's boot id (random by default: a restarted switch has another); peer_silent: seconds of
-        silence after which a member is dead."""
+        silence after which a member is dead (None: the config's)."""
         self.dataplane, self.slots, self.max_elements = dataplane, config.slots, config.max_elements
         self.jobs = {j: JobControl(j, n, config.keys.get(j), slots=config.slots) for j, n in config.jobs.items()}
         # a shared switch (config.shared): jobs admitted at their first join, slots lent from the pool
@@ -173,7 +173,8 @@ class ControlPlane:
         self.secret = secrets.randbits(64) if secret is None else secret
         self.control_hosts = set(config.control_hosts)  # besides loopback
         self.clock = clock or time.monotonic
-        self.join_expiry, self.member_idle, self.peer_silent = join_expiry, member_idle, peer_silent
+        self.join_expiry, self.member_idle = join_expiry, member_idle
+        self.peer_silent = config.peer_silent if peer_silent is None else peer_silent
         self.stats = stats or dataplane.stats
         self.first_packet_id = config.first_packet_id
         self.in_flight = in_flight
@@ -490,7 +491,7 @@ class ControlPlane:
         if self.pool is None or now - self.swept_at < SWEEP_EVERY:
             return
         self.swept_at = now
-        deaf = now - self.saturated_at < self.peer_silent  # the switch fell behind: silence proves nothing
+        deaf = self._deaf(now)
         for job in [j for j in self.jobs.values() if j.shared]:
             if any(now - p.at <= self.join_expiry for p in job.pending.values()):
                 continue
@@ -534,6 +535,12 @@ class ControlPlane:
         """The transport found its receive queue empty: it hears everything sent to it now."""
         self.drained_at = self.clock()
 
+    def _deaf(self, now) -> bool:
+        """Whether the switch fell behind its queue within peer_silent seconds (silence proves nothing)."""
+        if self.drained_at is not None and now - self.drained_at > SATURATED:
+            self.saturated_at = now
+        return now - self.saturated_at < self.peer_silent
+
     def check_members(self, job_id: int):
         """A member of a running generation silent for peer_silent seconds (no data packet, no heartbeat)
         is dead: fail the generation naming it. Run on every heartbeat and join of the job, so it happens
@@ -544,9 +551,7 @@ class ControlPlane:
         if not job.generation or self._failed(job):
             return []
         now = self.clock()
-        if self.drained_at is not None and now - self.drained_at > SATURATED:
-            self.saturated_at = now
-        if now - self.saturated_at < self.peer_silent:
+        if self._deaf(now):
             return []
         for r, m in job.members.items():
             if not m.left and not self._live(job, r, m, now, self.peer_silent):

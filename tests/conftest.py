@@ -79,25 +79,31 @@ class Harness:
         """Join every rank of every job as workers do, all at once (rank r with nonce + r): each join, then
         again with the cookie of its join_wait (the switch counts a join then); proven: the first joins carry
         the job's current session, as members re-joining do. Returns {job: session}."""
-        for job, n in self.jobs.items():
-            joins = {self.port_of(job, r): self.join_packet(job, r, nonce + r, window) for r in range(n)}
-            if proven:
-                joins = {p: wire.confirm_join(j, wire.pack(wire.MSG_JOIN_WAIT, session=self.sessions[job]))
-                         for p, j in joins.items()}
-            waits: dict = {}
-            for _ in range(5):  # a slow switch (BMv2's first packet waits for ARP) may answer after `quiet`
-                out = self.send_from([(p, j) for p, j in joins.items() if p not in waits])
-                waits.update((p, d) for p, d in out if p in joins and d[1] == wire.MSG_JOIN_WAIT)
-                if len(waits) == n:
-                    break
-            out = self.send_from([(p, wire.confirm_join(j, waits[p]) if p in waits else j) for p, j in joins.items()])
-            acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
-            deadline = time.monotonic() + 2.0  # a loaded machine may deliver the last acks after `quiet`
-            while len(acks) < n and time.monotonic() < deadline:
-                acks += [wire.unpack(d) for _, d in self.blast(self.port_of(job, 0), []) if d[1] == wire.MSG_JOIN_ACK]
-            assert len(acks) == n, f"job {job}: {len(acks)} join acks for {n} ranks"
-            self.sessions[job] = acks[0].session
+        for job in self.jobs:
+            self.join_job(job, nonce, window, proven)
         return self.sessions
+
+    def join_job(self, job: int, nonce: int = 1, window: int = 64, proven: bool = False) -> int:
+        """Join every rank of one job (join_all's way); returns its session."""
+        n = self.jobs[job]
+        joins = {self.port_of(job, r): self.join_packet(job, r, nonce + r, window) for r in range(n)}
+        if proven:
+            joins = {p: wire.confirm_join(j, wire.pack(wire.MSG_JOIN_WAIT, session=self.sessions[job]))
+                     for p, j in joins.items()}
+        waits: dict = {}
+        for _ in range(5):  # a slow switch (BMv2's first packet waits for ARP) may answer after `quiet`
+            out = self.send_from([(p, j) for p, j in joins.items() if p not in waits])
+            waits.update((p, d) for p, d in out if p in joins and d[1] == wire.MSG_JOIN_WAIT)
+            if len(waits) == n:
+                break
+        out = self.send_from([(p, wire.confirm_join(j, waits[p]) if p in waits else j) for p, j in joins.items()])
+        acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
+        deadline = time.monotonic() + 2.0  # a loaded machine may deliver the last acks after `quiet`
+        while len(acks) < n and time.monotonic() < deadline:
+            acks += [wire.unpack(d) for _, d in self.blast(self.port_of(job, 0), []) if d[1] == wire.MSG_JOIN_ACK]
+        assert len(acks) == n, f"job {job}: {len(acks)} join acks for {n} ranks"
+        self.sessions[job] = acks[0].session
+        return self.sessions[job]
 
     @property
     def session(self) -> int:
@@ -131,14 +137,24 @@ class Harness:
             self.join_all()
 
 
+def served(jobs: dict, kw: dict) -> tuple[dict, dict]:
+    """(the jobs a switch is built with, its keywords): a shared switch (shared=True) starts with none, and
+    its `keys` are only the harness's (the MACs of its joins; the switch reads the ones it issued from
+    key_dir)."""
+    kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
+    if kw.get("shared"):
+        return {}, {k: v for k, v in kw.items() if k != "keys"}
+    return jobs, kw
+
+
 class ModelHarness(Harness):
     """Drives the reference model in-process; a 'port' is just an int address."""
 
     switch_class = Switch
 
     def __init__(self, jobs, join=True, **kw):
-        kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
-        self.switch = self.switch_class(jobs, **kw)
+        jobs_served, options = served(jobs, kw)
+        self.switch = self.switch_class(jobs_served, **options)
         self.start(jobs, join, kw.get("keys"))
 
     def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
@@ -159,8 +175,8 @@ class UDPHarness(Harness):
     quiet = 0.05  # a reply never takes longer than this on loopback; also how long "nothing" is awaited
 
     def __init__(self, jobs, join=True, **kw):
-        kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
-        self.server = self.server_class(self.switch_class(jobs, **kw), "127.0.0.1", 0)
+        jobs_served, options = served(jobs, kw)
+        self.server = self.server_class(self.switch_class(jobs_served, **options), "127.0.0.1", 0)
         self.thread = self.server.start_thread()
         self.socks: dict[int, socket.socket] = {}
         self.start(jobs, join, kw.get("keys"))
@@ -225,10 +241,10 @@ class CShmHarness(UDPHarness):
     made = 0
 
     def __init__(self, jobs, join=True, **kw):
-        kw.setdefault("first_packet_id", 0)  # the tests spell packet ids out from 0
         CShmHarness.made += 1
         self.name = f"conformance-{os.getpid()}-{CShmHarness.made}"
-        self.server = native.CShmServer(self.switch_class(jobs, **kw), self.name, ports=256)
+        jobs_served, options = served(jobs, kw)
+        self.server = native.CShmServer(self.switch_class(jobs_served, **options), self.name, ports=256)
         self.thread = self.server.start_thread()
         self.socks = {}
         self.start(jobs, join, kw.get("keys"))
@@ -302,14 +318,19 @@ class ServedHarness(UDPHarness):
     quiet = 0.1
     max_elements = 1024
 
-    def __init__(self, jobs, join=True, slots=512, max_elements=None, nc_rounding="stochastic", seed=0, keys=None):
-        args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")]
+    def __init__(self, jobs, join=True, slots=512, max_elements=None, nc_rounding="stochastic", seed=0, keys=None,
+                 shared=False, pool=None, min_slots=None, admit="open", key_dir=None, peer_silent=None):
+        args = [a for j, n in jobs.items() for a in ("--job", f"{j}:{n}")] if not shared else []
         self.keydir = tempfile.TemporaryDirectory()
-        for j, key in (keys or {}).items():
+        for j, key in (keys or {}).items() if not shared else ():
             path = os.path.join(self.keydir.name, f"job{j}.key")
             with open(path, "wb") as f:
                 f.write(key)
             args += ["--key-file", f"{j}:{path}"]
+        for flag, value in (("--pool", pool), ("--min-slots", min_slots), ("--key-dir", key_dir),
+                            ("--peer-silent", peer_silent)):
+            args += [flag, value] if value is not None else []
+        args += ["--admit", admit] if shared else []
         args += ["--slots", slots, "--elements-per-packet", max_elements or self.max_elements,
                  "--nc-rounding", nc_rounding, "--seed", seed, "--first-packet-id", 0]
         self.proc = self.serve(args)

@@ -340,3 +340,95 @@ def test_switch_that_drops_bursts_grants_a_window_within_its_limit():
             acks += [d for d, _ in confirmed_join(sw.process, join, (job, r)) if d[1] == wire.MSG_JOIN_ACK]
         windows = {wire.JOIN_ACK_PAYLOAD.unpack_from(d, wire.HEADER_SIZE)[3] for d in acks}
         assert len(acks) == n and windows == {expected}
+
+
+# ---------------------------------------------------------------- a shared switch (serve without --job)
+SHARED = dict(shared=True, slots=4, pool=8, max_elements=64)
+
+
+def round_exact(sw, job: int, slot: int = 0, k: int = 1) -> bool:
+    """One round on the slot (its first: packet id 0) by every rank of the job: each member gets the sum."""
+    n, out = sw.jobs[job], []
+    for r in range(n):
+        out += sw.send(sw.port_of(job, r), update(r, slot, 0, k, 0, 0, job=job))
+    return sorted(p for p, _ in out) == sorted(sw.port_of(job, r) for r in range(n)) and summed(out, k * n)
+
+
+def errors_in(out) -> list[tuple[int, int, str]]:
+    return [wire.unpack_error(d) for _, d in out if d[1] == wire.MSG_ERROR]
+
+
+def poke(sw):
+    """A control request: a shared switch looks for ended jobs with the requests it handles."""
+    sw.send(STRANGER, wire.pack(wire.MSG_STATS_REQ))
+
+
+def test_a_shared_switch_admits_jobs_as_they_join_and_lends_each_a_run_of_its_pool(switch_backend):
+    sw = switch_backend({1: 2, 2: 3}, **SHARED)  # no job at start: both admitted at their first join
+    assert round_exact(sw, 1) and round_exact(sw, 2)
+    stats = sw.stats()
+    jobs, pool = stats["jobs"], stats["pool"]
+    assert (jobs["1"]["slots"], jobs["2"]["slots"], jobs["2"]["world_size"]) == (4, 4, 3)
+    assert {jobs["1"]["slot_base"], jobs["2"]["slot_base"]} == {0, 4} and (pool["in_use"], pool["jobs"]) == (8, 2)
+    sw.send(0, update(0, 4, 0, 1, 0, 0))  # beyond its run: its own bad_slot, never another job's slot
+    assert sw.stats()["dropped"]["bad_slot"] == 1
+    sw.jobs[3] = 2  # a third job: refused at its first join, saying what is in use; it holds nothing
+    out = errors_in(sw.send(3000, sw.join_packet(3, 0, 7)))
+    assert out and out[0][0] == wire.ERR_POOL_FULL and "8 of 8 slots in use by 2 jobs" in out[0][2], out
+    assert "3" not in sw.stats()["jobs"] and sw.stats()["dropped"]["pool_full"] == 1
+    for r in (0, 1):  # job 1 closes: its run goes back at its last leave, and job 3 gets it
+        sw.send(r, wire.pack(wire.MSG_LEAVE, job=1, rank=r, session=sw.sessions[1]))
+    stats = sw.stats()
+    assert "1" not in stats["jobs"] and (stats["pool"]["in_use"], stats["pool"]["ended"]) == (4, 1)
+    sw.join_job(3, nonce=20)
+    assert sw.stats()["jobs"]["3"]["slot_base"] == jobs["1"]["slot_base"]
+    assert round_exact(sw, 3) and round_exact(sw, 2, slot=1)
+    sw.send(0, update(0, 0, 0, 1, 0, 0, job=1))  # the ended job's packets change nothing
+    assert sw.stats()["dropped"]["unknown_job"] >= 1 and round_exact(sw, 3, slot=1)
+
+
+def test_a_shared_jobs_slots_go_back_when_its_members_fall_silent(switch_backend):
+    sw = switch_backend({1: 2, 2: 2}, **SHARED, peer_silent=0.5)
+    assert sw.stats()["pool"]["in_use"] == 8
+    beats = [(sw.port_of(2, r), wire.pack(wire.MSG_HEARTBEAT, job=2, rank=r, session=sw.sessions[2])) for r in (0, 1)]
+    deadline = time.monotonic() + 5
+    while "1" in sw.stats()["jobs"] and time.monotonic() < deadline:  # job 1 is silent, job 2 beats
+        sw.send_from(beats)
+        time.sleep(0.2)
+    stats = sw.stats()
+    assert "1" not in stats["jobs"] and stats["jobs"]["2"]["members"] == 2, stats["jobs"]
+    assert (stats["pool"]["in_use"], stats["pool"]["ended"]) == (4, 1)
+    assert round_exact(sw, 2)
+
+
+def test_a_keyed_shared_switch_admits_only_the_jobs_whose_key_it_issued(switch_backend, tmp_path):
+    from inaproto import auth
+
+    issued, made_up = b"issued-key-0123456789", b"made-up-key-0123456789"
+    (tmp_path / "7.key").write_bytes(issued)
+    sw = switch_backend({7: 2}, join=False, **SHARED, admit="keyed", key_dir=str(tmp_path), keys={7: issued})
+    signed = [wire.pack_join(job, 0, 5, 2, 64, auth.join_mac(key, job, 0, 5, 2, 64)) for job, key in
+              ((8, made_up), (8, issued), (7, made_up))] + [wire.pack_join(7, 0, 6, 2, 64)]
+    out = errors_in(sw.send_from([(STRANGER, j) for j in signed]))
+    assert [e[0] for e in out] == [wire.ERR_REJECTED] * 4, out
+    assert sum("no key was issued" in e[2] for e in out) == 2 and sum("bad MAC" in e[2] for e in out) == 2
+    stats = sw.stats()
+    assert stats["jobs"] == {} and stats["pool"]["in_use"] == 0 and stats["dropped"]["bad_mac"] == 4
+    sw.join_all()  # with the issued key's MAC
+    assert sw.stats()["jobs"]["7"]["keyed"] and round_exact(sw, 7)
+
+
+def test_a_stranger_cannot_end_a_shared_job_or_take_its_slots(switch_backend, tmp_path):
+    key = b"issued-key-0123456789"
+    (tmp_path / "1.key").write_bytes(key)
+    sw = switch_backend({1: 2}, **SHARED, admit="keyed", key_dir=str(tmp_path), keys={1: key})
+    s = sw.sessions[1]
+    leaves = [wire.pack(wire.MSG_LEAVE, job=1, rank=r, session=x) for r in (0, 1) for x in (0, s)]
+    aborts = [wire.pack(wire.MSG_ABORT, job=1, rank=0, session=s, payload=b"stranger")]
+    joins = [sw.join_packet(1, 0, 99), wire.pack_join(1, 0, 98, 2, 64)]  # even with the key's MAC: not its address
+    out = sw.send_from([(STRANGER, p) for p in leaves + aborts + joins])
+    poke(sw)
+    stats = sw.stats()
+    assert all(e[0] == wire.ERR_REJECTED for e in errors_in(out)), out  # the unsigned join; no peer_dead, no abort
+    assert (stats["jobs"]["1"]["generation"], stats["jobs"]["1"]["members"], stats["pool"]["in_use"]) == (1, 2, 4)
+    assert not stats["jobs"]["1"]["failed"] and round_exact(sw, 1)
