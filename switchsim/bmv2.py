@@ -6,7 +6,9 @@ end, the other end stays here with WORKER_IP, and the switch answers ARP for its
 this machine reach it like any other backend. With `ifaces`, BMv2 takes those interfaces as ports 0, 1, ...
 in the current namespace (topologies). JOIN, LEAVE, STATS_REQ, ABORT and HEARTBEAT come up as P4Runtime
 packet-ins and the answers go down as packet-outs; admission writes the job's session into the `jobs` table,
-each rank's address into `members` and `replicas`, and the job's multicast group (docs/p4.md).
+each rank's address into `members` and `replicas`, and the job's multicast group (docs/p4.md). A shared
+switch (serve without --job) has no job at start: the control plane lends a job a run of the pool's slots
+(add_job: its `jobs` entry, member cells, counters zeroed) and takes them back when it ends (remove_job).
 
 P4Runtime goes through p4runtime-shell (p4runtime_sh), the client P4 users know: the connection, the pipeline
 push, and the shell's TableEntry, MulticastGroupEntry, MeterEntry and CounterEntry objects for the tables,
@@ -29,7 +31,6 @@ from __future__ import annotations
 import copy
 import functools
 import ipaddress
-import itertools
 import os
 import shutil
 import socket
@@ -38,6 +39,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from typing import NamedTuple
 
 from inaproto import gen_p4, wire
 
@@ -56,6 +58,7 @@ DEVICE_ID = 0
 # the controller's election id: above p4runtime-shell's default (1, 0), so a user's shell is a backup (reads);
 # a client with a higher one would take the primary role (and the packet-ins) from the controller
 CONTROLLER_ELECTION_ID = (2, 0)
+LAST_JOB = 0xFFFF  # its multicast group (job + 1) would not fit the program's 16 bits
 
 
 def why_not() -> str:
@@ -81,15 +84,53 @@ def why_not() -> str:
 
 
 def check_config(config: SwitchConfig) -> None:
-    """What the P4 program can hold (its register and table sizes are compiled in)."""
+    """What the P4 program can hold (its register and table sizes are compiled in): a shared switch's pool
+    (its jobs come and go within it, add_job), or the static jobs laid out at start."""
     if config.max_elements > MAX_ELEMENTS:
         raise ValueError(f"the BMv2 switch takes at most {MAX_ELEMENTS} elements per packet "
                          f"(--elements-per-packet {config.max_elements})")
+    if config.shared:
+        if config.pool > gen_p4.SLOT_CAPACITY:
+            raise ValueError(f"a pool of {config.pool} slots exceeds the P4 program's {gen_p4.SLOT_CAPACITY}")
+        return
     if len(config.jobs) * config.slots > gen_p4.SLOT_CAPACITY:
         raise ValueError(f"{len(config.jobs)} jobs x {config.slots} slots exceed the P4 program's "
                          f"{gen_p4.SLOT_CAPACITY} slots")
     if sum(config.jobs.values()) > gen_p4.MEMBER_CAPACITY or len(config.jobs) > gen_p4.JOB_CAPACITY:
         raise ValueError(f"the P4 program holds {gen_p4.JOB_CAPACITY} jobs and {gen_p4.MEMBER_CAPACITY} ranks")
+    if LAST_JOB in config.jobs:
+        raise ValueError(f"job {LAST_JOB}: the P4 program's multicast group of a job is its id + 1 (16 bits)")
+
+
+class JobLayout(NamedTuple):
+    """Where a job lives in the P4 program's pools: its slots [slot_base, slot_base + slots) of the slot
+    registers and per-slot counters, its ranks' cells [member_base, member_base + world) of `heard` and
+    r_told, and its cell `index` of r_failed."""
+
+    world: int
+    slots: int
+    slot_base: int
+    member_base: int
+    index: int
+
+
+def static_layout(config: SwitchConfig) -> dict[int, JobLayout]:
+    """A static switch's jobs in id order, packed from 0: job i has slots from i * slots and cell i."""
+    layout, members = {}, 0
+    for i, job in enumerate(sorted(config.jobs)):
+        layout[job] = JobLayout(config.jobs[job], config.slots, i * config.slots, members, i)
+        members += config.jobs[job]
+    return layout
+
+
+def first_fit(used: list[tuple[int, int]], size: int, capacity: int) -> int | None:
+    """The lowest start of `size` free cells in [0, capacity) around the `used` (start, size) ranges."""
+    at = 0
+    for start, n in sorted(used):
+        if start - at >= size:
+            return at
+        at = max(at, start + n)
+    return at if capacity - at >= size else None
 
 
 class BMv2Namespace(VethNamespace):
@@ -203,8 +244,7 @@ class BMv2Server:
         self.config, self.address = config, (host, port)
         self.ports: dict[tuple, tuple[str, int]] = {}  # (ip, udp port) -> (MAC, switch port), from packet-ins
         self.control_drops = dict.fromkeys(wire.DROP_REASONS, 0)
-        self.slot_base = {j: i * config.slots for i, j in enumerate(sorted(config.jobs))}
-        self.member_base = dict(zip(sorted(config.jobs), itertools.accumulate((config.jobs[j] for j in sorted(config.jobs)), initial=0)))
+        self.layout = static_layout(config)  # job -> JobLayout; a shared switch's come and go (add_job)
         self.admitted: dict[int, list] = {}
         self.generations: dict[int, tuple[int, int]] = {}  # job -> (session, first_id) of its admitted generation
         self.failures: dict[int, bytes] = {}  # job -> the error payload of its failed generation
@@ -240,7 +280,7 @@ class BMv2Server:
         from p4runtime_sh import shell as sh
 
         self._write_switch_config()
-        for j in sorted(self.config.jobs):
+        for j in sorted(self.layout):
             self._job_entry(j, 0, 0).insert()
         # 0: strangers' control requests; 1: failed jobs' data packets (answered from here); 2: members' requests
         for cell, (rate, burst) in enumerate((CONTROL_RATE, CONTROL_RATE, MEMBER_RATE)):
@@ -261,13 +301,13 @@ class BMv2Server:
         """The job's `jobs` entry (a p4runtime-shell TableEntry: .insert(), .modify(), .msg())."""
         from p4runtime_sh import shell as sh
 
+        at = self.layout[job]
         entry = sh.TableEntry("jobs")(action="set_job")
         entry.match["hdr.ina.job"] = str(job)
         entry.action.set(**{k: str(v) for k, v in {
-            "world": self.config.jobs[job], "slots": self.config.slots,
-            "max_elements": elements or self.config.max_elements, "slot_base": self.slot_base[job],
-            "session": session, "first_id": first_id, "group": job + 1,
-            "index": sorted(self.config.jobs).index(job), "failed": int(failed)}.items()})
+            "world": at.world, "slots": at.slots, "max_elements": elements or self.config.max_elements,
+            "slot_base": at.slot_base, "session": session, "first_id": first_id, "group": job + 1,
+            "index": at.index, "failed": int(failed)}.items()})
         return entry
 
     @staticmethod
@@ -297,7 +337,7 @@ class BMv2Server:
             ip, port = str(ipaddress.IPv4Address(addr[0])), str(addr[1])
             mac, switch_port = self.ports[tuple(addr)]
             member = self._member_key("members", job, rank)(action="set_member")
-            member.action.set(ip=ip, port=port, index=str(self.member_base[job] + rank))
+            member.action.set(ip=ip, port=port, index=str(self.layout[job].member_base + rank))
             replica = self._member_key("replicas", job, rank)(action="to_worker")
             replica.action.set(mac=mac, ip=ip, port=port)
             members.append(member.msg())
@@ -308,6 +348,73 @@ class BMv2Server:
         self._job_entry(job, session, first_id, elements).modify()
         self.admitted[job] = list(addresses)
         self.generations[job] = (session, first_id, elements)
+        self.failures.pop(job, None)
+
+    def add_job(self, job: int, world_size: int, slots: int, base: int = 0):
+        """A shared switch admitted a job: its slots at `base` of the pool (the control plane's), member cells
+        and a cell of r_failed found here, its counters zeroed (an earlier job's counts in those cells would
+        be this one's stats and liveness), then its `jobs` entry with no generation (admit follows). Its slot
+        registers need no clearing: state of another session reads as clean (slot_step, r_told, r_failed).
+        Raises ValueError: a job already served, or one the program cannot hold."""
+        at = self._place(job, world_size, slots, base)
+        self._zero_counters(at)
+        self.layout[job] = at
+        try:
+            self._job_entry(job, 0, 0).insert()
+        except BaseException:
+            del self.layout[job]
+            raise
+
+    def _place(self, job: int, world: int, slots: int, base: int) -> JobLayout:
+        """The new job's cells: its slots where the control plane put them (checked: within the program's
+        pool, on no other job's), its members first fit, the lowest free job index."""
+        if job in self.layout:
+            raise ValueError(f"job {job} is already served")
+        if not 0 <= job < LAST_JOB or not 1 <= world <= wire.MAX_WORKERS or slots < 1 or base < 0:
+            raise ValueError(f"job {job} of {world} ranks on {slots} slots at {base}: out of range")
+        if base + slots > gen_p4.SLOT_CAPACITY:
+            raise ValueError(f"job {job}'s slots [{base}, {base + slots}) exceed the P4 program's "
+                             f"{gen_p4.SLOT_CAPACITY}")
+        if any(base < at.slot_base + at.slots and at.slot_base < base + slots for at in self.layout.values()):
+            raise ValueError(f"job {job}'s slots [{base}, {base + slots}) overlap another job's")
+        member = first_fit([(at.member_base, at.world) for at in self.layout.values()], world,
+                           gen_p4.MEMBER_CAPACITY)
+        free = sorted(set(range(gen_p4.JOB_CAPACITY)) - {at.index for at in self.layout.values()})
+        if member is None or not free:
+            raise ValueError(f"the P4 program holds {gen_p4.JOB_CAPACITY} jobs and {gen_p4.MEMBER_CAPACITY} "
+                             f"ranks: no room for job {job} of {world}")
+        return JobLayout(world, slots, base, member, free[0])
+
+    def _zero_counters(self, at: JobLayout):
+        """Zero the job's per-slot counters and its members' `heard` cells, in one write (BMv2 cannot
+        write registers, but it writes counter cells)."""
+        from p4.v1 import p4runtime_pb2
+
+        cells = [(name, range(at.slot_base, at.slot_base + at.slots)) for name in wire.SLOT_COUNTERS]
+        cells.append(("heard", range(at.member_base, at.member_base + at.world)))
+        self.sw.modify(*[p4runtime_pb2.CounterEntry(counter_id=self.p4info.counter_id(name),
+                                                    index=p4runtime_pb2.Index(index=i),
+                                                    data=p4runtime_pb2.CounterData(byte_count=0, packet_count=0))
+                         for name, indices in cells for i in indices])
+
+    def remove_job(self, job: int):
+        """The job ended: its `jobs` entry, members, replicas and multicast group go in one write (its later
+        packets drop as unknown_job), and its cells are free for a later job (add_job zeroes the counters).
+        Raises KeyError: a job not served."""
+        from p4runtime_sh import shell as sh
+
+        if job not in self.layout:
+            raise KeyError(f"job {job} is not served")
+        entry = sh.TableEntry("jobs")
+        entry.match["hdr.ina.job"] = str(job)
+        gone = [entry.msg()]
+        old = self.admitted.pop(job, None)
+        if old is not None:
+            gone += [self._member_key(t, job, r).msg() for t in ("members", "replicas") for r in range(len(old))]
+            gone.append(sh.MulticastGroupEntry(job + 1).msg())
+        self.sw.delete(*gone)
+        del self.layout[job]
+        self.generations.pop(job, None)
         self.failures.pop(job, None)
 
     def set_boot(self, boot: int):
@@ -342,7 +449,7 @@ class BMv2Server:
                          session=self.generations[job][0], boot=self.boot)
 
     def member_packets(self, job: int) -> list[int]:
-        base, n = self.member_base[job], self.config.jobs[job]
+        base, n = self.layout[job].member_base, self.layout[job].world
         heard = self._read_counter("heard", range(base, base + n))
         return [heard.get(base + r, 0) for r in range(n)]
 
@@ -462,7 +569,8 @@ class BMv2Server:
                 if not per_slot:
                     job.pop("per_slot", None)
             return last
-        slots = [i for j in self.config.jobs for i in range(self.slot_base[j], self.slot_base[j] + self.config.slots)]
+        layout = dict(self.layout)  # as it is now: the control plane may add or remove a job meanwhile
+        slots = [i for at in layout.values() for i in range(at.slot_base, at.slot_base + at.slots)]
         read = {name: self._read_counter(name, slots) for name in wire.SLOT_COUNTERS}
         read["drops"] = self._read_counter("drops")
         read["io"] = self._read_counter("io")
@@ -471,22 +579,24 @@ class BMv2Server:
             return read[name].get(i, 0)
 
         drops = {r: packets("drops", i) + self.control_drops[r] for i, r in enumerate(wire.DROP_REASONS)}
-        jobs = {}
-        for j, n in self.config.jobs.items():
-            base, k = self.slot_base[j], self.config.slots
-            counts = {c: [packets(c, base + s) for s in range(k)] for c in wire.SLOT_COUNTERS}
-            job = {"world_size": n, "generation": self.control.jobs[j].generation, "failed": self.failed(j)}
-            job.update({c: sum(v) for c, v in counts.items()})
-            if per_slot:
-                job["per_slot"] = counts
-            jobs[str(j)] = job
-        out = sum(jobs[str(j)]["multicast"] * n + jobs[str(j)]["resent"] for j, n in self.config.jobs.items())
+        jobs = {str(j): self._job_stats(j, at, packets, per_slot) for j, at in layout.items()}
+        out = sum(jobs[str(j)]["multicast"] * at.world + jobs[str(j)]["resent"] for j, at in layout.items())
         out += packets("io", 4) + packets("io", 5) + self.sent  # not-member errors, ERR_DROPPED answers; packet-outs
         s = {"packets_in": packets("io", 0), "packets_out": out, "dropped": drops, "overflows": packets("io", 2),
              "jobs": jobs, "bmv2": {"not_ina": packets("io", 3), "mac": SWITCH_MAC,
                                     "uptime_s": round(time.monotonic() - self.started, 3)}}
         return self.control.annotate(s)
 
+    def _job_stats(self, job: int, at: JobLayout, packets, per_slot: bool) -> dict:
+        """A job's counters in the model's layout (Switch.stats), over its own slots."""
+        counts = {c: [packets(c, at.slot_base + s) for s in range(at.slots)] for c in wire.SLOT_COUNTERS}
+        control = self.control.jobs.get(job)  # a job the control plane has not taken up yet: generation 0
+        out = {"world_size": at.world, "slots": at.slots, "generation": control.generation if control else 0,
+               "failed": self.failed(job)}
+        out.update({c: sum(v) for c, v in counts.items()})
+        if per_slot:
+            out["per_slot"] = counts
+        return out
 
 ETH_IP_UDP = struct.Struct("!6s6sH BBHHHBBH4s4s HHHH")  # Ethernet, IPv4 without options, UDP
 
