@@ -27,18 +27,19 @@ PERCENTILES = (50, 75, 90, 95)
 
 
 class Loopback:
-    """Ranks as processes on this host, the INA switch a switch process on loopback."""
+    """Ranks as processes on this host, the INA switch a switch process on loopback: one job's (`--workers`),
+    or shared (jobs admitted as they join, `bench ddp --jobs`)."""
 
-    def __init__(self, backend: str = "c"):
-        self.backend, self._switch = backend, None
+    def __init__(self, backend: str = "c", shared: bool = False):
+        self.backend, self.shared, self._switch = backend, shared, None
 
     def master(self) -> str:
         return f"127.0.0.1:{free_port()}"
 
     def switch(self, world: int) -> str:
-        """A fresh switch for a job of `world` ranks; the previous one stops."""
+        """A fresh switch for a job of `world` ranks (a shared one: for any jobs); the previous one stops."""
         self.stop_switch()
-        self._switch = SwitchProcess("--workers", world, backend=self.backend)
+        self._switch = SwitchProcess(*(() if self.shared else ("--workers", world)), backend=self.backend)
         return self._switch.address
 
     def stop_switch(self):
@@ -58,27 +59,32 @@ class Loopback:
 
 def run_config(place, path: str, world: int, model: str, batch: int, warmup: int, iters: int,
                straggler=None, bucket_mb: float = 2.0, epochs: int = 0, timeout: float = 600,
-               window: int | None = None) -> list[dict]:
-    """One run of a path ("gloo", "ina:CODEC", "hook:CODEC", "local") with `world` ranks; each rank's report."""
+               window: int | None = None, jobs: int = 1) -> list[dict]:
+    """One run of a path ("gloo", "ina:CODEC", "hook:CODEC", "local") with `world` ranks; each rank's report
+    (its "job" in it). jobs > 1: that many independent jobs of `world` ranks at once (job ids 1..jobs, each
+    with its own rendezvous), on one shared switch."""
     kind, _, codec = path.partition(":")
     switch = place.switch(world) if kind in ("ina", "hook") else None
-    master = place.master()
     before = place.link_bytes()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
-        for rank in range(world):
-            spec = {"rank": rank, "world": world, "master": master, "path": kind, "codec": codec or "fixed",
-                    "switch": switch, "model": model, "batch": batch, "warmup": warmup, "iters": iters,
-                    "bucket_mb": bucket_mb, "straggler": straggler, "epochs": epochs, "window": window,
-                    "out": os.path.join(tmp, f"out{rank}.json")}
-            with open(os.path.join(tmp, f"spec{rank}.json"), "w") as f:
-                json.dump(spec, f)
-            with open(os.path.join(tmp, f"err{rank}"), "w") as err:  # the child keeps its own descriptor
-                procs.append(place.popen(rank, [sys.executable, "-m", "inabench.ddp_rank", f.name], env=env,
-                                         stdout=subprocess.DEVNULL, stderr=err))
+        for job in range(1, jobs + 1):
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                   "INA_JOB": str(job)}
+            master = place.master()
+            for rank in range(world):
+                spec = {"rank": rank, "world": world, "master": master, "path": kind, "codec": codec or "fixed",
+                        "switch": switch, "model": model, "batch": batch, "warmup": warmup, "iters": iters,
+                        "bucket_mb": bucket_mb, "straggler": straggler, "epochs": epochs, "window": window,
+                        "job": job, "out": os.path.join(tmp, f"out{job}.{rank}.json")}
+                with open(os.path.join(tmp, f"spec{job}.{rank}.json"), "w") as f:
+                    json.dump(spec, f)
+                with open(os.path.join(tmp, f"err{len(procs)}"), "w") as err:  # the child keeps its own descriptor
+                    procs.append(place.popen(rank, [sys.executable, "-m", "inabench.ddp_rank", f.name], env=env,
+                                             stdout=subprocess.DEVNULL, stderr=err))
         _wait(procs, tmp, timeout)
-        reports = [json.load(open(os.path.join(tmp, f"out{r}.json"))) for r in range(world)]
+        reports = [{**json.load(open(os.path.join(tmp, f"out{j}.{r}.json"))), "job": j}
+                   for j in range(1, jobs + 1) for r in range(world)]
     if before is not None:  # per worker link: bytes sent + received during the run (set-up included)
         after = place.link_bytes()
         reports[0]["link_bytes"] = [a["tx_bytes"] + a["rx_bytes"] - b["tx_bytes"] - b["rx_bytes"]
@@ -116,12 +122,13 @@ def row_of(path: str, world: int, model: str, batch: int, repeats: list[list[dic
     pct = np.median(np.array(per_repeat), axis=0)
     p50s = [p[0] for p in per_repeat]
     reps = repeats[-1]
-    row = {"model": model, "workers": world, "path": path}
+    jobs = sorted({r.get("job", 1) for r in reps})
+    row = {"model": model, "workers": world, "path": path, **({"jobs": len(jobs)} if len(jobs) > 1 else {})}
     # significant digits, not decimals: a sub-millisecond step rounded to 10 us would be off by over 1 %
     row.update({f"sec/iter p{q}": float(f"{v:.5g}") for q, v in zip(PERCENTILES, pct)})
     row["p50 spread"] = f"{min(p50s):.4f}..{max(p50s):.4f}"
     row["examples/s p50"] = round(batch * world / float(pct[0]), 1)
-    row["params equal"] = len({r["checksum"] for r in reps}) == 1
+    row["params equal"] = all(len({r["checksum"] for r in reps if r.get("job", 1) == j}) == 1 for j in jobs)
     row["grad MB"] = round(reps[0]["grad_bytes"] / 1e6, 2)
     ina = [r["ina_bytes"] for r in reps if r.get("ina_bytes") is not None]
     row["INA MB/rank/step"] = round(max(ina) / steps / 1e6, 3) if ina else None  # wire bytes, headers too
@@ -132,37 +139,50 @@ def row_of(path: str, world: int, model: str, batch: int, repeats: list[list[dic
 
 def bench_ddp(workers=(2, 4), paths=PATHS, model: str = "wide", batch: int = 32, iters: int = 20, warmup: int = 5,
               repeat: int = 3, straggler=None, bucket_mb: float = 2.0, backend: str = "c", place_for=None,
-              progress=None, window: int | None = None) -> list[dict]:
+              progress=None, window: int | None = None, jobs: int = 1) -> list[dict]:
     """Rows: the model alone (1 rank, no DDP), then per world size every path, each with its time as a
     multiple of gloo's ("x gloo"). The configurations run in turn, `repeat` times (alternating, so a slow
     spell of the machine touches every one). place_for(world): where the ranks of a world size run (default
-    Loopback(backend)); it is closed after each round of that size."""
-    place_for = place_for or (lambda world: Loopback(backend))
-    groups = [(1, ["local"])] + [(w, list(paths)) for w in workers]
-    got: dict = {(p, w): [] for w, ps in groups for p in ps}
+    Loopback(backend)); it is closed after each round of that size. jobs > 1: every path also as that many
+    jobs at once on one shared switch (loopback), its row's "x solo" its p50 over the same path alone on
+    that switch (a step's time there is the slowest job's)."""
+    place_for = place_for or (lambda world: Loopback(backend, shared=jobs > 1))
+    counts = (1, jobs) if jobs > 1 else (1,)
+    groups = [(1, [("local", 1)])] + [(w, [(p, n) for p in paths for n in counts]) for w in workers]
+    got: dict = {(p, w, n): [] for w, ps in groups for p, n in ps}
     for i in range(repeat):
         for world, group in groups:
             place = place_for(world) if world > 1 else Loopback(backend)
             try:
-                for path in group:
+                for path, n in group:
                     if progress:
-                        progress(f"repeat {i + 1}/{repeat}: {path} x{world}")
+                        progress(f"repeat {i + 1}/{repeat}: {path} x{world}" + (f", {n} jobs" if n > 1 else ""))
                     try:
-                        got[path, world].append(run_config(place, path, world, model, batch, warmup, iters,
-                                                           straggler if world > 1 else None, bucket_mb,
-                                                           window=window))
+                        got[path, world, n].append(run_config(place, path, world, model, batch, warmup, iters,
+                                                              straggler if world > 1 else None, bucket_mb,
+                                                              window=window, jobs=n))
                     except RuntimeError as e:  # this configuration's row says why; the others still run
-                        got[path, world].append(" ".join(str(e).split())[-300:])
+                        got[path, world, n].append(" ".join(str(e).split())[-300:])
             finally:
                 place.close()
-    rows = [row_of(p, w, model, batch, got[p, w], warmup + iters) if not any(isinstance(g, str) for g in got[p, w])
-            else {"model": model, "workers": w, "path": p, "error": next(g for g in got[p, w] if isinstance(g, str))}
-            for w, ps in groups for p in ps]
+    rows = [row_of(p, w, model, batch, got[p, w, n], warmup + iters) if not any(isinstance(g, str) for g in got[p, w, n])
+            else {"model": model, "workers": w, "path": p, **({"jobs": n} if n > 1 else {}),
+                  "error": next(g for g in got[p, w, n] if isinstance(g, str))}
+            for w, ps in groups for p, n in ps]
     for r in rows:
-        base = next((b for b in rows if b["path"] == "gloo" and b["workers"] == r["workers"] and "error" not in b),
-                    None)
-        r["x gloo"] = round(r["sec/iter p50"] / base["sec/iter p50"], 3) if base and "error" not in r else None
+        r["x gloo"] = _ratio(r, rows, path="gloo")
+        if r.get("jobs"):
+            r["x solo"] = _ratio(r, rows, path=r["path"])
     return rows
+
+
+def _ratio(row: dict, rows: list[dict], path: str) -> float | None:
+    """row's p50 over that of `path`'s row of the same world size (and jobs: the solo row when path is the
+    row's own), None where either failed."""
+    jobs = row.get("jobs") if path != row["path"] else None
+    base = next((b for b in rows if b["path"] == path and b["workers"] == row["workers"] and b.get("jobs") == jobs
+                 and "error" not in b), None)
+    return round(row["sec/iter p50"] / base["sec/iter p50"], 3) if base and "error" not in row else None
 
 
 def time_to_accuracy(curve: list, target: float) -> tuple:

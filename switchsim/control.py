@@ -377,9 +377,9 @@ class ControlPlane:
         switch's job gets its slots from the pool first, or every join is refused: pool_full)."""
         ranks = range(job.world_size)
         window = min(job.pending[r].window for r in ranks)
-        if job.shared and not job.slots and not self._lend(job, window, now):
-            return self._refuse_all(job, wire.ERR_POOL_FULL, self._pool_text(job.job_id, min(self.least_slots, window)),
-                                    "pool_full")
+        refusal = self._lend(job, window) if job.shared and not job.slots else ""
+        if refusal:
+            return self._refuse_all(job, wire.ERR_POOL_FULL, refusal, "pool_full")
         job.since = job.since or now
         job.generation += 1
         job.window = min(window, job.slots)
@@ -473,15 +473,21 @@ class ControlPlane:
         self.dataplane.count_drop("pool_full")
         return self._error(h, src, self._pool_text(h.job, need), wire.ERR_POOL_FULL)
 
-    def _lend(self, job, window: int, now) -> bool:
-        """Slots for a shared job from the pool: its window's worth up to its quota, at least min_slots
-        (or its window, if smaller); the data plane gets the job."""
-        run = self.pool.take(job.job_id, min(self.least_slots, window), min(self.slots, window))
+    def _lend(self, job, window: int) -> str:
+        """Slots for a shared job from the pool (its window's worth up to its quota, at least min_slots or
+        its window if smaller), and the job into the data plane; "" or why not (a P4 switch may run out of
+        job or member cells before slots)."""
+        need = min(self.least_slots, window)
+        run = self.pool.take(job.job_id, need, min(self.slots, window))
         if run is None:
-            return False
+            return self._pool_text(job.job_id, need)
+        try:
+            self.dataplane.add_job(job.job_id, job.world_size, run[1], run[0])
+        except ValueError as e:
+            self.pool.give_back(job.job_id)
+            return f"job {job.job_id}: the switch cannot hold it now: {e}"
         job.base, job.slots = run
-        self.dataplane.add_job(job.job_id, job.world_size, job.slots, job.base)
-        return True
+        return ""
 
     def sweep(self):
         """End the shared jobs that are gone (every member left, or silent for peer_silent, and nobody

@@ -107,3 +107,27 @@ def test_the_hosts_tcp_is_the_one_asked_and_a_missing_one_is_named():
     with pytest.raises(ValueError, match="--tcp-cc no-such-cc"):
         Hosts(2, "c", bw=100, delay_ms=1.0, tcp_cc="no-such-cc")
     assert set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()) <= before
+
+
+def test_two_jobs_at_once_share_one_switch_and_each_trains_exactly():
+    """--jobs 2: two DDP jobs at once on one shared switch (loopback), each through the switch, each job's
+    ranks bit-identical."""
+    place = ddp.Loopback("c", shared=True)
+    try:
+        reports = ddp.run_config(place, "ina:nc", 2, "mlp", 32, 1, 3, jobs=2)
+    finally:
+        place.close()
+    assert sorted((r["job"], r["rank"]) for r in reports) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    for job in (1, 2):
+        mine = [r for r in reports if r["job"] == job]
+        assert len({r["checksum"] for r in mine}) == 1 and all(r["ina_bytes"] > 0 for r in mine), mine
+
+
+def test_a_jobs_row_says_its_time_over_the_solo_row():
+    steps = [0.010, 0.011, 0.012]
+    solo = [{"steps": steps, "checksum": 1, "grad_bytes": 4000, "job": 1} for _ in range(2)]
+    both = [{"steps": [2 * t for t in steps], "checksum": job, "grad_bytes": 4000, "job": job} for job in (1, 2)
+            for _ in range(2)]  # each job's ranks agree; the jobs need not (their NC seeds differ)
+    rows = [ddp.row_of("ina:nc", 2, "mlp", 32, [solo], 3), ddp.row_of("ina:nc", 2, "mlp", 32, [both], 3)]
+    assert rows[1]["jobs"] == 2 and "jobs" not in rows[0] and rows[1]["params equal"] is True
+    assert ddp._ratio(rows[1], rows, path="ina:nc") == 2.0

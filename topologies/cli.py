@@ -326,6 +326,10 @@ def add_ddp_bench(sp, csv):
                          "fixed window would be set for the link)")
     sp.add_argument("--cc", choices=tuple(POLICIES), default=None,
                     help="the INA congestion policy of every rank (default: hostlib's, %s)" % DEFAULT_CC)
+    sp.add_argument("--jobs", type=int, default=1,
+                    help="also run every path as this many DDP jobs at once (job ids 1..N, each of --workers ranks) "
+                         "on one shared switch, on loopback: rows with 'jobs' and 'x solo' (p50 over the same path "
+                         "alone on that switch)")
     sp.add_argument("--topo", action="store_true",
                     help="ranks on namespace hosts of a star (root): --bw, --delay, --loss on every link; gloo's "
                          "ring over the same links; the projection model beside each row")
@@ -354,6 +358,9 @@ def cmd_bench_ddp(args) -> int:
         return 2
     if args.cc:  # every rank's Communicator reads it (the ina group, the hook)
         os.environ["INA_CC"] = args.cc
+    if args.jobs < 1 or args.jobs > 1 and (args.topo or args.tta):
+        print("switchsim bench ddp: --jobs N (N >= 1) runs on loopback, without --topo or --tta", file=sys.stderr)
+        return 2
     if args.topo and args.window is None and args.cc == "none":  # SwitchML's fixed window, set for the link
         args.window = topo_window(args.bw)
 
@@ -372,7 +379,7 @@ def cmd_bench_ddp(args) -> int:
             rows = ddp.bench_ddp(args.workers, args.paths, args.model, args.batch, args.iters, args.warmup,
                                  args.repeat, args.straggler, args.bucket_mb, args.backend,
                                  place_for=_ddp_hosts(args) if args.topo else None, progress=progress,
-                                 window=args.window)
+                                 window=args.window, jobs=args.jobs)
             if args.topo:
                 from .ddp import with_projection
 
