@@ -32,6 +32,7 @@ typedef struct {
 
 typedef struct {
     uint32_t job_id, world_size;
+    uint32_t slots; /* its own (a shared switch gives each job the slots it admitted) */
     int narrow_span; /* levels above a narrow round's floor: world_size * 2^narrow_span <= 2^30 */
     uint64_t generation;
     slot_set *sets; /* sets[2 * slot + set] */
@@ -100,9 +101,9 @@ ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_determi
     return sw;
 }
 
-static void job_reset_slots(const ina_switch *sw, job_t *j)
+static void job_reset_slots(job_t *j)
 {
-    for (uint32_t i = 0; i < 2 * sw->slots; i++) {
+    for (uint32_t i = 0; i < 2 * j->slots; i++) {
         slot_set *st = &j->sets[i];
         int64_t *acc = st->acc;
         uint8_t *result = st->result;
@@ -114,9 +115,38 @@ static void job_reset_slots(const ina_switch *sw, job_t *j)
     }
 }
 
-int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
+static void job_free(job_t *j)
 {
-    if (job_id > 0xFFFF || world_size < 1 || world_size > INA_MAX_WORKERS || sw->job_index[job_id] >= 0)
+    free(j->sets); free(j->acc_mem); free(j->result_mem); free(j->counters);
+}
+
+/* j's sets, sums, results and counters for its slots; -1 (nothing kept) when out of memory */
+static int job_alloc(const ina_switch *sw, job_t *j)
+{
+    size_t n_sets = 2 * (size_t)j->slots;
+    j->sets = calloc(n_sets, sizeof *j->sets);
+    /* calloc: pages of slots never used are never touched */
+    j->acc_mem = calloc(n_sets * sw->max_elements, sizeof(int64_t));
+    size_t result_size = INA_BLOCK_EXT_SIZE + (size_t)sw->max_elements * 4;
+    j->result_mem = calloc(n_sets, result_size);
+    j->counters = calloc((size_t)INA_SLOT_COUNTERS * j->slots, sizeof(uint64_t));
+    if (!j->sets || !j->acc_mem || !j->result_mem || !j->counters) {
+        job_free(j);
+        return -1;
+    }
+    for (size_t i = 0; i < n_sets; i++) {
+        j->sets[i].acc = j->acc_mem + i * sw->max_elements;
+        j->sets[i].result = j->result_mem + i * result_size;
+    }
+    job_reset_slots(j);
+    return 0;
+}
+
+int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size, uint32_t slots)
+{
+    slots = slots ? slots : sw->slots;
+    if (job_id > 0xFFFF || world_size < 1 || world_size > INA_MAX_WORKERS || slots > INA_MAX_SLOTS ||
+        sw->job_index[job_id] >= 0)
         return -1;
     job_t *jobs = realloc(sw->jobs, (sw->n_jobs + 1) * sizeof *jobs);
     if (!jobs)
@@ -124,22 +154,9 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
     sw->jobs = jobs;
     job_t *j = &jobs[sw->n_jobs];
     memset(j, 0, sizeof *j);
-    size_t n_sets = 2 * (size_t)sw->slots;
-    j->sets = calloc(n_sets, sizeof *j->sets);
-    /* calloc: pages of slots never used are never touched */
-    j->acc_mem = calloc(n_sets * sw->max_elements, sizeof(int64_t));
-    size_t result_size = INA_BLOCK_EXT_SIZE + (size_t)sw->max_elements * 4;
-    j->result_mem = calloc(n_sets, result_size);
-    j->counters = calloc((size_t)INA_SLOT_COUNTERS * sw->slots, sizeof(uint64_t));
-    if (!j->sets || !j->acc_mem || !j->result_mem || !j->counters) {
-        free(j->sets); free(j->acc_mem); free(j->result_mem); free(j->counters);
+    j->slots = slots;
+    if (job_alloc(sw, j) != 0)
         return -1;
-    }
-    for (size_t i = 0; i < n_sets; i++) {
-        j->sets[i].acc = j->acc_mem + i * sw->max_elements;
-        j->sets[i].result = j->result_mem + i * result_size;
-    }
-    job_reset_slots(sw, j);
     j->job_id = job_id;
     j->world_size = world_size;
     j->narrow_span = 30;
@@ -149,14 +166,27 @@ int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size)
     return 0;
 }
 
+int ina_switch_remove_job(ina_switch *sw, uint32_t job_id)
+{
+    int32_t ji = job_id <= 0xFFFF ? sw->job_index[job_id] : -1;
+    if (ji < 0)
+        return -1;
+    job_free(&sw->jobs[ji]);
+    sw->job_index[job_id] = -1;
+    /* the later jobs move down one, so jobs stay in the order added (the model's dict order in stats) */
+    memmove(&sw->jobs[ji], &sw->jobs[ji + 1], (sw->n_jobs - (uint32_t)ji - 1) * sizeof *sw->jobs);
+    sw->n_jobs--;
+    for (uint32_t i = (uint32_t)ji; i < sw->n_jobs; i++)
+        sw->job_index[sw->jobs[i].job_id] = (int32_t)i;
+    return 0;
+}
+
 void ina_switch_free(ina_switch *sw)
 {
     if (!sw)
         return;
-    for (uint32_t i = 0; i < sw->n_jobs; i++) {
-        free(sw->jobs[i].sets); free(sw->jobs[i].acc_mem); free(sw->jobs[i].result_mem);
-        free(sw->jobs[i].counters);
-    }
+    for (uint32_t i = 0; i < sw->n_jobs; i++)
+        job_free(&sw->jobs[i]);
     free(sw->jobs);
     free(sw);
 }
@@ -176,25 +206,26 @@ void ina_switch_count_dropped_in(ina_switch *sw, int reason)
 }
 
 void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
-                         uint64_t *generation)
+                         uint64_t *generation, uint32_t *slots)
 {
     *job_id = sw->jobs[i].job_id;
     *world_size = sw->jobs[i].world_size;
     *generation = sw->jobs[i].generation;
+    *slots = sw->jobs[i].slots;
 }
 
 const uint64_t *ina_switch_job_slot_counters(const ina_switch *sw, uint32_t i) { return sw->jobs[i].counters; }
 
-static inline uint64_t *slot_counter(const ina_switch *sw, job_t *j, int which, uint32_t slot)
+static inline uint64_t *slot_counter(job_t *j, int which, uint32_t slot)
 {
-    return &j->counters[(size_t)which * sw->slots + slot];
+    return &j->counters[(size_t)which * j->slots + slot];
 }
 
 static int drop(ina_switch *sw, int reason, job_t *j, int slot)
 {
     sw->c.drops[reason]++;
     if (j && slot >= 0)
-        (*slot_counter(sw, j, INA_SLOT_DROPPED, (uint32_t)slot))++;
+        (*slot_counter(j, INA_SLOT_DROPPED, (uint32_t)slot))++;
     return 0;
 }
 
@@ -219,7 +250,7 @@ int ina_switch_admit(ina_switch *sw, uint32_t job_id, uint64_t generation, uint3
     memset(j->told, 0, sizeof j->told);
     memcpy(j->addresses, addrs, j->world_size * sizeof *addrs);
     j->group = group;
-    job_reset_slots(sw, j);
+    job_reset_slots(j);
     return 0;
 }
 
@@ -706,7 +737,7 @@ static int duplicate(ina_switch *sw, job_t *j, const packet *p, slot_set *st, sl
         return out_of_order(sw, j, p, st->round_id, 0);
     other->bitmap &= ~(1ULL << h->rank);
     if (st->complete) {
-        (*slot_counter(sw, j, INA_SLOT_RESENT, h->slot))++;
+        (*slot_counter(j, INA_SLOT_RESENT, h->slot))++;
         result(sw, j, h, st, h->rank, p->src, p->out); /* unicast back where it came from */
         return 1;
     }
@@ -836,7 +867,7 @@ static int complete(ina_switch *sw, job_t *j, const header *h, slot_set *st, ina
 {
     st->complete = 1;
     finish(sw, st, last);
-    (*slot_counter(sw, j, INA_SLOT_MULTICAST, h->slot))++;
+    (*slot_counter(j, INA_SLOT_MULTICAST, h->slot))++;
     if (j->group) {
         result(sw, j, h, st, INA_NO_RANK, j->group, out);
         return 1;
@@ -857,10 +888,10 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t
         return drop(sw, reason, NULL, -1);
     const uint8_t *payload = pkt + INA_HEADER_SIZE + (h->msg_type == INA_MSG_SPARSE_UPDATE ? INA_BLOCK_EXT_SIZE : 0);
     const packet p = {h, payload, len, src, out};
-    if (h->slot >= sw->slots || h->count > j->elements)
+    if (h->slot >= j->slots || h->count > j->elements)
         return tell(sw, j, h->rank, &p, INA_DROP_BAD_SLOT, -1, "slot %u with %u elements; the job has %u slots of %u "
-                    "elements", h->slot, h->count, sw->slots, j->elements);
-    (*slot_counter(sw, j, INA_SLOT_RECEIVED, h->slot))++;
+                    "elements", h->slot, h->count, j->slots, j->elements);
+    (*slot_counter(j, INA_SLOT_RECEIVED, h->slot))++;
     slot_set *st = &j->sets[2 * h->slot + h->set], *other = &j->sets[2 * h->slot + (1 - h->set)];
     uint64_t bit = 1ULL << h->rank;
     if (st->bitmap & bit)
@@ -875,7 +906,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t
     other->bitmap &= ~bit;
     if (h->flags & INA_FLAG_CONGESTED) { /* a counted contribution's congestion is the round's */
         st->flags |= INA_FLAG_CONGESTED;
-        (*slot_counter(sw, j, INA_SLOT_CONGESTED, h->slot))++;
+        (*slot_counter(j, INA_SLOT_CONGESTED, h->slot))++;
     }
     return ++st->count < j->world_size ? 0 : complete(sw, j, h, st, out, last ? payload : NULL);
 }

@@ -12,8 +12,9 @@
 #define INA_PUNT (-1) /* a packet for the control plane (join, leave, abort, heartbeat, stats request) */
 
 /* One packet to send: a header of its own plus a payload. `stable` payloads (results) live in slot memory
- * and stay valid until that (slot, set) completes again (after every worker got this result), so a
- * transport may send them without copying; others (errors) are valid until the next call into the core. */
+ * and stay valid until that (slot, set) completes again (after every worker got this result) or its job is
+ * removed, so a transport may send them without copying; others (errors) are valid until the next call into
+ * the core. */
 typedef struct {
     uint64_t dst;
     uint8_t hdr[INA_HEADER_SIZE];
@@ -31,8 +32,15 @@ typedef struct ina_switch ina_switch;
 
 ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_deterministic, uint64_t seed);
 void ina_switch_free(ina_switch *sw);
-/* 0 on success, -1 for a bad id / world size or a job served twice */
-int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size);
+/* a job the switch now serves, with `slots` slots of its own (0: the switch's, ina_switch_new's), clean and
+ * without a generation (admit follows). 0 on success, -1 for a bad id / world size / slot count, a job served
+ * twice or no memory */
+int ina_switch_add_job(ina_switch *sw, uint32_t job_id, uint32_t world_size, uint32_t slots);
+/* the job ended (a shared switch): its slots, counters and state are freed, and its later packets are dropped
+ * as unknown_job; the other jobs keep their order. Nothing may hold a pointer into the job across this call
+ * (a result payload, ina_out.stable: the loops send or copy theirs before their run returns). 0, or -1 for
+ * an unknown job */
+int ina_switch_remove_job(ina_switch *sw, uint32_t job_id);
 /* The control plane admits a generation (switchsim/control.py): the ranks' source addresses (world_size of
  * them), the session value and every slot's first packet id; the job's slots start clean. group: where a
  * completed round's result goes once for every member (rank INA_NO_RANK, INA_FLAG_GROUP), 0 for a copy to
@@ -65,11 +73,12 @@ void ina_switch_count_dropped_in(ina_switch *sw, int reason);
 
 const ina_counters *ina_switch_counters(const ina_switch *sw);
 uint32_t ina_switch_jobs(const ina_switch *sw);
-/* job i (in the order added): id, world size, generation, and its [INA_SLOT_COUNTERS][slots] counters */
+/* job i (in the order added): id, world size, generation, its slot count, and its
+ * [INA_SLOT_COUNTERS][its slots] counters */
 void ina_switch_job_info(const ina_switch *sw, uint32_t i, uint32_t *job_id, uint32_t *world_size,
-                         uint64_t *generation);
+                         uint64_t *generation, uint32_t *slots);
 const uint64_t *ina_switch_job_slot_counters(const ina_switch *sw, uint32_t i);
-uint32_t ina_switch_slots(const ina_switch *sw);
+uint32_t ina_switch_slots(const ina_switch *sw); /* the default of a job's slots (ina_switch_new's) */
 /* the lane arithmetic this switch runs: "scalar", "avx2" or "avx512" (INA_SWITCH_SIMD at creation asks) */
 const char *ina_switch_lanes(const ina_switch *sw);
 /* process n packets stored back to back (benchmarks: no interpreter per packet); returns packets emitted */

@@ -73,7 +73,9 @@ class DPDKServer:
         init_eal(eal_args(eal, vdev, iface))
         self.switch = CoreSwitch(config, ffi=ffi, lib=lib)
         self.switch.control.stats = self.stats
-        self.core, self.jobs = self.switch.core, self.switch.jobs
+        # its own data plane to `serve` (config, jobs); jobs is the core's dict, which a shared switch's
+        # control plane changes in place (CoreSwitch.add_job / remove_job, between ina_dpdk_run calls)
+        self.config, self.core, self.jobs = self.switch.config, self.switch.core, self.switch.jobs
         err = ffi.new("char[]", 256)
         self.loop = lib.ina_dpdk_new(self.core, dpdk_port, ip, port, loss, dup, reorder, config.seed & MASK64,
                                      err, 256)

@@ -26,6 +26,7 @@ else:
     IMPORT_ERROR = ""
 
 MASK64 = (1 << 64) - 1
+SHARED_PORTS = 64  # a shared switch's shared-memory ports by default: it has no jobs to size them by at start
 
 
 def available() -> bool:
@@ -45,16 +46,18 @@ def require():
 
 def core_stats(core, per_slot: bool = False, ffi=ffi, lib=lib) -> dict:
     """model.Switch.stats() for a C core (an `ina_switch *` of the cffi module (ffi, lib)), the same keys
-    and numbers."""
+    and numbers; each job's per-slot arrays have its own slot count. The caller keeps jobs from being added
+    or removed meanwhile (CoreSwitch's lock): a removed job's counters are freed memory."""
     c = lib.ina_switch_counters(core)
-    slots = lib.ina_switch_slots(core)
     jobs = {}
     job_id, world, gen = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("uint64_t *")
+    n_slots = ffi.new("uint32_t *")
     for i in range(lib.ina_switch_jobs(core)):
-        lib.ina_switch_job_info(core, i, job_id, world, gen)
-        counters = lib.ina_switch_job_slot_counters(core, i)
+        lib.ina_switch_job_info(core, i, job_id, world, gen, n_slots)
+        counters, slots = lib.ina_switch_job_slot_counters(core, i), n_slots[0]
         arrays = {name: [counters[k * slots + s] for s in range(slots)] for k, name in enumerate(SLOT_COUNTERS)}
-        j = {"world_size": world[0], "generation": gen[0], "failed": lib.ina_switch_failed(core, job_id[0]) == 1}
+        j = {"world_size": world[0], "slots": slots, "generation": gen[0],
+             "failed": lib.ina_switch_failed(core, job_id[0]) == 1}
         j.update({name: sum(a) for name, a in arrays.items()})
         if per_slot:
             j["per_slot"] = arrays
@@ -74,7 +77,7 @@ def new_core(config: SwitchConfig, ffi=ffi, lib=lib):
     if core == ffi.NULL:
         raise MemoryError("cannot allocate the switch")
     for job_id, n in c.jobs.items():
-        if lib.ina_switch_add_job(core, job_id, n) != 0:
+        if lib.ina_switch_add_job(core, job_id, n, c.slots) != 0:
             raise MemoryError(f"cannot allocate job {job_id}")
     return core
 
@@ -84,8 +87,9 @@ LOCAL_IDS = 1 << 48  # address ids above the 48-bit IPv4:port range name in-proc
 
 class CoreSwitch:
     """model.Switch's interface on the C core: process(data, src) -> [(bytes, dst)], stats(), and the data
-    plane calls of the control plane (admit, set_boot, fail, failed, member_packets, count_drop). (ffi, lib)
-    name the cffi module the core is compiled into (the DPDK module has its own copy)."""
+    plane calls of the control plane (add_job, remove_job, admit, set_boot, fail, failed, member_packets,
+    count_drop). (ffi, lib) name the cffi module the core is compiled into (the DPDK module has its own
+    copy)."""
 
     def __init__(self, config: SwitchConfig | dict[int, int], ffi=ffi, lib=lib, **kw):
         """Args:
@@ -100,8 +104,11 @@ class CoreSwitch:
         self.config, control = config_of(config, kw)
         self.ffi, self.lib = ffi, lib
         self.core = new_core(self.config, ffi=ffi, lib=lib)
-        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n) for j, n in self.config.jobs.items()}
         self.slots, self.max_elements = self.config.slots, self.config.max_elements
+        self.jobs = {j: SimpleNamespace(job_id=j, world_size=n, slots=self.slots) for j, n in self.config.jobs.items()}
+        # add_job / remove_job against stats() from another thread (a Prometheus scrape): cffi calls drop the
+        # GIL, and a removed job's counters are freed
+        self._jobs_lock = threading.Lock()
         self._out = ffi.new("ina_out[]", lib.INA_MAX_OUT)
         self._ids: dict[object, int] = {}  # in-process source addresses (not (ip, port)) -> ids
         self._addrs: list[object] = []
@@ -161,6 +168,40 @@ class CoreSwitch:
         return out
 
     # ------------------------------------------------------------------ the control plane's calls
+    def add_job(self, job_id: int, world_size: int, slots: int, base: int = 0):
+        """model.Switch.add_job: a shared switch admitted a job, with `slots` clean slots of its own in the
+        core (admit() follows). Called only while no C loop runs (between its run() calls).
+
+        Args:
+            base: the slots' offset in a pooled switch's registers (P4); the core's jobs each own theirs.
+
+        Raises:
+            ValueError: a job already served, or an id, world size or slot count the core cannot hold.
+            MemoryError: the job's slots cannot be allocated.
+        """
+        if job_id in self.jobs:
+            raise ValueError(f"job {job_id} is already served")
+        if not (0 <= job_id <= 0xFFFF and 1 <= world_size <= wire.MAX_WORKERS and 1 <= slots <= wire.MAX_SLOTS):
+            raise ValueError(f"job {job_id} of {world_size} workers and {slots} slots: out of range")
+        with self._jobs_lock:
+            if self.lib.ina_switch_add_job(self.core, job_id, world_size, slots) != 0:
+                raise MemoryError(f"cannot allocate job {job_id}'s {slots} slots")
+            self.jobs[job_id] = SimpleNamespace(job_id=job_id, world_size=world_size, slots=slots)
+
+    def remove_job(self, job_id: int):
+        """model.Switch.remove_job: the job ended; the core frees its slots and drops its later packets as
+        unknown_job. Called only while no C loop runs, and no loop keeps a pointer into a job between runs
+        (they send or copy every result before run() returns).
+
+        Raises:
+            KeyError: a job not served.
+        """
+        if job_id not in self.jobs:
+            raise KeyError(f"job {job_id} is not served")
+        with self._jobs_lock:
+            self.lib.ina_switch_remove_job(self.core, job_id)
+            del self.jobs[job_id]
+
     def admit(self, job_id: int, generation: int, session: int, first_id: int, addresses: list,
               elements: int | None = None, group=None):
         """model.Switch.admit: the control plane's decision, written into the core.
@@ -227,7 +268,9 @@ class CoreSwitch:
         Returns:
             The counters, as model.Switch.stats.
         """
-        return self.control.annotate(core_stats(self.core, per_slot, ffi=self.ffi, lib=self.lib))
+        with self._jobs_lock:
+            s = core_stats(self.core, per_slot, ffi=self.ffi, lib=self.lib)
+        return self.control.annotate(s)
 
 
 def impairment_stats(c) -> dict:
@@ -361,7 +404,8 @@ class CShmServer(_CLoopServer):
     Args:
         backend: the CoreSwitch whose core the loop drives.
         name: the segment's name ([A-Za-z0-9_.-], at most 64).
-        ports: workers that may be connected at once (default: twice the jobs' workers, at least 8).
+        ports: workers that may be connected at once (default: twice the jobs' workers, at least 8; a shared
+            switch, whose jobs come later, SHARED_PORTS).
         loss, dup, reorder, seed: as UDPServer.
 
     Raises:
@@ -379,7 +423,9 @@ class CShmServer(_CLoopServer):
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             raise ValueError(f"shared-memory name must be 1..64 of [A-Za-z0-9_.-], got {name!r}")
         self.backend = backend
-        ports = ports or max(8, 2 * sum(j.world_size for j in backend.jobs.values()))
+        if not ports:
+            shared = backend.config.shared
+            ports = SHARED_PORTS if shared else max(8, 2 * sum(j.world_size for j in backend.jobs.values()))
         self.loop = ffi.gc(lib.ina_shm_switch_new(backend.core, name.encode(), ports, loss, dup, reorder,
                                                   (seed or 0) & MASK64), lib.ina_shm_switch_free)
         if self.loop == ffi.NULL:

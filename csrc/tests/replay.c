@@ -4,7 +4,8 @@
  *      then records (little-endian framing): u8 0, u32 len, u64 src, bytes (a packet), or
  *      u8 1, u32 job, u64 generation, u32 session, u32 first id, u32 n, n x u64 address (what the control
  *      plane admitted), or u8 2, u32 job, u8 code, u8 rank, u32 len, text (a generation the control plane
- *      failed; its errors are the control plane's, not written), or u8 3, u32 boot (the switch's boot id)
+ *      failed; its errors are the control plane's, not written), or u8 3, u32 boot (the switch's boot id),
+ *      or u8 4, u32 job, u32 world, u32 slots (a job a shared switch added), or u8 5, u32 job (one it removed)
  * out: per emitted packet: u32 index of the packet that caused it, u64 dst, u32 len, bytes
  * It also runs the codec kernels over odd-sized buffers so the sanitizer sees their loops. */
 #include <stdio.h>
@@ -16,12 +17,24 @@
 
 static int rd(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
 
-/* a record of kind 1 (admit), 2 (fail) or 3 (boot): applied to the core; 0, or nonzero for a bad one */
+/* a record of kind 4 (add a job) or 5 (remove one): applied to the core; 0, or nonzero for a bad one */
+static int job_record(FILE *in, ina_switch *sw, uint8_t kind)
+{
+    uint32_t job, world, slots;
+    if (kind == 5)
+        return !rd(in, &job, 4) || ina_switch_remove_job(sw, job);
+    return !rd(in, &job, 4) || !rd(in, &world, 4) || !rd(in, &slots, 4) || ina_switch_add_job(sw, job, world, slots);
+}
+
+/* a record of kind 1 (admit), 2 (fail), 3 (boot), 4 or 5 (jobs): applied to the core; 0, or nonzero for a
+ * bad one */
 static int control_record(FILE *in, ina_switch *sw, uint8_t kind)
 {
     static ina_out o[INA_MAX_OUT];
     uint32_t job, session, first, n;
     uint64_t gen, addrs[INA_MAX_WORKERS];
+    if (kind == 4 || kind == 5)
+        return job_record(in, sw, kind);
     if (kind == 3) {
         uint32_t boot;
         if (!rd(in, &boot, 4))
@@ -70,7 +83,7 @@ int main(int argc, char **argv)
         return 3;
     for (uint32_t i = 0; i < jobs; i++) {
         uint32_t id, world;
-        if (!rd(in, &id, 4) || !rd(in, &world, 4) || ina_switch_add_job(sw, id, world) != 0)
+        if (!rd(in, &id, 4) || !rd(in, &world, 4) || ina_switch_add_job(sw, id, world, 0) != 0)
             return 3;
     }
     static ina_out o[INA_MAX_OUT];
