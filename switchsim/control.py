@@ -501,8 +501,9 @@ class ControlPlane:
         for job in [j for j in self.jobs.values() if j.shared]:
             if any(now - p.at <= self.join_expiry for p in job.pending.values()):
                 continue
-            if not job.slots or all(m.left or (not deaf and not self._live(job, r, m, now, self.peer_silent))
-                                    for r, m in job.members.items()):
+            # every member looked at (a list, not all()'s short cut): a look is what dates a count's last change
+            silent = [not self._live(job, r, m, now, self.peer_silent) for r, m in job.members.items()]
+            if not job.slots or not deaf and all(silent):
                 self._end(job)
 
     def _end(self, job):

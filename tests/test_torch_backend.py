@@ -1085,3 +1085,37 @@ def test_cuda_tensors_go_through_host_memory(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
         sw.stop()
+
+
+def test_a_full_pool_puts_ddp_on_gloo_with_one_warning_and_it_moves_to_the_switch_when_slots_free(tmp_path, monkeypatch):
+    """A shared switch whose pool another job holds: init_process_group("ina") warns once (PoolFull) and DDP
+    trains on gloo; the other job closes, and the group re-joins within INA_RETRY_EVERY calls; the parameters
+    are those of a gloo run (integer gradients: exact on every path)."""
+    import hostlib
+
+    sw = SwitchProcess("--pool", 64, "--max-jobs", 1, backend="c")  # one job's worth of slots
+    holder = hostlib.connect(sw.address, 0, 1, job=9)  # holds the pool
+    for var, value in {"INA_SWITCH": sw.address, "INA_RETRY_EVERY": "2", "INA_JOB": "1", **RANK_ENV}.items():
+        monkeypatch.setenv(var, value)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dist.init_process_group("ina", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+            pg = dist.group.WORLD
+            assert "PoolFull" in pg.ina_stats()["last_fault"] and pg.ina_stats()["faults"] == 1
+
+            def free_the_pool(step):
+                if step == 3:
+                    holder.close()
+
+            params, _ = _ddp_run(pg, 0, integer=True, steps=8, between=free_the_pool)
+        stats = pg.ina_stats()
+        assert stats["gloo_calls"] >= 3 and stats["rejoins"] == 1 and stats["switch_calls"] >= 2, stats
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "'ina'" in str(w.message)]
+        assert len(said) == 1 and "no slots for this job" in said[0] and "pool is full" in said[0], said
+        expected, _ = _ddp_run(dist.new_group(backend="gloo"), 0, integer=True, steps=8)
+        assert torch.equal(params, expected)
+    finally:
+        dist.destroy_process_group()
+        holder.close()
+        sw.stop()
