@@ -113,12 +113,12 @@ class Pool:
         self.runs: dict[int, tuple[int, int]] = {}  # job id -> (base, slots)
 
     def in_use(self) -> int:
-        return sum(n for _, n in self.runs.values())
+        return sum(n for _, n in tuple(self.runs.values()))  # a copy: stats may be read from another thread
 
     def free_runs(self) -> list[tuple[int, int]]:
         """(base, length) of every free run, in order."""
         out, at = [], 0
-        for base, n in sorted(self.runs.values()):
+        for base, n in sorted(tuple(self.runs.values())):
             if base > at:
                 out.append((at, base - at))
             at = base + n
@@ -623,7 +623,7 @@ class ControlPlane:
         """Add each job's control state (members, pending joins, whether keyed, its slots and age) to a data
         plane's stats, listing a shared switch's jobs that hold no slots yet too, and its pool."""
         now = self.clock()
-        for j in self.jobs.values():
+        for j in tuple(self.jobs.values()):  # a copy: a metrics scrape runs beside the server's thread
             entry = stats["jobs"].setdefault(str(j.job_id), {"world_size": j.world_size, "slots": 0,
                                                              "generation": 0, "failed": False})
             entry.update(members=sum(not m.left for m in j.members.values()), pending=len(j.pending),

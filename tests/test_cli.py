@@ -40,6 +40,22 @@ def test_serve_rejects_bad_configuration():
     assert r.returncode == 2 and "world size 100" in r.stderr
     r = switchsim("serve", "--job", "x", "--port", 0, timeout=20)
     assert r.returncode != 0 and "ID:WORKERS" in r.stderr
+    r = switchsim("serve", "--job", "1:2", "--pool", 64, "--port", 0, timeout=20)
+    assert r.returncode == 2 and "shared switch's" in r.stderr
+    r = switchsim("serve", "--admit", "keyed", "--port", 0, timeout=20)
+    assert r.returncode == 2 and "--key-dir" in r.stderr
+
+
+def test_keys_issued_and_revoked_for_a_keyed_shared_switch(tmp_path):
+    keys = tmp_path / "keys"
+    r = switchsim("key", "issue", "--key-dir", keys, "--job", 7, timeout=20)
+    assert r.returncode == 0 and r.stdout.strip() == str(keys / "7.key")
+    assert (keys / "7.key").stat().st_mode & 0o777 == 0o600 and len((keys / "7.key").read_text().strip()) == 64
+    again = switchsim("key", "issue", "--key-dir", keys, "--job", 7, timeout=20)
+    assert again.returncode == 1 and "has a key already" in again.stderr
+    assert switchsim("key", "revoke", "--key-dir", keys, "--job", 7, timeout=20).returncode == 0
+    assert not (keys / "7.key").exists()
+    assert switchsim("key", "revoke", "--key-dir", keys, "--job", 7, timeout=20).returncode == 1
 
 
 def test_stats_command(switch_process):

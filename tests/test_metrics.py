@@ -57,6 +57,17 @@ def test_prometheus_exposition_is_the_switchs_counters(backend):
     assert got[("ina_packets_in_total", ())] >= stats["packets_in"] - 1  # the scrape came after the stats request
 
 
+def test_a_shared_switchs_jobs_and_pool_are_metrics():
+    stats = {"packets_in": 1, "packets_out": 1, "dropped": {}, "jobs": {"7": {
+        "world_size": 2, "slots": 128, "slot_base": 256, "age_s": 4.5, "generation": 1, "members": 2, "received": 3}},
+        "pool": {"slots": 512, "in_use": 128, "jobs": 1, "largest_free": 256, "ended": 3}}
+    got = {(s.name, tuple(s.labels.items())): s.value for fam in metrics.StatsCollector(lambda: stats).collect()
+           for s in fam.samples}
+    assert got[("ina_job_slots", (("job", "7"),))] == 128 and got[("ina_job_age_seconds", (("job", "7"),))] == 4.5
+    assert got[("ina_job_slot_base", (("job", "7"),))] == 256 and got[("ina_pool_in_use", ())] == 128
+    assert got[("ina_pool_jobs_ended_total", ())] == 3 and got[("ina_pool_largest_free", ())] == 256
+
+
 def test_metrics_listen_on_loopback_only_by_default():
     port = free_port()
     sw = SwitchProcess("--workers", 2, "--metrics-port", port)
