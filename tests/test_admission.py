@@ -343,7 +343,8 @@ def test_switch_that_drops_bursts_grants_a_window_within_its_limit():
 
 
 # ---------------------------------------------------------------- a shared switch (serve without --job)
-SHARED = dict(shared=True, slots=4, pool=8, max_elements=64)
+# a long liveness window: BMv2's control path is slow, and only the silence test lets a job fall silent
+SHARED = dict(shared=True, slots=4, pool=8, max_elements=64, peer_silent=30.0)
 
 
 def round_exact(sw, job: int, slot: int = 0, k: int = 1) -> bool:
@@ -389,7 +390,7 @@ def test_a_shared_switch_admits_jobs_as_they_join_and_lends_each_a_run_of_its_po
 
 def test_a_shared_jobs_slots_go_back_when_its_members_fall_silent(switch_backend, request):
     slow = request.node.callspec.params["switch_backend"] == "bmv2"  # its control requests take ~0.1 s each
-    sw = switch_backend({1: 2, 2: 2}, **SHARED, peer_silent=3.0 if slow else 0.5)  # both admitted
+    sw = switch_backend({1: 2, 2: 2}, **{**SHARED, "peer_silent": 3.0 if slow else 0.5})  # both admitted
     beats = [(sw.port_of(2, r), wire.pack(wire.MSG_HEARTBEAT, job=2, rank=r, session=sw.sessions[2])) for r in (0, 1)]
     deadline = time.monotonic() + 8
     while "1" in sw.stats()["jobs"] and time.monotonic() < deadline:  # job 1 is silent, job 2 beats
