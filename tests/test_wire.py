@@ -97,7 +97,7 @@ def test_error_without_payload_is_not_member():
     assert wire.unpack_error(data + b"\x04") == (wire.ERR_NOT_MEMBER, wire.NO_RANK, "")  # a cut payload: none
     assert wire.ERROR_NAMES[wire.ERR_NOT_MEMBER] == "not_member"
     assert wire.ERROR_NAMES == {0: "not_member", 1: "rejected", 2: "rank_taken", 3: "call_mismatch", 4: "aborted",
-                                5: "peer_dead", 6: "dropped"}
+                                5: "peer_dead", 6: "dropped", 7: "pool_full"}
     h = wire.unpack(data)
     assert (h.session, h.boot) == (0xABCD, 0x1234)
 
