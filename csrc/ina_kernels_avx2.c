@@ -336,6 +336,27 @@ static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
     return (uint32_t)!_mm256_testz_si256(invalid, invalid) | ina_scalar_nc_decode(codes + i, n - i, out + i);
 }
 
+/* n bytes from s to d by `rep movsb`: its fast-string protocol writes whole lines without reading them first
+ * (no read for ownership), as a 64-byte streaming store does, where AVX2 has only 32-byte ones */
+static inline void copy_lines(void *d, const void *s, size_t n)
+{
+    __asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(n) : : "memory");
+}
+
+/* nc_decode for an output larger than the caches: decoded a packet at a time into a buffer that stays in L1,
+ * then moved out by copy_lines */
+static uint32_t nc_decode_nt(const uint8_t *codes, size_t n, float *out)
+{
+    float tmp[1024] __attribute__((aligned(64)));
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i += 1024) {
+        size_t m = n - i < 1024 ? n - i : 1024;
+        bad |= nc_decode(codes + i, m, tmp);
+        copy_lines(out + i, tmp, 4 * m);
+    }
+    return bad;
+}
+
 /* clip 4 doubles to +-lim as the scalar ternary does (a NaN stays NaN: min/max return the second operand
  * on NaN), as int32 */
 static inline __m128i clip_cvt(__m256d q, __m256d lim)
@@ -529,5 +550,5 @@ static void philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, ui
 
 const ina_kernel_ops ina_ops_avx2 = {
     "avx2", nc_encode, nc_decode, fixed_nearest, fixed_sr, fixed_value, dither_natural, dither_standard,
-    philox_fill, nc_decode,
+    philox_fill, nc_decode_nt,
 };
