@@ -96,13 +96,16 @@ class Harness:
             waits.update((p, d) for p, d in out if p in joins and d[1] == wire.MSG_JOIN_WAIT)
             if len(waits) == n:
                 break
-        out = self.send_from([(p, wire.confirm_join(j, waits[p]) if p in waits else j) for p, j in joins.items()])
-        acks = [wire.unpack(d) for _, d in out if d[1] == wire.MSG_JOIN_ACK]
+        confirmed = {p: wire.confirm_join(j, waits[p]) if p in waits else j for p, j in joins.items()}
+        acks: dict = {}
         deadline = time.monotonic() + 2.0  # a loaded machine may deliver the last acks after `quiet`
-        while len(acks) < n and time.monotonic() < deadline:
-            acks += [wire.unpack(d) for _, d in self.blast(self.port_of(job, 0), []) if d[1] == wire.MSG_JOIN_ACK]
+        while True:  # as workers do, a rank without its ack repeats its join (the switch acks a member again)
+            out = self.send_from([(p, j) for p, j in confirmed.items() if p not in acks])
+            acks.update((p, wire.unpack(d)) for p, d in out if p in joins and d[1] == wire.MSG_JOIN_ACK)
+            if len(acks) == n or time.monotonic() >= deadline:
+                break
         assert len(acks) == n, f"job {job}: {len(acks)} join acks for {n} ranks"
-        self.sessions[job] = acks[0].session
+        self.sessions[job] = next(iter(acks.values())).session
         return self.sessions[job]
 
     @property
