@@ -31,8 +31,8 @@ def join(comm, window: int, timeout: float, elements: int = 0) -> Generation:
     joined, heard, refused, confirmed, rtt = 0, False, False, False, 0.0
     comm.link.answered()  # refusals count from this join on
     while True:
+        sent_at = time.monotonic()  # before the send: the packet's delay starts inside it (a netem queue's did)
         comm.chan.send(packet)
-        sent_at = time.monotonic()
         until = min(time.monotonic() + JOIN_REPEAT, deadline)
         while time.monotonic() < until:
             comm.chan.wait(until - time.monotonic())
