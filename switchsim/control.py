@@ -254,8 +254,9 @@ class ControlPlane:
             return self._error(h, src, f"join of job {h.job} rank {h.rank} refused: bad MAC (wrong job key?)")
         if job.shared and not job.slots:
             self._resize_unclaimed(job, world)
-            if self.pool.largest_free() < min(self.least_slots, window):
-                return self._pool_full(h, src, min(self.least_slots, window))
+            need = min(self.least_slots, window)
+            if self.pool.largest_free() < need:
+                return self._pool_full(h, src, need)
         refusal = (f"job {h.job} has {job.world_size} workers, not {world}" if world != job.world_size else
                    f"rank {h.rank} out of range for job {h.job} of {job.world_size} workers"
                    if h.rank >= job.world_size else "window 0: a worker needs at least one slot" if window < 1 else "")
