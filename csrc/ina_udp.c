@@ -77,6 +77,8 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
     u->gro = ina_gro_set(fd, 1) == 0; /* RX_BUF already holds the largest coalesced receive */
     int on = 1; /* each receive's TOS byte: CE marks its packets congested (docs/protocol.md, "Congestion") */
     setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &on, sizeof on);
+    int ect0 = INA_ECT0; /* the socket's own ECN field is the results' (the bulk): only an answer carries a cmsg */
+    setsockopt(fd, IPPROTO_IP, IP_TOS, &ect0, sizeof ect0);
     for (int i = 0; i < INA_UDP_BATCH; i++) {
         u->riov[i].iov_base = u->rbuf + (size_t)i * RX_BUF;
         u->riov[i].iov_len = RX_BUF;
@@ -157,10 +159,11 @@ static void group_by_destination(ina_udp *u)
 }
 
 /* message h's cmsgs in ctrl (TX_CMSG_SPACE bytes): UDP_SEGMENT of seg bytes for a GSO run (run > 1), and the
- * IP_TOS of its packets' ECN field (ina_ecn_out) unless it is 0 (the socket's own) */
+ * IP_TOS of its packets' ECN field (ina_ecn_out) unless it is ECT(0) (the socket's own: ina_udp_new) */
 static void send_cmsgs(struct msghdr *h, char *ctrl, int run, uint16_t seg, int ecn)
 {
-    size_t len = (run > 1 ? CMSG_SPACE(sizeof seg) : 0) + (ecn ? CMSG_SPACE(sizeof ecn) : 0);
+    int tos = ecn != INA_ECT0;
+    size_t len = (run > 1 ? CMSG_SPACE(sizeof seg) : 0) + (tos ? CMSG_SPACE(sizeof ecn) : 0);
     if (!len)
         return;
     memset(ctrl, 0, TX_CMSG_SPACE);
@@ -174,7 +177,7 @@ static void send_cmsgs(struct msghdr *h, char *ctrl, int run, uint16_t seg, int 
         memcpy(CMSG_DATA(c), &seg, sizeof seg);
         c = CMSG_NXTHDR(h, c);
     }
-    if (ecn && c) {
+    if (tos && c) {
         c->cmsg_level = IPPROTO_IP;
         c->cmsg_type = IP_TOS;
         c->cmsg_len = CMSG_LEN(sizeof ecn);

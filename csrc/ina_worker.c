@@ -109,8 +109,11 @@ static int rx_init(ina_wk *w, priv_t *p)
         w->gso = w->gro = 0; /* rings carry datagrams as they are */
         w->group_fd = -1;
     }
-    p->gro_on = w->gro && ina_gro_set(w->fd, 1) == 0 && (w->group_fd <= 0 || ina_gro_set(w->group_fd, 1) == 0);
-    if (w->gro && !p->gro_on) {
+    /* a call of a few packets has nothing to coalesce: it skips the four setsockopt calls (a 1 KiB call's
+     * microseconds) */
+    int want = w->gro && (w->sparse || (w->n + w->k - 1) / w->k >= INA_WK_GRO_MIN);
+    p->gro_on = want && ina_gro_set(w->fd, 1) == 0 && (w->group_fd <= 0 || ina_gro_set(w->group_fd, 1) == 0);
+    if (want && !p->gro_on) {
         w->gro = 0;
         ina_gro_set(w->fd, 0);
     }

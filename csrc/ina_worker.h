@@ -28,6 +28,7 @@
 #define INA_WK_REFUSED_AFTER_MS INA_REFUSED_AFTER_MS /* inaproto.timers.REFUSED_AFTER */
 
 #define INA_WK_BATCH 64
+#define INA_WK_GRO_MIN 8 /* dense calls of fewer packets receive without UDP_GRO */
 /* results of packets this much later than one still out: it was lost (a gap), resent at once (TCP's fast
  * retransmit); not under INA_CC_NONE */
 #define INA_WK_DUPTHRESH 3

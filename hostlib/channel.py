@@ -23,7 +23,8 @@ class Channel:
         self.sock, self.group, self.stats, self.link, self.on_mark = sock, group, stats, link, on_mark
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
-        self._tos = not isinstance(sock, ShmSocket)  # rings carry no IP header
+        # rings carry no IP header; loopback's queues never mark (open_socket does not ask for the TOS there)
+        self._tos = not isinstance(sock, ShmSocket) and not sock.getpeername()[0].startswith("127.")
 
     def send(self, data: bytes):
         try:
@@ -90,7 +91,8 @@ def open_socket(shm: str | None, address):
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     size_buffers(sock)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0)  # ECN-capable: a congested queue marks, not drops
-    sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)  # and a result's mark is seen (the C loop's ce_marked too)
+    if not address[0].startswith("127."):  # a result's mark is seen (the C loop's ce_marked too); loopback's
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)  # queues never mark: its calls skip the cmsg
     sock.connect(address)
     sock.setblocking(False)
     return sock
