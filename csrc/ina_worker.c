@@ -40,10 +40,10 @@
 
 typedef struct {
     uint32_t q, tries, len;
-    int busy, fast; /* fast: resent for a gap since its last send (once; the timeout is the last resort) */
+    int busy, fast; /* fast: resent early, at a gap or a tail probe (once; then the timer: resend_early) */
     uint64_t seq;   /* its send number (ina_cc.sent) */
     uint32_t k;     /* dense: its place in the call's send order (priv_t.order) */
-    double first_sent, deadline, rto;
+    double first_sent, last_sent, deadline, rto;
 } entry;
 
 typedef struct {
@@ -420,7 +420,7 @@ static int sendable(const ina_wk *w, uint32_t q)
  * _answered counts the same) */
 static void note_answer(ina_wk *w, const entry *e, double t)
 {
-    if (e->tries && w->have_srtt && t - (e->deadline - e->rto) < w->srtt / 2) {
+    if (e->tries && w->have_srtt && t - e->last_sent < w->srtt / 2) {
         w->spurious_retransmissions++;
         /* the timer was short, or a gap's resend early: either way the floor goes up (under loss a higher floor
          * also spares the timer's resends of packets that wait for a peer's repair) */
@@ -467,6 +467,20 @@ static void answered(ina_wk *w, priv_t *p, entry *e, int congested)
     ina_cc_result(&w->cc, e->seq, path ? t - e->first_sent : -1, congested, w->window);
 }
 
+/* an early resend (a gap, a tail probe), once a send: should it be lost too, its timer fires INA_EARLY_RTO_RTTS
+ * smoothed round trips later, not after the timeout's floor, which spurious resends (packets that waited for a
+ * peer's repair) may have raised to START_RTO; a later timer backs off from the floor as before */
+static void resend_early(ina_wk *w, priv_t *p, entry *e, double t)
+{
+    e->fast = 1;
+    e->tries++;
+    e->last_sent = t;
+    e->deadline = t + (w->have_srtt ? fmin(e->rto, INA_EARLY_RTO_RTTS * w->srtt) : e->rto);
+    w->retransmissions++;
+    w->fast_retransmits++;
+    queue(w, p, e);
+}
+
 /* a gap: results of packets sent INA_WK_DUPTHRESH later than one still out came back, so it (or its result) was
  * lost: resend it at once, once (TCP's fast retransmit, ATP's gap-triggered resend); each send is looked at
  * once, when the results pass it, in send order (RACK's): a packet sent late, its lane held back by a loss,
@@ -482,12 +496,7 @@ static void gap(ina_wk *w, priv_t *p, double t)
         entry *e = &p->win[q % w->window];
         if (w->done[q] || !e->busy || e->q != q || e->fast)
             continue;
-        e->fast = 1;
-        e->tries++;
-        e->deadline = t + e->rto;
-        w->retransmissions++;
-        w->fast_retransmits++;
-        queue(w, p, e);
+        resend_early(w, p, e, t);
     }
     p->gap_scan = k;
 }
@@ -545,7 +554,7 @@ static int start_round(ina_wk *w, priv_t *p, uint32_t s, double t)
     if (len < 0)
         return INA_WK_ENCODE_ERROR;
     *e = (entry){.q = p->round[s] * w->window + s, .len = (uint32_t)len, .busy = 1, .first_sent = t,
-                 .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
+                 .last_sent = t, .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
     queue(w, p, e);
     return INA_WK_AGAIN;
 }
@@ -805,10 +814,24 @@ static int receive(ina_wk *w, priv_t *p)
 }
 
 /* resend every packet past its deadline (exponential backoff); INA_WK_TIMEOUT when one is past timeout */
+/* a tail probe (RFC 8985's TLP): once a dense call has sent every packet there is no later send whose result
+ * could show a loss as a gap, so a packet not answered INA_TAIL_PROBE_RTTS round trips after its last send is
+ * resent once then, not at its timeout (whose floor spurious resends may have raised to START_RTO). Only after
+ * the call's first result: before it the peers may not be in the call. Not under INA_CC_NONE. */
+static int tail_probe(const ina_wk *w, const priv_t *p, const entry *e, double t)
+{
+    return !w->sparse && w->cc.policy != INA_CC_NONE && w->have_srtt && p->first_result && !e->fast &&
+           p->n_sent == w->total && t - e->last_sent >= INA_TAIL_PROBE_RTTS * w->srtt;
+}
+
 static int scan(ina_wk *w, priv_t *p, double t)
 {
     for (uint32_t i = 0; i < w->window; i++) {
         entry *e = &p->win[i];
+        if (e->busy && t < e->deadline && tail_probe(w, p, e, t)) {
+            resend_early(w, p, e, t);
+            continue;
+        }
         if (!e->busy || t < e->deadline)
             continue;
         if (t - e->first_sent > w->timeout) {
@@ -822,6 +845,7 @@ static int scan(ina_wk *w, priv_t *p, double t)
         w->retransmissions++;
         e->rto = fmin(e->rto * 2, w->max_rto);
         e->deadline = t + e->rto;
+        e->last_sent = t;
         e->tries++;
     }
     flush(w, p);
@@ -839,7 +863,7 @@ static int send_new(ina_wk *w, priv_t *p, uint32_t q, double t)
     if (len < 0)
         return INA_WK_ENCODE_ERROR;
     *e = (entry){.q = q, .len = (uint32_t)len, .busy = 1, .seq = w->cc.sent++, .k = p->n_sent, .first_sent = t,
-                 .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
+                 .last_sent = t, .deadline = t + first_rto(w, p), .rto = first_rto(w, p)};
     queue(w, p, e);
     p->sent[q] = 1;
     p->order[p->n_sent++] = q;

@@ -85,7 +85,8 @@ typedef struct {
                             * what counts as hearing the switch (junk from its address does not) */
     uint64_t retransmissions, duplicate_results, stale_results;
     uint64_t spurious_retransmissions; /* resends answered within half a round trip: the original was not lost */
-    uint64_t fast_retransmits; /* resends of a gap: results of INA_WK_DUPTHRESH later packets came first */
+    uint64_t fast_retransmits; /* resends before their timeout: at a gap (results of INA_WK_DUPTHRESH later
+                                * packets came first) or a call's tail probe */
     /* resent packets by how long their result took from the first send, in half smoothed round trips (the
      * last bin: INA_WK_REPAIR_BINS / 2 round trips or more): how many round trips a loss costs */
     uint32_t repairs[INA_WK_REPAIR_BINS];

@@ -39,6 +39,8 @@ TARGET_BASES = 1.0  # ... and this many base round trips
 RTO_NONE, RTO_FLOOR, RTO_RTTS, START_RTO = timers.RTO_NONE, timers.RTO_FLOOR, timers.RTO_RTTS, timers.START_RTO
 BATCH = 8  # the delay signal takes the smallest of this many round trips (CoDel's minimum over an interval)
 DUPTHRESH = 3  # results of packets this much later than one still out: it was lost, resend it (fast retransmit)
+# a call's tail probe and an early resend's own timer, in smoothed round trips (inaproto/timers.py says why)
+TAIL_PROBE_RTTS, EARLY_RTO_RTTS = timers.TAIL_PROBE_RTTS, timers.EARLY_RTO_RTTS
 
 
 def configure(name: str | None, local: bool, rto: float | None) -> tuple[int, float]:

@@ -40,7 +40,8 @@ def drive(comm, stream, progress):
             comm.chan.send(packet)
             rto = comm.rtt.rto if window.policy == cc.NONE or not window.early(first_result) else \
                 max(comm.rtt.rto, cc.START_RTO)
-            inflight[key] = InFlight(now, now + rto, rto, seq=window.sent, flags=flags, size=len(packet))
+            inflight[key] = InFlight(now, now + rto, rto, seq=window.sent, flags=flags, size=len(packet),
+                                     last_sent=now)
             window.sent += 1
             load[0] += len(packet)
         comm.chan.wait(SCAN_EVERY if inflight else 0.0)
@@ -61,7 +62,7 @@ def drive(comm, stream, progress):
         now = time.monotonic()
         if now >= next_scan:
             next_scan = now + SCAN_EVERY
-            _scan(comm, stream, inflight, now)
+            _scan(comm, stream, inflight, now, first_result)
             comm.check_switch()
             comm.check_silence()
     stream.commit()
@@ -75,7 +76,7 @@ def _answered(comm, stream, rec: InFlight, h, now: float, first_result: float):
     result steps the congestion window (a round trip of the path only for a packet sent once, after the
     call's first result: cc.Window.result)."""
     srtt = comm.rtt.srtt
-    if rec.tries and srtt is not None and now - (rec.deadline - rec.rto) < srtt / 2:
+    if rec.tries and srtt is not None and now - rec.last_sent < srtt / 2:
         comm.stats.spurious_retransmissions += 1
         # the timer was short, or a gap's resend early: either way the floor goes up (the C loop says why)
         comm.rtt.min_rto = cc.spurious_floor(comm.rtt.policy, comm.rtt.min_rto, min(cc.START_RTO, comm.rtt.max_rto))
@@ -94,14 +95,28 @@ def _gaps(comm, stream, inflight: dict, now: float):
         rec = inflight.get(key)
         if rec is None or rec.fast:
             continue
-        comm.chan.send(stream.build(key, rec.flags))
-        comm.stats.retransmissions += 1
-        comm.stats.fast_retransmits += 1
-        rec.fast, rec.tries, rec.deadline = True, rec.tries + 1, now + rec.rto
+        _resend_early(comm, stream, key, rec, now)
 
-def _scan(comm, stream, inflight: dict, now: float):
-    """Rebuild and resend every packet whose timeout expired, backing off; give up after comm.timeout."""
+
+def _resend_early(comm, stream, key: int, rec: InFlight, now: float):
+    """An early resend (a gap, a tail probe), once a send: should it be lost too, its timer fires
+    cc.EARLY_RTO_RTTS round trips later, not after the timeout's floor, which spurious resends may have raised
+    to START_RTO (the C loop's resend_early)."""
+    comm.chan.send(stream.build(key, rec.flags))
+    comm.stats.retransmissions += 1
+    comm.stats.fast_retransmits += 1
+    srtt = comm.rtt.srtt
+    rec.fast, rec.tries, rec.last_sent = True, rec.tries + 1, now
+    rec.deadline = now + (rec.rto if srtt is None else min(rec.rto, cc.EARLY_RTO_RTTS * srtt))
+
+def _scan(comm, stream, inflight: dict, now: float, first_result):
+    """Rebuild and resend every packet whose timeout expired, backing off; give up after comm.timeout. At a
+    dense call's tail, a packet unanswered cc.TAIL_PROBE_RTTS round trips after its last send is resent once
+    before its timeout (_tail_probe)."""
     for key, rec in inflight.items():
+        if now < rec.deadline and _tail_probe(comm, stream, rec, now, first_result):
+            _resend_early(comm, stream, key, rec, now)
+            continue
         if now < rec.deadline:
             continue
         if now - rec.first_sent > comm.timeout:
@@ -110,7 +125,17 @@ def _scan(comm, stream, inflight: dict, now: float):
         comm.chan.send(stream.build(key, rec.flags))
         comm.stats.retransmissions += 1
         rec.rto = min(rec.rto * 2, comm.rtt.max_rto)
-        rec.deadline, rec.tries = now + rec.rto, rec.tries + 1
+        rec.deadline, rec.tries, rec.last_sent = now + rec.rto, rec.tries + 1, now
+
+
+def _tail_probe(comm, stream, rec: InFlight, now: float, first_result) -> bool:
+    """Every packet sent once (no later send can show a loss as a gap), a result seen (the peers are in the
+    call), a policy in force: a packet not resent yet and cc.TAIL_PROBE_RTTS round trips past its last send
+    (the C loop's tail_probe)."""
+    srtt = comm.rtt.srtt
+    return (isinstance(stream, DenseStream) and comm.policy != cc.NONE and srtt is not None and
+            first_result is not None and not rec.fast and stream.n_sent == stream.total and
+            now - rec.last_sent >= cc.TAIL_PROBE_RTTS * srtt)
 
 
 def _results(comm, stream, inflight: dict):

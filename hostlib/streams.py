@@ -33,8 +33,9 @@ class InFlight:
     tries: int = 0
     seq: int = 0  # its send number (cc.Window.sent)
     flags: int = 0  # its header's flags (FLAG_CONGESTED echoed): a resend is rebuilt bit for bit
-    fast: bool = False  # resent for a gap since its last send (once; the timeout is the last resort)
+    fast: bool = False  # resent early, at a gap or a tail probe (once; then the timer: pyloop._resend_early)
     size: int = 0  # its bytes (the congestion window counts them)
+    last_sent: float = 0.0
 
 
 class RttEstimator:

@@ -53,6 +53,7 @@ def render() -> str:
               _define("HEARTBEAT_EVERY_MS", round(t.HEARTBEAT_EVERY * 1000)),
               _define("REFUSED_AFTER_MS", round(t.REFUSED_AFTER * 1000)),
               _define("START_RTO_MS", round(t.START_RTO * 1000)),
+              _define("TAIL_PROBE_RTTS", t.TAIL_PROBE_RTTS), _define("EARLY_RTO_RTTS", t.EARLY_RTO_RTTS),
               _define("CONTROL_RATE", int(t.CONTROL_RATE[0])), _define("CONTROL_BURST", t.CONTROL_RATE[1]),
               _define("SOURCE_RATE", int(t.SOURCE_RATE[0])), _define("SOURCE_BURST", t.SOURCE_RATE[1])]
     lines += ["", "/* drop reasons and per-slot counters, in the order of wire.DROP_REASONS / SLOT_COUNTERS */",

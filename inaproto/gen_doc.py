@@ -168,7 +168,9 @@ def _constants():
                                     "4 RTTVAR, each update from the smallest of 16 round-trip samples; doubling "
                                     f"per retry; a packet's first timeout at least {t.START_RTO:g} s before the "
                                     "call's first result and in slow start; a spurious retransmission doubles "
-                                    f"the floor, up to {t.START_RTO:g} s (\"The worker's window\")"),
+                                    f"the floor, up to {t.START_RTO:g} s; a call's tail probed after "
+                                    f"{t.TAIL_PROBE_RTTS} smoothed round trips, an early resend lost too resent "
+                                    f"after {t.EARLY_RTO_RTTS} (\"The worker's window\")"),
                ("max_rto", 0.1, "worker: retransmission timeout ceiling")]
     rates = [("SOURCE_RATE", t.SOURCE_RATE, "switch: a non-member's control requests per source address"),
              ("CONTROL_RATE", t.CONTROL_RATE, "switch: every non-member's control requests together"),

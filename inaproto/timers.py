@@ -21,6 +21,12 @@ RTO_NONE = 0.03
 RTO_FLOOR = 0.005
 RTO_RTTS = 4.0
 START_RTO = RTO_NONE
+# under a policy: a dense call that has sent every packet has no later send to show a loss as a gap, so a packet
+# unanswered TAIL_PROBE_RTTS smoothed round trips after its last send is resent once (RFC 8985's tail loss
+# probe); an early resend (a gap's, a probe) lost too is resent again EARLY_RTO_RTTS round trips later, not at
+# the floor, which spurious resends may have raised to START_RTO
+TAIL_PROBE_RTTS = 2
+EARLY_RTO_RTTS = 3
 
 # ---------------------------------------------------------------- the switch
 JOIN_EXPIRY = 3.0  # a pending join lives this long without being repeated

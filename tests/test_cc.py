@@ -174,3 +174,86 @@ def test_a_loss_is_resent_at_the_gap_and_the_sum_stays_exact(fast):
         assert all(sum(s.repairs) > 0 for s in got["aimd"] + got["none"])
     finally:
         sw.stop()
+
+
+class _ResultDropper:
+    """A UDP relay between workers and a switch on loopback that drops rank 0's n-th result datagram once: the
+    last result of a call, after which no later result can show the loss as a gap. Bounded: it stops with
+    stop() (its thread polls every 50 ms)."""
+
+    def __init__(self, switch, n: int):
+        import socket
+        import threading
+
+        self.switch, self.n, self.results, self.dropped = switch, n, 0, 0
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.front.getsockname()[1]
+        self.backs, self.rank_of = {}, {}  # worker address -> its socket toward the switch, its rank
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        import select
+        import socket
+
+        while not self.stopping.is_set():
+            socks = [self.front, *self.backs.values()]
+            for s in select.select(socks, [], [], 0.05)[0]:
+                data, src = s.recvfrom(65536)
+                if s is self.front:
+                    if src not in self.backs:
+                        back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                        back.connect(self.switch)
+                        self.backs[src] = back
+                    h = wire.unpack(data) if len(data) >= wire.HEADER_SIZE else None
+                    if h is not None and h.msg_type == wire.MSG_UPDATE:
+                        self.rank_of[src] = h.rank
+                    self.backs[src].send(data)
+                    continue
+                worker = next(w for w, b in self.backs.items() if b is s)
+                if self.rank_of.get(worker) == 0 and data[1:2] == bytes([wire.MSG_RESULT]):
+                    self.results += 1
+                    if self.results == self.n:
+                        self.dropped += 1
+                        continue
+                self.front.sendto(data, worker)
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join(5)
+        for s in [self.front, *self.backs.values()]:
+            s.close()
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["python-loop", "c-loop"])
+def test_a_calls_last_result_lost_is_probed_not_left_to_the_timeout(fast, monkeypatch):
+    """Rank 0 loses its call's last result: no later result shows a gap, so under "aimd" the tail probe
+    resends that packet a few round trips later (a fast retransmit), long before the timeout's 2 s floor;
+    the sum is exact. Under "none" the same loss waits for the timer."""
+    if fast and not kernels.enabled():
+        pytest.skip("the C worker loop is off here: the C kernels are not built, or INA_KERNELS=numpy")
+    from .conftest import SwitchProcess
+    from .test_e2e import run_workers
+
+    monkeypatch.setenv("INA_GROUP", "0")  # results come through the relay, one per worker
+    sw = SwitchProcess("--workers", 2, backend="python")
+    try:
+        host, port = sw.address.rsplit(":", 1)
+        xs = [np.arange(512, dtype=np.int32) * (r + 1) for r in range(2)]
+        for policy, fast_resends in (("aimd", 1), ("none", 0)):
+            relay = _ResultDropper((host, int(port)), 8)  # 512 int32 in packets of 64: the 8th result is the last
+            try:
+                # two calls: rank 1 stays in the job (a rank that leaves fails the call its peers are still in)
+                outs, errors, stats = run_workers(relay.address, xs, "int32", job=1, calls=2, elements_per_packet=64,
+                                                  window=4, timeout=30, cc=policy, fast=fast, rto=2.0, max_rto=2.0)
+            finally:
+                relay.stop()
+            assert errors == [None, None] and relay.dropped == 1
+            assert all(np.array_equal(o, xs[0] + xs[1]) for o in outs)
+            assert stats[0].retransmissions == 1 and stats[0].fast_retransmits == fast_resends, policy
+            if policy == "aimd":  # (under "none" rank 1's second call waits out rank 0's timer and resends too)
+                assert stats[1].retransmissions == 0
+    finally:
+        sw.stop()

@@ -23,20 +23,20 @@ def answered(rec: InFlight, at: float, srtt: float | None) -> CommStats:
 
 
 def test_a_resend_answered_at_once_was_spurious():
-    rec = InFlight(first_sent=0.0, deadline=0.5 + 0.06, rto=0.06, tries=1)  # resent at 0.5 s
+    rec = InFlight(first_sent=0.0, deadline=0.5 + 0.06, rto=0.06, tries=1, last_sent=0.5)  # resent at 0.5 s
     stats = answered(rec, 0.501, srtt=0.01)
     assert stats.spurious_retransmissions == 1  # 1 ms after: the original's result
     assert stats.repair_rtts_p50 == 15.75  # 50.1 round trips from the first send: the last bin (16 or more)
 
 
 def test_a_repair_is_counted_in_half_round_trips():
-    rec = InFlight(first_sent=0.0, deadline=0.004 + 0.06, rto=0.06, tries=1)
+    rec = InFlight(first_sent=0.0, deadline=0.004 + 0.06, rto=0.06, tries=1, last_sent=0.004)
     stats = answered(rec, 0.0151, srtt=0.01)  # 1.51 round trips after the first send
     assert stats.repairs[3] == 1 and sum(stats.repairs) == 1 and stats.repair_rtts_p50 == 1.75
 
 
 def test_a_resend_answered_a_round_trip_later_was_not():
-    rec = InFlight(first_sent=0.0, deadline=0.5 + 0.06, rto=0.06, tries=1)
+    rec = InFlight(first_sent=0.0, deadline=0.5 + 0.06, rto=0.06, tries=1, last_sent=0.5)
     assert answered(rec, 0.51, srtt=0.01).spurious_retransmissions == 0  # a round trip after it: its own
 
 
