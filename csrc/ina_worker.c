@@ -813,7 +813,6 @@ static int receive(ina_wk *w, priv_t *p)
     return more < 0 ? more : got + more;
 }
 
-/* resend every packet past its deadline (exponential backoff); INA_WK_TIMEOUT when one is past timeout */
 /* a tail probe (RFC 8985's TLP): once a dense call has sent every packet there is no later send whose result
  * could show a loss as a gap, so a packet not answered INA_TAIL_PROBE_RTTS round trips after its last send is
  * resent once then, not at its timeout (whose floor spurious resends may have raised to START_RTO). Only after
@@ -824,6 +823,8 @@ static int tail_probe(const ina_wk *w, const priv_t *p, const entry *e, double t
            p->n_sent == w->total && t - e->last_sent >= INA_TAIL_PROBE_RTTS * w->srtt;
 }
 
+/* resend every packet past its deadline (exponential backoff), and a tail's probes; INA_WK_TIMEOUT when one is
+ * past timeout */
 static int scan(ina_wk *w, priv_t *p, double t)
 {
     for (uint32_t i = 0; i < w->window; i++) {
