@@ -72,7 +72,7 @@ def drive(comm, stream, progress):
 
 def _answered(comm, stream, rec: InFlight, h, now: float, first_result: float):
     """A packet's result came: a round-trip sample; a resend answered sooner than half a round trip
-    after it went (its deadline less its timeout) answered an earlier send: it was spurious. A dense call's
+    after it went answered an earlier send: it was spurious. A dense call's
     result steps the congestion window (a round trip of the path only for a packet sent once, after the
     call's first result: cc.Window.result)."""
     srtt = comm.rtt.srtt
