@@ -109,6 +109,7 @@ def _resend_early(comm, stream, key: int, rec: InFlight, now: float):
     rec.fast, rec.tries, rec.last_sent = True, rec.tries + 1, now
     rec.deadline = now + (rec.rto if srtt is None else min(rec.rto, cc.EARLY_RTO_RTTS * srtt))
 
+
 def _scan(comm, stream, inflight: dict, now: float, first_result):
     """Rebuild and resend every packet whose timeout expired, backing off; give up after comm.timeout. At a
     dense call's tail, a packet unanswered cc.TAIL_PROBE_RTTS round trips after its last send is resent once

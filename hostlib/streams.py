@@ -35,7 +35,7 @@ class InFlight:
     flags: int = 0  # its header's flags (FLAG_CONGESTED echoed): a resend is rebuilt bit for bit
     fast: bool = False  # resent early, at a gap or a tail probe (once; then the timer: pyloop._resend_early)
     size: int = 0  # its bytes (the congestion window counts them)
-    last_sent: float = 0.0
+    last_sent: float = 0.0  # when it last went: its first send or its latest resend
 
 
 class RttEstimator:

@@ -50,7 +50,7 @@ class CommStats:
     bytes_received: int = 0
     retransmissions: int = 0
     spurious_retransmissions: int = 0  # resends answered within half a round trip: the original was late, not lost
-    fast_retransmits: int = 0  # of the retransmissions, those sent before their timeout: at a gap (cc.DUPTHRESH) or a tail probe
+    fast_retransmits: int = 0  # of the retransmissions, those before their timeout: at a gap (cc.DUPTHRESH), a probe
     # resent packets by how long their result took from the first send, in half smoothed round trips (the last
     # bin: REPAIR_BINS / 2 round trips or more; the C loop's repairs): how many round trips a loss costs
     repairs: list = field(default_factory=lambda: [0] * REPAIR_BINS)
