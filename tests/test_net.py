@@ -35,6 +35,16 @@ def test_jain_index():
     assert net.jain([0.0, 0.0]) is None
 
 
+def test_goodput_counts_the_share_of_a_call_inside_the_phase():
+    """Calls back to back, 1 s and 1 MB each: a window from 0.5 s to 2.5 s holds half of the first, all of the
+    second and half of the third (2 MB: 8 Mbit/s); the slowest rank's counts."""
+    fast = {"bytes_per_call": 1_000_000, "calls": [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]}
+    slow = {"bytes_per_call": 1_000_000, "calls": [[2.0, 2.0], [4.0, 2.0]]}  # 2 s a call: 0.75 + 0.25
+    assert abs(net._goodput([fast], 0.5, 2.0) - 8.0) < 1e-9
+    assert abs(net._goodput([fast, slow], 0.5, 2.0) - 4.0) < 1e-9
+    assert net._goodput([fast], 5.0, 1.0) == 0.0
+
+
 @pytest.mark.parametrize("ecn", [False, True])
 def test_bench_net_counts_add_up(ecn):
     seconds, rate = 1.5, 20.0

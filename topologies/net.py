@@ -166,9 +166,16 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
 
 
 def _goodput(outs: list[dict], start: float, seconds: float) -> float:
-    """Mbit/s of tensor bytes whose calls ended inside [start, start + seconds], the slowest rank's."""
-    return min(mbit(o["bytes_per_call"] * sum(start <= c[0] <= start + seconds for c in o["calls"]), seconds)
-               for o in outs)
+    """Mbit/s of tensor bytes allreduced inside [start, start + seconds], the slowest rank's. A call that
+    crosses an edge counts for the share of its time inside: counting whole calls made one 4 MiB call 1.7
+    Mbit/s of a 20 s phase at 100 Mbit/s."""
+    end = start + seconds
+
+    def calls_inside(o) -> float:
+        return sum(max(0.0, min(t, end) - max(t - d, start)) / d if d > 0 else float(start <= t <= end)
+                   for t, d in o["calls"])
+
+    return min(mbit(o["bytes_per_call"] * calls_inside(o), seconds) for o in outs)
 
 
 def _summarize(start: float, seconds: float, got: dict, ina_out: list, rtts: list, links: dict) -> dict:
