@@ -23,8 +23,8 @@ class Channel:
         self.sock, self.group, self.stats, self.link, self.on_mark = sock, group, stats, link, on_mark
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
-        # rings carry no IP header; loopback's queues never mark (open_socket does not ask for the TOS there)
-        self._tos = not isinstance(sock, ShmSocket) and not sock.getpeername()[0].startswith("127.")
+        # whether datagrams come with their TOS byte, as open_socket asked (rings carry no IP header)
+        self._tos = not isinstance(sock, ShmSocket) and bool(sock.getsockopt(socket.IPPROTO_IP, IP_RECVTOS))
 
     def send(self, data: bytes):
         try:
@@ -91,7 +91,7 @@ def open_socket(shm: str | None, address):
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     size_buffers(sock)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, wire.ECT0)  # ECN-capable: a congested queue marks, not drops
-    if not address[0].startswith("127."):  # a result's mark is seen (the C loop's ce_marked too); loopback's
+    if not net.is_loopback(address[0]):  # a result's mark is seen (the C loop's ce_marked too); loopback's
         sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)  # queues never mark: its calls skip the cmsg
     sock.connect(address)
     sock.setblocking(False)

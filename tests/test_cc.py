@@ -213,7 +213,8 @@ class _ResultDropper:
                     self.backs[src].send(data)
                     continue
                 worker = next(w for w, b in self.backs.items() if b is s)
-                if self.rank_of.get(worker) == 0 and data[1:2] == bytes([wire.MSG_RESULT]):
+                h = wire.unpack(data) if len(data) >= wire.HEADER_SIZE else None
+                if self.rank_of.get(worker) == 0 and h is not None and h.msg_type == wire.MSG_RESULT:
                     self.results += 1
                     if self.results == self.n:
                         self.dropped += 1
