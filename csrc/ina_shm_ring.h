@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #define INA_SHM_MAGIC 0x31304d5348414e49ull /* "INASHM01" */
-#define INA_SHM_RING_BYTES (1u << 20)        /* per ring: twice the worker's default window (IN_FLIGHT_BYTES) */
+#define INA_SHM_RING_BYTES (2u << 20)        /* per ring: twice the worker's default window (IN_FLIGHT_BYTES) */
 #define INA_SHM_WRAP 0xFFFFFFFFu
 #define INA_SHM_SPIN 200 /* polls of an empty ring before sleeping on its futex */
 #if defined(__x86_64__) || defined(__i386__)

@@ -7,16 +7,11 @@ from dataclasses import dataclass, field
 from inaproto import wire
 from inaproto.net import SOCKET_BUFFER
 
-# Bytes of packets one worker keeps in flight by default, measured (issue 16): 64 MiB fixed-point allreduces,
-# 4 workers and a C switch on loopback are fastest at 64 x 8 KiB, 32 x 16 KiB and 512 x 1 KiB packets in
-# flight, 13-25 % slower at half or twice that (the window's packets and results stop fitting in cache).
-IN_FLIGHT_BYTES = 512 << 10
-# ... and elements: those fixed-point optima were all ~128 K elements of 4 bytes. NC's 1-byte codes put four
-# times the elements in the same bytes (496 x 1024 at 1 KiB packets), while the switch sums them in 4-byte
-# lanes and the ranks read and write 4-byte floats: 64 MiB NC calls, 4 workers, run ~15 % faster at 160
-# packets of 1024 codes than at 496 (switch CPU 55 -> 42 ms a call; docs/performance.md, "The window in
-# elements"). The tighter bound wins; 4-byte codecs keep their window (640 packets > the bytes' 496).
-IN_FLIGHT_ELEMENTS = 160 << 10
+# Bytes of packets one worker keeps in flight by default, measured on the current code (docs/performance.md, "The
+# window"): 64 MiB calls, 4 workers and a C switch on loopback, both SIMD paths of a Xeon. A deeper pipeline keeps
+# both cores busy while the switch works: NC with 1 KiB packets ran 13 % faster at 496 packets than at 160 and
+# alike from 496 to 993; with 8 KiB packets 124 were 11-15 % faster than 62, and int32 with 8 KiB packets 10 %.
+IN_FLIGHT_BYTES = 1 << 20
 REPAIR_BINS = 32  # the C loop's INA_WK_REPAIR_BINS
 AUTO_WINDOW_MAX = 1024
 # ... and across a network, under a congestion policy: the lanes the congestion window moves in. More lanes than
@@ -26,14 +21,14 @@ AUTO_WINDOW_MAX = 1024
 NETWORK_WINDOW = 128
 
 
-def auto_window(granted: int, payload: int, world_size: int, elements: int, network: bool = False) -> int:
-    """The window for packets of `payload` bytes carrying `elements` elements: IN_FLIGHT_BYTES of packets and
-    IN_FLIGHT_ELEMENTS of elements, and no more than half the switch's socket buffer shared by every worker's
-    window (past it, results are dropped and wait for a retransmission timeout); at least 4 packets, at most
-    what the switch granted, and NETWORK_WINDOW across a network (network: a switch not on loopback, under a
-    congestion policy). Ranks that ask differently get the smallest ask from the switch."""
+def auto_window(granted: int, payload: int, world_size: int, network: bool = False) -> int:
+    """The window for packets of `payload` bytes: IN_FLIGHT_BYTES of packets, and no more than half the switch's
+    socket buffer shared by every worker's window (past it, results are dropped and wait for a retransmission
+    timeout); at least 4 packets, at most what the switch granted, and NETWORK_WINDOW across a network (network:
+    a switch not on loopback, under a congestion policy). Ranks that ask differently get the smallest ask from the
+    switch."""
     budget = min(IN_FLIGHT_BYTES, SOCKET_BUFFER // (2 * world_size))
-    packets = min(budget // (wire.HEADER_SIZE + payload), IN_FLIGHT_ELEMENTS // max(1, elements))
+    packets = budget // (wire.HEADER_SIZE + payload)
     if network:
         packets = min(packets, NETWORK_WINDOW)
     return max(1, min(granted, max(4, packets)))

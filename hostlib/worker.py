@@ -39,7 +39,7 @@ from .generation import Generation, Link, Outcome
 from .heartbeat import HEARTBEAT_EVERY, Heartbeat  # noqa: F401 - HEARTBEAT_EVERY: public name
 from .shm import ShmSocket
 from .streams import DenseStream, RttEstimator, SparseStream
-from .window import AUTO_WINDOW_MAX, IN_FLIGHT_BYTES, IN_FLIGHT_ELEMENTS, CommStats, auto_window  # noqa: F401 - public
+from .window import AUTO_WINDOW_MAX, IN_FLIGHT_BYTES, CommStats, auto_window  # noqa: F401 - public
 
 
 def _of_generation(name: str, doc: str) -> property:
@@ -61,7 +61,7 @@ class Communicator:
         Args:
             switch, rank, world_size, job, codec: as in `hostlib.connect`.
             window: slots to use at once (the switch may grant fewer: self.window after the join). None:
-                as many packets as IN_FLIGHT_BYTES and IN_FLIGHT_ELEMENTS hold (auto_window), the same on every rank.
+                as many packets as IN_FLIGHT_BYTES hold (auto_window), the same on every rank.
             elements_per_packet: elements per packet (default: the codec's), asked in the join: every rank must
                 ask the same (the switch refuses the join otherwise), and the switch caps it at its limit.
             timeout: seconds without a result before an allreduce gives up.
@@ -150,7 +150,7 @@ class Communicator:
         elements = elements_per_packet or self.codec.default_elements
         if auto:  # every rank asks the same (same codec, packet size, world): the switch grants their minimum
             window = auto_window(window, elements * wire.ELEMENT_SIZE[self.codec.wire_codec], self.world_size,
-                                 elements, network=self._across_network())
+                                 network=self._across_network())
         gen = join.join(self, window, self._join_timeout, elements)
         if not 1 <= gen.window <= min(window, 0xFFFF):  # the agreed window (join_ack) maps every rank's slots
             raise errors.JoinRejected(f"rank {self.rank}: switch {self.switch} granted window {gen.window}, "

@@ -135,11 +135,11 @@ def _constants():
                                       "says otherwise: what a join asking 0 gets (so asking 0 and asking the "
                                       "maximum are the same ask)"),
             ("switch slots", 512, "slots per job unless `serve --slots` says otherwise: the most window a join gets"),
-            ("hostlib window", "auto", "what hostlib asks by default: 512 KiB of packets and 160 K elements in "
-                                       "flight (at most half the 8 MiB socket buffer divided by the world size), 4 to "
-                                       "1024 packets (int32 with 1 KiB packets: 496; NC with 1 KiB packets: 160), at "
-                                       "most 128 across a network under a congestion policy; the switch grants the "
-                                       "smallest ask and every rank uses the window join_ack agreed"),
+            ("hostlib window", "auto", "what hostlib asks by default: 1 MiB of packets in flight (at most half "
+                                       "the 8 MiB socket buffer divided by the world size), 4 to 1024 packets (1 KiB "
+                                       "packets: 993, so the switch's 512 slots; 8 KiB packets: 127), at most 128 "
+                                       "across a network under a congestion policy; the switch grants the smallest "
+                                       "ask and every rank uses the window join_ack agreed"),
             ("hostlib elements", "256 / 1024", "what hostlib asks by default: 256 for int32, fixed (1 KiB of int32), "
                                               "1024 for nc, dither (1 KiB of codes); ranks must ask the same"),
             ("EXP_NONE", w.EXP_NONE, "exponent byte: no data"), ("EXP_NONFINITE", w.EXP_NONFINITE,

@@ -140,21 +140,22 @@ def test_nc_of_values_below_the_lowest_level_completes_within_its_bound(switch_p
 
 @pytest.mark.parametrize("switch_process", ["python", "c"], indirect=True)  # DPDK's veth: 1500-byte MTU
 @pytest.mark.parametrize("codec,elements,payload,window", [
-    ("nc", 1024, 1024, 160),  # 1-byte codes: the elements bound (IN_FLIGHT_ELEMENTS) binds
-    ("nc", 8192, 8192, 20),
-    ("int32", 256, 1024, 496),  # 4-byte elements: the bytes bound (IN_FLIGHT_BYTES) binds, as before
-    ("fixed", 2048, 8192, 63),
+    ("nc", 1024, 1024, 512),  # 993 packets of 1 KiB fit 1 MiB: the switch's 512 slots bind
+    ("nc", 8192, 8192, 127),
+    ("int32", 256, 1024, 512),
+    ("fixed", 2048, 8192, 127),
 ])
-def test_the_default_window_bounds_bytes_and_elements_in_flight(switch_process, codec, elements, payload, window):
-    """The window connect picks (and the switch grants) holds at most 512 KiB of packets and 160 K elements:
-    NC's 1 KiB packets carry 1024 elements, four times a 4-byte codec's, and a window of their bytes made
-    64 MiB calls ~15 % slower (the switch's and the ranks' 4-byte lanes stop fitting in cache)."""
-    from hostlib.worker import IN_FLIGHT_BYTES, IN_FLIGHT_ELEMENTS, auto_window
+def test_the_default_window_bounds_bytes_in_flight(switch_process, codec, elements, payload, window):
+    """The window connect picks holds at most 1 MiB of packets, no more than half the switch's socket buffer over
+    the job's workers, and no more than the switch grants (serve: 512 slots)."""
+    from hostlib.window import IN_FLIGHT_BYTES, NETWORK_WINDOW, auto_window
 
-    assert auto_window(1024, payload, 4, elements) == window
-    assert window * elements <= IN_FLIGHT_ELEMENTS and window * payload <= IN_FLIGHT_BYTES
-    assert auto_window(1024, 1024, 64, 256) == 4 * 1024 * 1024 // 64 // (hostlib.wire.HEADER_SIZE + 1024)
-    assert auto_window(1024, 65000, 4, 65000) == 4  # never fewer than 4 packets
+    asked = auto_window(1024, payload, 4)
+    assert asked == min(1024, IN_FLIGHT_BYTES // (hostlib.wire.HEADER_SIZE + payload))
+    assert min(asked, 512) == window
+    assert auto_window(1024, 1024, 64) == 4 * 1024 * 1024 // 64 // (hostlib.wire.HEADER_SIZE + 1024)
+    assert auto_window(1024, 65000, 64) == 4  # never fewer than 4 packets
+    assert auto_window(1024, 1024, 4, network=True) == NETWORK_WINDOW
     sw = switch_process("--workers", 1, "--elements-per-packet", max(elements, 1024))
     with hostlib.connect(sw.address, 0, 1, codec=codec, elements_per_packet=elements, timeout=20) as comm:
         assert comm.window == window

@@ -366,7 +366,7 @@ def test_an_independent_worker_with_the_agreed_window_and_hostlib(switch_process
         window = comm.window
     t.join(30)
     W, raw = got["raw"]
-    assert W == window == (512 if hostlib_window else auto_window(AUTO_WINDOW_MAX, 256 * 4, 2, 256))
+    assert W == window == (512 if hostlib_window else auto_window(AUTO_WINDOW_MAX, 256 * 4, 2))
     assert np.all(res == 3) and np.all(raw == 3)
 
 
