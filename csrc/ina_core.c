@@ -447,15 +447,37 @@ static int nc_add_finish(const ina_switch *sw, const uint8_t *p, const int64_t *
     return over;
 }
 
-/* a narrow round's codes (values()), with its last packet's codes added first when last is not NULL */
-static int nc_finish32(const ina_switch *sw, const slot_set *st, const uint8_t *last, uint8_t *res)
+/* a round's NC codes from element h on (h: 0 or 1), counter base + h (even: the lanes pair elements on a word),
+ * with its last packet's codes added first when last is not NULL; narrow rounds from their int32 sums */
+static int nc_finish_from(const ina_switch *sw, const slot_set *st, const uint8_t *last, uint32_t h, int floor,
+                          uint64_t base, uint8_t *res)
 {
-    const int32_t *acc = (const int32_t *)(const void *)st->acc;
+    const ina_lane_ops *l = sw->lanes;
+    uint32_t n = st->n_elems - h;
     int det = sw->nc_deterministic;
-    return last ? sw->lanes->nc_add_finish32(last, acc, st->n_elems, st->narrow_floor, det, sw->rng_key,
-                                             sw->nc_elements_rounded, res)
-                : sw->lanes->nc_finish32(acc, st->n_elems, st->narrow_floor, det, sw->rng_key,
-                                         sw->nc_elements_rounded, res);
+    const uint8_t *p = last ? last + h : NULL;
+    if (st->narrow) {
+        const int32_t *acc = (const int32_t *)(const void *)st->acc + h;
+        return p ? l->nc_add_finish32(p, acc, n, st->narrow_floor, det, sw->rng_key, base + h, res + h)
+                 : l->nc_finish32(acc, n, st->narrow_floor, det, sw->rng_key, base + h, res + h);
+    }
+    return p ? nc_add_finish(sw, p, st->acc + h, n, floor, base + h, res + h)
+             : l->nc_finish(st->acc + h, n, floor, det, sw->rng_key, base + h, res + h);
+}
+
+/* a round's NC codes; an element at an odd counter first is rounded alone (its word's other half was the
+ * previous round's) */
+static int nc_finish_round(const ina_switch *sw, const slot_set *st, const uint8_t *last, int floor, uint8_t *res)
+{
+    uint64_t base = sw->nc_elements_rounded;
+    uint32_t h = (base & 1) && st->n_elems, over = 0;
+    if (h) {
+        int f = st->narrow ? st->narrow_floor : floor;
+        int64_t s = st->narrow ? ((const int32_t *)(const void *)st->acc)[0] : st->acc[0];
+        s += last ? ina_nc_code_int(last[0], f) : 0;
+        res[0] = ina_nc_sum_code(s, f, sw->nc_deterministic, sw->rng_key, base, &over);
+    }
+    return (int)over | nc_finish_from(sw, st, last, h, floor, base, res);
 }
 
 /* model: Switch._finish; the result payload is computed once per round so resends are identical. last: the
@@ -481,10 +503,8 @@ static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
         return;
     }
     int floor = st->exp_cur != INA_EXP_NONE ? nc_floor(st->exp_cur) : INA_NC_LEVEL_MIN;
-    /* word i of the switch's stream rounds the round's element i, counting over every NC round finished */
-    if (st->narrow ? nc_finish32(sw, st, last, res)
-        : last     ? nc_add_finish(sw, last, acc, n, floor, sw->nc_elements_rounded, res)
-                   : sw->lanes->nc_finish(acc, n, floor, sw->nc_deterministic, sw->rng_key, sw->nc_elements_rounded, res)) {
+    /* element i of the switch's paired stream rounds the round's element i, counting over every NC round finished */
+    if (nc_finish_round(sw, st, last, floor, res)) {
         st->flags |= INA_FLAG_OVERFLOW;
         sw->c.overflows++;
     }

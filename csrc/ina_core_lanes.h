@@ -57,7 +57,8 @@ static inline int64_t ina_nc_code_int(uint8_t c, int floor)
     return (c & 0x80) ? -x : x;
 }
 
-/* one sum s to its code: |s| = 2^a + rem rounds up with probability rem / 2^a (word of counter ctr), or
+/* one sum s to its code: |s| = 2^a + rem rounds up with probability rem / 2^a (element ctr's uniform of the
+ * paired stream, ina_rng_pair_word), or
  * deterministically when rem >= 2^(a-1); *over gets 1 if a nonzero sum's level passes INA_NC_LEVEL_MAX */
 static inline uint8_t ina_nc_sum_code(int64_t s, int floor, int det, uint64_t key, uint64_t ctr, uint32_t *over)
 {
@@ -66,7 +67,7 @@ static inline uint8_t ina_nc_sum_code(int64_t s, int floor, int det, uint64_t ke
     uint64_t rem = mag ^ ((uint64_t)1 << a); /* mag = 0 gives 1, harmless: a = 0 never rounds up */
     uint64_t half = (uint64_t)1 << (a > 0 ? a - 1 : 0);
     int shift = a > 0 ? 64 - a : 63;
-    uint32_t up = det ? rem >= half : (ina_rng_word(key, ctr) >> shift) < rem;
+    uint32_t up = det ? rem >= half : (ina_rng_pair_word(key, ctr) >> shift) < rem;
     up &= a > 0;
     int level = floor + a + (int)up;
     *over |= (mag != 0) & (level > INA_NC_LEVEL_MAX);

@@ -181,7 +181,9 @@ AVX2 static int nc_valid_avx2(const uint8_t *p, uint32_t n, int floor, int top)
 /* 4 codes -> 4 int64: 2^(m - lo) (0 for m = 0: the shift count wraps past 63), negated where bit 7 */
 AVX2 static inline __m256i nc_int4_avx2(const uint8_t *p, __m256i vlo)
 {
-    __m128i b = _mm_cvtsi32_si128(*(const int32_t *)p);
+    int32_t four;
+    memcpy(&four, p, 4); /* p may sit anywhere (a round's codes from its second) */
+    __m128i b = _mm_cvtsi32_si128(four);
     __m256i m = _mm256_and_si256(_mm256_cvtepu8_epi64(b), _mm256_set1_epi64x(0x7F));
     __m256i x = _mm256_sllv_epi64(_mm256_set1_epi64x(1), _mm256_sub_epi64(m, vlo));
     __m256i neg = _mm256_cmpgt_epi64(_mm256_setzero_si256(), _mm256_cvtepi8_epi64(b));
@@ -229,9 +231,9 @@ AVX2 static inline __m256i log2_avx2(__m256i mag)
     return _mm256_add_epi64(e, _mm256_andnot_si256(small, _mm256_set1_epi64x(12)));
 }
 
-/* 4 sums -> 4 codes in int64 lanes (ina_nc_sum_code); z: the lanes' rng counters already keyed. Compares
- * are signed: w >> (64 - a) and rem are both below 2^63. */
-AVX2 static inline __m256i nc_code4_avx2(__m256i s, __m256i vfloor, int det, __m256i z, __m256i *over)
+/* 4 sums -> 4 codes in int64 lanes (ina_nc_sum_code); u: the lanes' uniforms (pairs_avx2). Compares are
+ * signed: u >> (64 - a) and rem are both below 2^63. */
+AVX2 static inline __m256i nc_code4_avx2(__m256i s, __m256i vfloor, int det, __m256i u, __m256i *over)
 {
     const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi64x(1), max = _mm256_set1_epi64x(INA_NC_LEVEL_MAX);
     __m256i neg = _mm256_cmpgt_epi64(zero, s);
@@ -242,7 +244,7 @@ AVX2 static inline __m256i nc_code4_avx2(__m256i s, __m256i vfloor, int det, __m
         up = _mm256_and_si256(_mm256_srlv_epi64(mag, _mm256_sub_epi64(a, one)), one); /* bit a-1 = rem >= half */
     } else {
         __m256i rem = _mm256_xor_si256(mag, _mm256_sllv_epi64(one, a));
-        __m256i w = _mm256_srlv_epi64(mix_avx2(z), _mm256_sub_epi64(_mm256_set1_epi64x(64), a));
+        __m256i w = _mm256_srlv_epi64(u, _mm256_sub_epi64(_mm256_set1_epi64x(64), a));
         up = _mm256_and_si256(_mm256_cmpgt_epi64(rem, w), _mm256_cmpeq_epi64(_mm256_cmpeq_epi64(mag, zero), zero));
         up = _mm256_and_si256(up, one);
     }
@@ -255,23 +257,38 @@ AVX2 static inline __m256i nc_code4_avx2(__m256i s, __m256i vfloor, int det, __m
     return _mm256_and_si256(code, nz);
 }
 
+/* the keyed counters of words j .. j + 3 (ina_rng_word's before the mix) */
+AVX2 static inline __m256i counters4_avx2(uint64_t key, uint64_t j)
+{
+    return _mm256_setr_epi64x((int64_t)(key + j * INA_RNG_GAMMA), (int64_t)(key + (j + 1) * INA_RNG_GAMMA),
+                              (int64_t)(key + (j + 2) * INA_RNG_GAMMA), (int64_t)(key + (j + 3) * INA_RNG_GAMMA));
+}
+
+/* the uniforms of 4 elements from words w (ina_rng_pair_word): words 0, 0, 1, 1 (hi: 2, 2, 3, 3), the even
+ * elements' with their halves swapped */
+AVX2 static inline __m256i pairs_avx2(__m256i w, int hi)
+{
+    __m256i x = hi ? _mm256_permute4x64_epi64(w, 0xFA) : _mm256_permute4x64_epi64(w, 0x50);
+    return _mm256_blend_epi32(x, _mm256_shuffle_epi32(x, 0xB1), 0x33);
+}
+
+/* base even (nc_finish_round): element base + 2 j's word is base / 2 + j */
 AVX2 static int nc_finish_avx2(const int64_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
                                uint8_t *res)
 {
     const __m256i vfloor = _mm256_set1_epi64x(floor), low_dwords = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    const __m256i step = _mm256_set1_epi64x((int64_t)(8 * INA_RNG_GAMMA)), half = _mm256_set1_epi64x((int64_t)(4 * INA_RNG_GAMMA));
-    __m256i z0 = _mm256_setr_epi64x((int64_t)(key + base * INA_RNG_GAMMA), (int64_t)(key + (base + 1) * INA_RNG_GAMMA),
-                                    (int64_t)(key + (base + 2) * INA_RNG_GAMMA), (int64_t)(key + (base + 3) * INA_RNG_GAMMA));
-    __m256i over = _mm256_setzero_si256();
+    const __m256i step = _mm256_set1_epi64x((int64_t)(4 * INA_RNG_GAMMA));
+    __m256i z = counters4_avx2(key, base >> 1), over = _mm256_setzero_si256();
     uint32_t i = 0;
-    for (; i + 8 <= n; i += 8, z0 = _mm256_add_epi64(z0, step)) {
-        __m256i c0 = nc_code4_avx2(_mm256_loadu_si256((const __m256i *)(acc + i)), vfloor, det, z0, &over);
-        __m256i c1 = nc_code4_avx2(_mm256_loadu_si256((const __m256i *)(acc + i + 4)), vfloor, det,
-                                   _mm256_add_epi64(z0, half), &over);
+    for (; i + 8 <= n; i += 8, z = _mm256_add_epi64(z, step)) {
+        __m256i w = det ? z : mix_avx2(z);
+        __m256i c0 = nc_code4_avx2(_mm256_loadu_si256((const __m256i *)(acc + i)), vfloor, det, pairs_avx2(w, 0), &over);
+        __m256i c1 = nc_code4_avx2(_mm256_loadu_si256((const __m256i *)(acc + i + 4)), vfloor, det, pairs_avx2(w, 1),
+                                   &over);
         __m128i d0 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c0, low_dwords));
         __m128i d1 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c1, low_dwords));
-        __m128i w = _mm_packus_epi32(d0, d1); /* codes < 256: the packs never saturate */
-        _mm_storel_epi64((__m128i *)(res + i), _mm_packus_epi16(w, w));
+        __m128i p = _mm_packus_epi32(d0, d1); /* codes < 256: the packs never saturate */
+        _mm_storel_epi64((__m128i *)(res + i), _mm_packus_epi16(p, p));
     }
     return (!_mm256_testz_si256(over, over)) | nc_finish_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
 }
@@ -299,8 +316,8 @@ AVX2 static void nc_values32_avx2(const uint8_t *p, uint32_t n, int floor, int32
 }
 
 /* 8 int32 sums (|s| <= 2^30) -> 8 codes in int32 lanes, as nc_code4_avx2: floor(log2) from the float of
- * |s| | 1, one less where that rounded up to the next power of two; w: the high halves of the lanes' stream
- * words (a <= 30 bits of a word are ever used: the top ones) */
+ * |s| | 1, one less where that rounded up to the next power of two; w: the top halves of the lanes' uniforms
+ * (a <= 30 bits of one are ever used: the top ones), 4 stream words as they are (ina_rng_pair_word) */
 AVX2 static inline __m256i nc_code8_avx2(__m256i s, __m256i vfloor, int det, __m256i w, __m256i *over)
 {
     const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), max = _mm256_set1_epi32(INA_NC_LEVEL_MAX);
@@ -325,14 +342,6 @@ AVX2 static inline __m256i nc_code8_avx2(__m256i s, __m256i vfloor, int det, __m
     return _mm256_and_si256(code, nz);
 }
 
-/* the high 32 bits of stream words z0's 4 lanes and z1's 4, in element order */
-AVX2 static inline __m256i words_hi8_avx2(__m256i z0, __m256i z1)
-{
-    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-    return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(mix_avx2(z0), odd),
-                              _mm256_permutevar8x32_epi32(mix_avx2(z1), odd), 0xF0);
-}
-
 /* 8 int32 codes (0..255) to 8 bytes in order */
 AVX2 static inline void store_codes8_avx2(uint8_t *res, __m256i c)
 {
@@ -340,39 +349,36 @@ AVX2 static inline void store_codes8_avx2(uint8_t *res, __m256i c)
     _mm_storel_epi64((__m128i *)res, _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
 }
 
-/* the narrow finish, with the round's last packet's codes added first when p is not NULL */
+/* the narrow finish, with the round's last packet's codes added first when p is not NULL; base even
+ * (nc_finish_round): 8 elements' uniforms are the top halves of 4 words, in order */
 AVX2 static inline int nc_finish32_body(const uint8_t *p, const int32_t *acc, uint32_t n, int floor, int det,
                                         uint64_t key, uint64_t base, uint8_t *res, uint32_t *done)
 {
     const __m256i vfloor = _mm256_set1_epi32(floor), vlo = _mm256_set1_epi32(floor + INA_NC_BIAS);
-    const __m256i step = _mm256_set1_epi64x((int64_t)(8 * INA_RNG_GAMMA)), half = _mm256_set1_epi64x((int64_t)(4 * INA_RNG_GAMMA));
-    const __m256i step2 = _mm256_set1_epi64x((int64_t)(16 * INA_RNG_GAMMA));
-    __m256i z0 = _mm256_setr_epi64x((int64_t)(key + base * INA_RNG_GAMMA), (int64_t)(key + (base + 1) * INA_RNG_GAMMA),
-                                    (int64_t)(key + (base + 2) * INA_RNG_GAMMA), (int64_t)(key + (base + 3) * INA_RNG_GAMMA));
-    __m256i over = _mm256_setzero_si256(), w = _mm256_setzero_si256();
+    const __m256i step = _mm256_set1_epi64x((int64_t)(4 * INA_RNG_GAMMA)), step2 = _mm256_set1_epi64x((int64_t)(8 * INA_RNG_GAMMA));
+    __m256i z0 = counters4_avx2(key, base >> 1);
+    __m256i over = _mm256_setzero_si256(), w = _mm256_setzero_si256(), w1 = w;
     uint32_t i = 0;
-    for (; i + 16 <= n; i += 16, z0 = _mm256_add_epi64(z0, step2)) { /* two groups: their words overlap */
+    for (; i + 16 <= n; i += 16, z0 = _mm256_add_epi64(z0, step2)) { /* two groups: their mixes overlap */
         __m256i s0 = _mm256_loadu_si256((const __m256i *)(acc + i)), s1 = _mm256_loadu_si256((const __m256i *)(acc + i + 8));
         if (p) {
             s0 = _mm256_add_epi32(s0, nc_int8_avx2(p + i, vlo));
             s1 = _mm256_add_epi32(s1, nc_int8_avx2(p + i + 8, vlo));
         }
-        __m256i w1 = w;
         if (!det) {
-            __m256i z1 = _mm256_add_epi64(z0, step);
-            w = words_hi8_avx2(z0, _mm256_add_epi64(z0, half));
-            w1 = words_hi8_avx2(z1, _mm256_add_epi64(z1, half));
+            w = mix_avx2(z0);
+            w1 = mix_avx2(_mm256_add_epi64(z0, step));
         }
         store_codes8_avx2(res + i, nc_code8_avx2(s0, vfloor, det, w, &over));
         store_codes8_avx2(res + i + 8, nc_code8_avx2(s1, vfloor, det, w1, &over));
     }
     for (; i + 8 <= n; i += 8, z0 = _mm256_add_epi64(z0, step)) {
-        __m256i s = _mm256_loadu_si256((const __m256i *)(acc + i));
+        __m256i s0 = _mm256_loadu_si256((const __m256i *)(acc + i));
         if (p)
-            s = _mm256_add_epi32(s, nc_int8_avx2(p + i, vlo));
+            s0 = _mm256_add_epi32(s0, nc_int8_avx2(p + i, vlo));
         if (!det)
-            w = words_hi8_avx2(z0, _mm256_add_epi64(z0, half));
-        store_codes8_avx2(res + i, nc_code8_avx2(s, vfloor, det, w, &over));
+            w = mix_avx2(z0);
+        store_codes8_avx2(res + i, nc_code8_avx2(s0, vfloor, det, w, &over));
     }
     *done = i;
     return !_mm256_testz_si256(over, over);
@@ -504,8 +510,9 @@ AVX512 static inline __m512i mix_avx512(__m512i z) /* ina_rng_mix, vpmullq */
     return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
 
-/* 8 sums -> 8 codes (ina_nc_sum_code), as bytes in the low 8 of the result; z: the lanes' keyed counters */
-AVX512 static inline __m128i nc_code8_avx512(__m512i s, __m512i vfloor, int det, __m512i z, __mmask8 *over)
+/* 8 sums -> 8 codes (ina_nc_sum_code), as bytes in the low 8 of the result; u: the lanes' uniforms
+ * (pairs_avx512) */
+AVX512 static inline __m128i nc_code8_avx512(__m512i s, __m512i vfloor, int det, __m512i u, __mmask8 *over)
 {
     const __m512i one = _mm512_set1_epi64(1), max = _mm512_set1_epi64(INA_NC_LEVEL_MAX);
     __mmask8 neg = _mm512_movepi64_mask(s);
@@ -517,7 +524,7 @@ AVX512 static inline __m128i nc_code8_avx512(__m512i s, __m512i vfloor, int det,
         up = _mm512_test_epi64_mask(_mm512_srlv_epi64(mag, _mm512_sub_epi64(a, one)), one); /* rem >= half */
     } else {
         __m512i rem = _mm512_xor_si512(mag, _mm512_sllv_epi64(one, a));
-        __m512i w = _mm512_srlv_epi64(mix_avx512(z), _mm512_sub_epi64(_mm512_set1_epi64(64), a));
+        __m512i w = _mm512_srlv_epi64(u, _mm512_sub_epi64(_mm512_set1_epi64(64), a));
         up = _mm512_cmplt_epu64_mask(w, rem) & nz;
     }
     __m512i level = _mm512_mask_add_epi64(_mm512_add_epi64(vfloor, a), up, _mm512_add_epi64(vfloor, a), one);
@@ -535,32 +542,50 @@ AVX512 static inline __m512i counters8_avx512(uint64_t key, uint64_t base)
                                                _mm512_set1_epi64((int64_t)INA_RNG_GAMMA)));
 }
 
-AVX512 static int nc_finish_avx512(const int64_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
-                                   uint8_t *res)
+/* the uniforms of 8 elements from 8 words w (ina_rng_pair_word): words 0, 0, 1, 1, .. 3 (hi: 4 .. 7), the even
+ * elements' with their halves swapped */
+AVX512 static inline __m512i pairs_avx512(__m512i w, int hi)
 {
-    const __m512i vfloor = _mm512_set1_epi64(floor), step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
-    __m512i z = counters8_avx512(key, base);
-    __mmask8 over = 0;
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8, z = _mm512_add_epi64(z, step))
-        _mm_storel_epi64((__m128i *)(res + i), nc_code8_avx512(_mm512_loadu_si512(acc + i), vfloor, det, z, &over));
-    return (over != 0) | nc_finish_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
+    __m512i x = _mm512_permutexvar_epi64(hi ? _mm512_setr_epi64(4, 4, 5, 5, 6, 6, 7, 7) : _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3), w);
+    return _mm512_mask_rol_epi64(x, 0x55, x, 32);
 }
 
-/* the last packet's values added in registers and rounded at once: its sums never go back to memory */
-AVX512 static int nc_add_finish_avx512(const uint8_t *p, const int64_t *acc, uint32_t n, int floor, int det,
-                                       uint64_t key, uint64_t base, uint8_t *res)
+/* the wide finish, with the round's last packet's values added in registers when p is not NULL (its sums
+ * never go back to memory); base even (nc_finish_round): element base + 2 j's word is base / 2 + j */
+AVX512 static inline uint32_t nc_finish_body_avx512(const uint8_t *p, const int64_t *acc, uint32_t n, int floor,
+                                                    int det, uint64_t key, uint64_t base, uint8_t *res,
+                                                    __mmask8 *over)
 {
     const __m512i vlo = _mm512_set1_epi64(floor + INA_NC_BIAS), vfloor = _mm512_set1_epi64(floor);
     const __m512i step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
-    __m512i z = counters8_avx512(key, base);
-    __mmask8 over = 0;
+    __m512i z = counters8_avx512(key, base >> 1), w = _mm512_setzero_si512();
     uint32_t i = 0;
-    for (; i + 8 <= n; i += 8, z = _mm512_add_epi64(z, step)) {
-        __m512i s = _mm512_add_epi64(nc_value8_avx512(p + i, vlo), _mm512_loadu_si512(acc + i));
-        _mm_storel_epi64((__m128i *)(res + i), nc_code8_avx512(s, vfloor, det, z, &over));
+    for (; i + 8 <= n; i += 8) {
+        if (!det && !(i & 8)) { /* a mix of 8 words every 16 elements */
+            w = mix_avx512(z);
+            z = _mm512_add_epi64(z, step);
+        }
+        __m512i s = _mm512_loadu_si512(acc + i);
+        if (p)
+            s = _mm512_add_epi64(nc_value8_avx512(p + i, vlo), s);
+        _mm_storel_epi64((__m128i *)(res + i), nc_code8_avx512(s, vfloor, det, pairs_avx512(w, (i & 8) != 0), over));
     }
-    uint32_t bad = 0;
+    return i;
+}
+
+AVX512 static int nc_finish_avx512(const int64_t *acc, uint32_t n, int floor, int det, uint64_t key, uint64_t base,
+                                   uint8_t *res)
+{
+    __mmask8 over = 0;
+    uint32_t i = nc_finish_body_avx512(NULL, acc, n, floor, det, key, base, res, &over);
+    return (over != 0) | nc_finish_scalar(acc + i, n - i, floor, det, key, base + i, res + i);
+}
+
+AVX512 static int nc_add_finish_avx512(const uint8_t *p, const int64_t *acc, uint32_t n, int floor, int det,
+                                       uint64_t key, uint64_t base, uint8_t *res)
+{
+    __mmask8 over = 0;
+    uint32_t i = nc_finish_body_avx512(p, acc, n, floor, det, key, base, res, &over), bad = 0;
     for (; i < n; i++)
         res[i] = ina_nc_sum_code(acc[i] + ina_nc_code_int(p[i], floor), floor, det, key, base + i, &bad);
     return (over != 0) | (int)bad;
@@ -588,8 +613,8 @@ AVX512 static void nc_values32_avx512(const uint8_t *p, uint32_t n, int floor, i
     nc_values32_scalar(p + i, n - i, floor, v + i, add);
 }
 
-/* 16 int32 sums (|s| <= 2^30) -> 16 codes as bytes; w: the high halves of the lanes' stream words (a <= 30
- * bits of a word are ever used: the top ones) */
+/* 16 int32 sums (|s| <= 2^30) -> 16 codes as bytes; w: the top halves of the lanes' uniforms (a <= 30 bits
+ * of one are ever used: the top ones), 8 stream words as they are (ina_rng_pair_word) */
 AVX512 static inline __m128i nc_code16_avx512(__m512i s, __m512i vfloor, int det, __m512i w, __mmask16 *over)
 {
     const __m512i one = _mm512_set1_epi32(1), max = _mm512_set1_epi32(INA_NC_LEVEL_MAX);
@@ -612,20 +637,13 @@ AVX512 static inline __m128i nc_code16_avx512(__m512i s, __m512i vfloor, int det
     return _mm512_cvtepi32_epi8(_mm512_maskz_mov_epi32(nz, code));
 }
 
-/* the high 32 bits of the stream words of counters z0 (8 lanes) then z1 (8 lanes), in element order */
-AVX512 static inline __m512i words_hi16_avx512(__m512i z0, __m512i z1)
-{
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    return _mm512_permutex2var_epi32(mix_avx512(z0), odd, mix_avx512(z1));
-}
-
 /* the narrow finish, with the round's last packet's codes added first when p is not NULL */
 AVX512 static inline int nc_finish32_body_avx512(const uint8_t *p, const int32_t *acc, uint32_t n, int floor,
                                                  int det, uint64_t key, uint64_t base, uint8_t *res, uint32_t *done)
 {
     const __m512i vfloor = _mm512_set1_epi32(floor), vlo = _mm512_set1_epi32(floor + INA_NC_BIAS);
-    const __m512i half = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA)), step = _mm512_set1_epi64((int64_t)(16 * INA_RNG_GAMMA));
-    __m512i z = counters8_avx512(key, base), w = _mm512_setzero_si512();
+    const __m512i step = _mm512_set1_epi64((int64_t)(8 * INA_RNG_GAMMA));
+    __m512i z = counters8_avx512(key, base >> 1), w = _mm512_setzero_si512();
     __mmask16 over = 0;
     uint32_t i = 0;
     for (; i + 16 <= n; i += 16, z = _mm512_add_epi64(z, step)) {
@@ -633,7 +651,7 @@ AVX512 static inline int nc_finish32_body_avx512(const uint8_t *p, const int32_t
         if (p)
             s = _mm512_add_epi32(s, nc_int16_avx512(p + i, vlo));
         if (!det)
-            w = words_hi16_avx512(z, _mm512_add_epi64(z, half));
+            w = mix_avx512(z);
         _mm_storeu_si128((__m128i *)(res + i), nc_code16_avx512(s, vfloor, det, w, &over));
     }
     *done = i;

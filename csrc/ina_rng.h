@@ -27,4 +27,13 @@ static inline uint64_t ina_rng_word(uint64_t k, uint64_t c)
 {
     return ina_rng_mix(k + c * INA_RNG_GAMMA);
 }
+
+/* the 64-bit uniform of element c of a paired stream (the switch's NC rounding): two elements a word, element
+ * 2j gets word j with its halves swapped, 2j + 1 word j, so a rounding that reads at most 32 top bits (every
+ * narrow round) reads a half of its own, and a vector of 4 words holds 8 elements' halves in order */
+static inline uint64_t ina_rng_pair_word(uint64_t k, uint64_t c)
+{
+    uint64_t w = ina_rng_word(k, c >> 1);
+    return (c & 1) ? w : (w << 32 | w >> 32);
+}
 #endif

@@ -54,7 +54,7 @@ def int_to_codes(sums: np.ndarray, exp: int, deterministic: bool, seed: int, off
         half = np.where(a > 0, np.left_shift(one, np.maximum(a - 1, 0).astype(np.uint64)), one)
         up = (rem >= half) & (a > 0)
     else:
-        r = rng.bits64(seed, offset, s.size)
+        r = rng.bits64_pairs(seed, offset, s.size)
         shift = np.clip(64 - a, 1, 63).astype(np.uint64)
         up = ((r >> shift) < rem) & (a > 0)
     level = floor + a + up

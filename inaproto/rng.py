@@ -7,8 +7,9 @@ without state. Two generators (docs/protocol.md, "Random stream"):
   fixed point, dithering); csrc/ina_philox.h is its C/CUDA twin. Fixed point and dithering read a 32-bit
   word per element; NC a byte per element (`philox_bytes`, one draw per 16 elements) and, where that byte
   leaves the rounding undecided, the element's word of sub-stream 1 (hostlib/codecs/natural.py).
-- `bits64`: SplitMix64 (Steele et al.) of key(seed) + counter * golden gamma, kept for the switch's own NC
-  re-compression, the network impairments, Bloom hashes and seed derivation.
+- `bits64`: SplitMix64 (Steele et al.) of key(seed) + counter * golden gamma, for the switch's own NC
+  re-compression (`bits64_pairs`: a word per two elements), the network impairments, Bloom hashes and seed
+  derivation.
 """
 from __future__ import annotations
 
@@ -43,6 +44,17 @@ def bits64(seed: int, offset: int, n: int) -> np.ndarray:
     z *= GAMMA
     z += np.uint64(key(seed))
     return _mix(z)
+
+
+def bits64_pairs(seed: int, offset: int, n: int) -> np.ndarray:
+    """n uniform uint64 for elements offset .. offset+n-1 of a paired stream (the switch's NC rounding): two
+    elements a word, element 2j gets word j with its halves swapped and 2j + 1 word j, so a rounding that reads
+    at most the top 32 bits reads a half of its own, and a SIMD lane gets 8 elements' halves from 4 words."""
+    first = offset >> 1
+    words = bits64(seed, first, ((offset + n + 1) >> 1) - first)
+    c = np.arange(offset, offset + n, dtype=np.uint64)
+    w = words[(c >> np.uint64(1)) - np.uint64(first)]
+    return np.where(c & np.uint64(1), w, (w << np.uint64(32)) | (w >> np.uint64(32)))
 
 
 def derive_seed(*parts: int) -> int:
