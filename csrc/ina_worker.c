@@ -230,9 +230,24 @@ void ina_wk_finish(ina_wk *w)
     w->priv = NULL;
 }
 
+/* the block after count elements from lo into the caches while this one encodes, where the kernels are AVX2 or
+ * scalar: between two packets the loop sends and receives, and the hardware prefetcher loses the tensor's
+ * stream. Their encode is compute-bound, so the prefetches land under its arithmetic (64 MiB NC calls on a
+ * Xeon's AVX2 paths: 5-7 % faster); AVX-512's runs at memory speed, and they only competed with its loads (2-4 %
+ * slower). docs/performance.md, "Where the CPU goes". */
+static void prefetch_next(const ina_wk *w, uint64_t lo, uint32_t count)
+{
+    if (ina_simd_get() == INA_SIMD_AVX512)
+        return;
+    const char *next = (const char *)w->src + 4 * (lo + count), *end = (const char *)w->src + 4 * w->n;
+    for (const char *c = next; c < next + 4 * (size_t)count && c < end; c += 64)
+        __builtin_prefetch(c);
+}
+
 /* count elements from lo, encoded with the agreed exponent exp_cur, into pl; 0, or -1 if a kernel failed */
 static int encode_elements(ina_wk *w, priv_t *p, uint64_t lo, uint32_t count, int8_t exp_cur, uint8_t *pl)
 {
+    prefetch_next(w, lo, count); /* int32 and float32: 4 bytes an element */
     if (w->kind == INA_WK_INT32) {
         const int32_t *s = (const int32_t *)w->src + lo;
         for (uint32_t i = 0; i < count; i++) { /* bswap + memcpy: the compiler vectorises it, wr32 it does not */
