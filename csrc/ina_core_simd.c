@@ -281,7 +281,7 @@ AVX2 static int nc_finish_avx2(const int64_t *acc, uint32_t n, int floor, int de
     __m256i z = counters4_avx2(key, base >> 1), over = _mm256_setzero_si256();
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8, z = _mm256_add_epi64(z, step)) {
-        __m256i w = det ? z : mix_avx2(z);
+        __m256i w = det ? _mm256_setzero_si256() : mix_avx2(z); /* det: no draws */
         __m256i c0 = nc_code4_avx2(_mm256_loadu_si256((const __m256i *)(acc + i)), vfloor, det, pairs_avx2(w, 0), &over);
         __m256i c1 = nc_code4_avx2(_mm256_loadu_si256((const __m256i *)(acc + i + 4)), vfloor, det, pairs_avx2(w, 1),
                                    &over);
@@ -637,7 +637,8 @@ AVX512 static inline __m128i nc_code16_avx512(__m512i s, __m512i vfloor, int det
     return _mm512_cvtepi32_epi8(_mm512_maskz_mov_epi32(nz, code));
 }
 
-/* the narrow finish, with the round's last packet's codes added first when p is not NULL */
+/* the narrow finish, with the round's last packet's codes added first when p is not NULL; base even
+ * (nc_finish_round): 16 elements' uniforms are the top halves of 8 words, in order */
 AVX512 static inline int nc_finish32_body_avx512(const uint8_t *p, const int32_t *acc, uint32_t n, int floor,
                                                  int det, uint64_t key, uint64_t base, uint8_t *res, uint32_t *done)
 {

@@ -234,7 +234,7 @@ void ina_wk_finish(ina_wk *w)
  * scalar: between two packets the loop sends and receives, and the hardware prefetcher loses the tensor's
  * stream. Their encode is compute-bound, so the prefetches land under its arithmetic (64 MiB NC calls on a
  * Xeon's AVX2 paths: 5-7 % faster); AVX-512's runs at memory speed, and they only competed with its loads (2-4 %
- * slower). docs/performance.md, "Where the CPU goes". */
+ * slower). docs/performance.md, "Both SIMD paths on an Intel Xeon". */
 static void prefetch_next(const ina_wk *w, uint64_t lo, uint32_t count)
 {
     if (ina_simd_get() == INA_SIMD_AVX512)
