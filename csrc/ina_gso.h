@@ -45,6 +45,20 @@ static inline int ina_gso_run(const uint32_t *len, int n)
     return k;
 }
 
+/* iov[0..n) into out with neighbours that are adjacent in memory joined (a GSO send's segments are cut at its
+ * segment size, not at the iovecs: one copy of a run of packets laid out back to back); out's count */
+static inline size_t ina_iov_join(const struct iovec *iov, size_t n, struct iovec *out)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m && (const char *)out[m - 1].iov_base + out[m - 1].iov_len == (const char *)iov[i].iov_base)
+            out[m - 1].iov_len += iov[i].iov_len;
+        else
+            out[m++] = iov[i];
+    }
+    return m;
+}
+
 /* make m a GSO send of seg-byte segments; ctrl: INA_GSO_CMSG_SPACE bytes that live until it is sent */
 static inline void ina_gso_cmsg(struct msghdr *m, void *ctrl, uint16_t seg)
 {

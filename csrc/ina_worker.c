@@ -72,7 +72,7 @@ typedef struct {
     double refused_since; /* the first ECONNREFUSED since the last datagram received; 0: none */
     double next_gone;   /* shm: when to check next whether the switch is gone */
     struct mmsghdr rmsg[INA_WK_BATCH];
-    struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH];
+    struct iovec riov[INA_WK_BATCH], siov[INA_WK_BATCH], jiov[INA_WK_BATCH]; /* jiov: siov's GSO runs joined */
     char rctrl[INA_WK_BATCH][INA_GRO_CMSG_SPACE + INA_TOS_CMSG_SPACE];
     int n_send;
     /* the send batch as messages: one per GSO run or single packet, its first packet and packet count */
@@ -354,8 +354,11 @@ static int pack(ina_wk *w, priv_t *p, int from)
         memset(h, 0, sizeof *h);
         h->msg_iov = &p->siov[i];
         h->msg_iovlen = (size_t)k;
-        if (k > 1)
+        if (k > 1) {
+            h->msg_iov = &p->jiov[i];
+            h->msg_iovlen = ina_iov_join(&p->siov[i], (size_t)k, &p->jiov[i]);
             ina_gso_cmsg(h, p->gctrl[m], (uint16_t)p->slen[i]);
+        }
         p->gfirst[m] = i;
         p->gcount[m] = k;
         i += k;
