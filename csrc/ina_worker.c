@@ -62,6 +62,7 @@ typedef struct {
     uint64_t inflight;  /* dense: bytes of the packets sent and not done: the congestion window counts packets
                          * of pkt_max bytes, so the exponent-only packets of a call's start count for little */
     double first_result; /* when the call's first result came (0: none yet): the peers are in the call */
+    double rx_time;      /* when the receive being handled returned: its results' arrival, one clock read a batch */
     double next_scan;
     double rtt_min;     /* the smallest RTT sample of the current batch */
     uint32_t rtt_n;
@@ -470,7 +471,7 @@ static void rtt_sample(ina_wk *w, double r)
  * round trip of the path only for a packet sent once, after the call's first result: ina_cc.h) */
 static void answered(ina_wk *w, priv_t *p, entry *e, int congested)
 {
-    double t = now();
+    double t = p->rx_time;
     e->busy = 0;
     p->inflight -= e->len;
     if (p->first_result == 0)
@@ -610,7 +611,7 @@ static int on_sparse_result(ina_wk *w, priv_t *p, const header *h, const uint8_t
             p->pos[s] = held_from(w, (uint64_t)t + w->streams);
     }
     e->busy = 0;
-    double now_ = now();
+    double now_ = p->rx_time;
     if (p->first_result == 0)
         p->first_result = now_;
     note_answer(w, e, now_);
@@ -775,6 +776,7 @@ static int receive_shm(ina_wk *w, priv_t *p)
     int got = 0;
     uint32_t len;
     const uint8_t *d;
+    p->rx_time = now();
     while ((d = ina_shm_peek(w->shm, &len))) {
         int rc = on_result(w, p, d, len);
         ina_shm_next(w->shm);
@@ -798,6 +800,8 @@ static int receive_from(ina_wk *w, priv_t *p, int fd)
             h->msg_control = p->rctrl[i], h->msg_controllen = sizeof p->rctrl[i]; /* GRO's size, the TOS */
         }
         int r = recvmmsg(fd, p->rmsg, INA_WK_BATCH, MSG_DONTWAIT, NULL);
+        if (r > 0)
+            p->rx_time = now();
         if (r < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 return got;
