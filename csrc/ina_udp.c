@@ -19,6 +19,11 @@
 /* packets queued before a flush: a result goes to every worker of its job, so a batch of 256 gives each
  * of 4 workers GSO runs of up to 64 results */
 #define SEND_BATCH 256
+/* a receive asks for as many messages as hold about RX_BATCH_BYTES at the last receive's mean size (UDP_GRO's
+ * runs of up to 64 KiB: 8; single datagrams: INA_UDP_BATCH), so the sums read the datagrams while the kernel's copy
+ * of them is still in this core's cache (docs/performance.md, "The switch's receive") */
+#define RX_BATCH_BYTES (512u << 10)
+#define RX_BATCH_MIN 8
 /* a receive's cmsgs: UDP_GRO's segment size and the IP header's TOS byte (IP_RECVTOS: its ECN field) */
 #define RX_CMSG_SPACE (INA_GRO_CMSG_SPACE + CMSG_SPACE(sizeof(int)))
 /* a send's cmsgs: UDP_SEGMENT for a GSO run, IP_TOS for a data packet's ECN field (ECT(0)) */
@@ -37,6 +42,7 @@ struct ina_udp {
     char rctrl[INA_UDP_BATCH][RX_CMSG_SPACE];
     uint8_t *rbuf;
     int gro; /* UDP_GRO is on: a receive may hold a run of datagrams */
+    int rx_vlen; /* messages the next receive asks for (RX_BATCH_BYTES) */
     /* send batch: per queued packet its header, payload, destination */
     struct iovec siov[SEND_BATCH][2];
     struct sockaddr_in saddr[SEND_BATCH];
@@ -74,6 +80,7 @@ ina_udp *ina_udp_new(ina_switch *sw, int fd, double loss, double dup, double reo
     }
     u->fd = fd;
     u->gso = INA_UDP_GSO_LOOPBACK;
+    u->rx_vlen = INA_UDP_BATCH;
     u->gro = ina_gro_set(fd, 1) == 0; /* RX_BUF already holds the largest coalesced receive */
     int on = 1; /* each receive's TOS byte: CE marks its packets congested (docs/protocol.md, "Congestion") */
     setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &on, sizeof on);
@@ -297,7 +304,7 @@ static void release_held(ina_udp *u)
 /* ------------------------------------------------------------------ receiving */
 static int receive_batch(ina_udp *u)
 {
-    for (int i = 0; i < INA_UDP_BATCH; i++) {
+    for (int i = 0; i < u->rx_vlen; i++) {
         struct msghdr *h = &u->rmsg[i].msg_hdr;
         memset(h, 0, sizeof *h);
         h->msg_iov = &u->riov[i];
@@ -307,7 +314,7 @@ static int receive_batch(ina_udp *u)
         h->msg_control = u->rctrl[i]; /* UDP_GRO's segment size, the TOS byte */
         h->msg_controllen = sizeof u->rctrl[i];
     }
-    return recvmmsg(u->fd, u->rmsg, INA_UDP_BATCH, MSG_DONTWAIT, NULL);
+    return recvmmsg(u->fd, u->rmsg, (unsigned)u->rx_vlen, MSG_DONTWAIT, NULL);
 }
 
 /* whether a received message's IP header had ECN CE (its IP_TOS cmsg; one header for a whole UDP_GRO run) */
@@ -366,8 +373,13 @@ int ina_udp_run(ina_udp *u)
             return -1;
         }
         u->c.recv_batches++;
-        for (int i = 0; i < n; i++)
+        uint64_t bytes = 0;
+        for (int i = 0; i < n; i++) {
+            bytes += u->rmsg[i].msg_len;
             deliver(u, i);
+        }
+        uint64_t fit = n ? RX_BATCH_BYTES * (uint64_t)n / (bytes + 1) : INA_UDP_BATCH;
+        u->rx_vlen = fit < RX_BATCH_MIN ? RX_BATCH_MIN : fit > INA_UDP_BATCH ? INA_UDP_BATCH : (int)fit;
         flush(u);
         if (u->loop.punt.n)
             return u->loop.punt.n;
