@@ -1,7 +1,7 @@
 """Ways to call one allreduce, timed in turn in the same processes on the same connection (issues 36 and 37).
 
     python benchmarks/alternating_calls.py --size 64K [--workers 4] [--codec nc|int32|fixed] [--payload 1024]
-        [--rounds 10] [--batch N] [--json]
+        [--rounds 10] [--batch N] [--layers] [--json]
 
 `switchsim bench allreduce` times each configuration in its own processes with its own switch, so two rows
 can differ by +-15 % on a shared 2-core VM before any code differs. This takes the variants in turn, round
@@ -11,7 +11,10 @@ shared the machine's state:
 - `hostlib out=`: `comm.allreduce(x, out=y)` on the group's own hostlib connection (nccl-tests' out of place);
 - `hostlib plain`: `y = comm.allreduce(x)`, as users call it;
 - `hostlib in place`: `comm.allreduce(x, out=x)`;
-- `torch dist.all_reduce`: `dist.all_reduce(t)` in place, the path DDP and users take.
+- `torch dist.all_reduce`: `dist.all_reduce(t)` in place, the path DDP and users take;
+- with --layers, the torch path peeled: `torch pg.allreduce` (the group's allreduce with c10d's options, as
+  dist.all_reduce calls it, then wait(): without torch's Python wrapper) and `torch calls.sum` (the inline
+  path's sum on the tensor's lane: without the tensor's and the options' checks).
 
 Each call starts from the same input (copied in first, in every variant). Reported per variant, on rank 0:
 the median time per call over the rounds with min and max, and its ratio to `hostlib out=`.
@@ -32,6 +35,7 @@ from inabench.allreduce import init_ina_group, parse_size  # noqa: E402
 from inabench.harness import SwitchProcess, run_ranks  # noqa: E402
 
 VARIANTS = ("hostlib out=", "hostlib plain", "hostlib in place", "torch dist.all_reduce")
+LAYERS = ("torch pg.allreduce", "torch calls.sum")
 
 
 def _elements(codec: str, payload: int) -> int:
@@ -42,7 +46,7 @@ def _elements(codec: str, payload: int) -> int:
     return payload // wire.ELEMENT_SIZE[get_codec(codec).wire_codec]
 
 
-def _rank(rank, world, port, address, codec, count, payload, rounds, batch, out):
+def _rank(rank, world, port, address, codec, count, payload, rounds, batch, variants, out):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -61,14 +65,18 @@ def _rank(rank, world, port, address, codec, count, payload, rounds, batch, out)
         "hostlib in place": lambda: comm.allreduce(x, out=x, codec=route_codec, elements=k),
         "torch dist.all_reduce": lambda: dist.all_reduce(t),
     }
-    times = {v: [] for v in VARIANTS}
-    cpu = {v: [] for v in VARIANTS}
-    for v in VARIANTS:  # warm-up: every variant's buffers and code paths once
+    opts = dist.AllreduceOptions()
+    opts.reduceOp, opts.asyncOp = dist.ReduceOp.SUM, False  # what dist.all_reduce(t) passes
+    calls["torch pg.allreduce"] = lambda: pg.allreduce([t], opts).wait()
+    calls["torch calls.sum"] = lambda: pg.calls.sum(t, pg.calls.lane(t))
+    times = {v: [] for v in variants}
+    cpu = {v: [] for v in variants}
+    for v in variants:  # warm-up: every variant's buffers and code paths once
         for _ in range(2):
             np.copyto(x, src)
             calls[v]()
     for _ in range(rounds):
-        for v in VARIANTS:
+        for v in variants:
             took = used = 0.0
             for _ in range(batch):
                 np.copyto(x, src)
@@ -93,19 +101,22 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--batch", type=int, default=None, help="calls per variant per round (default: about 8 MiB "
                     "of calls, 2 to 100)")
+    ap.add_argument("--layers", action="store_true", help="also the torch path's layers (torch pg.allreduce, torch "
+                    "calls.sum)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    variants = VARIANTS + (LAYERS if args.layers else ())
     size = parse_size(args.size)
     batch = args.batch or max(2, min(100, (8 << 20) // size))
     elements = _elements(args.codec, args.payload)
     sw = SwitchProcess("--workers", args.workers, "--elements-per-packet", max(elements, 1024), backend=args.backend)
     try:
         reports = run_ranks(_rank, args.workers, (sw.address, args.codec, size // 4, args.payload, args.rounds,
-                                                  batch), expect=args.workers)
+                                                  batch, variants), expect=args.workers)
     finally:
         sw.stop()
     times, cpu = next((r[1], r[3]) for r in reports if r[0] == 0)
-    base = statistics.median(times[VARIANTS[0]])
+    base = statistics.median(times[variants[0]])
     rows = [{"variant": v, "us per call": statistics.median(ts) * 1e6, "min": min(ts) * 1e6, "max": max(ts) * 1e6,
              "x hostlib out=": statistics.median(ts) / base, "cpu us per call": statistics.median(cpu[v]) * 1e6}
             for v, ts in times.items()]

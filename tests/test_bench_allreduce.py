@@ -273,3 +273,19 @@ def test_figures_say_the_simd_paths_and_uncommitted_changes_they_ran_with(monkey
     assert "switch lanes scalar" in header and "with uncommitted changes" in header
     assert "uncommitted" not in figures.table([], {**info, "changes": False},
                                               type("Args", (), {"invocations": 3, "repeat": 5}))
+
+
+def test_alternating_calls_peels_the_torch_path():
+    """benchmarks/alternating_calls.py --layers: every variant, the torch path's layers too, times calls in turn
+    on one group, each with its CPU, and none of them fell back to gloo."""
+    pytest.importorskip("torch")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "alternating_calls.py"), "--size", "1K",
+                          "--workers", "2", "--codec", "int32", "--rounds", "2", "--batch", "3", "--layers", "--json"],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    rows = {r["variant"]: r for r in got["rows"]}
+    assert set(rows) == {"hostlib out=", "hostlib plain", "hostlib in place", "torch dist.all_reduce",
+                         "torch pg.allreduce", "torch calls.sum"}
+    assert got["gloo calls"] == 0 and rows["hostlib out="]["x hostlib out="] == pytest.approx(1.0)
+    assert all(r["us per call"] > 0 and r["cpu us per call"] > 0 for r in rows.values())
