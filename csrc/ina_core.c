@@ -25,8 +25,8 @@ typedef struct {
     uint32_t call_len;
     uint8_t narrow;  /* a round summed in int32 lanes (NC: counted from narrow_floor; values()) */
     int8_t narrow_floor;
-    int64_t *acc;    /* max_elements: int64 sums, or int32 ones in the first half (narrow) */
-    uint8_t *result; /* INA_BLOCK_EXT_SIZE + max_elements * 4: the result payload, kept for unicast resends */
+    int64_t *acc;    /* elements (job_reset_slots): int64 sums, or int32 ones in the first half (narrow) */
+    uint8_t *result; /* INA_BLOCK_EXT_SIZE + elements * 4: the result payload, kept for unicast resends */
     uint32_t result_len;
 } slot_set;
 
@@ -101,15 +101,24 @@ ina_switch *ina_switch_new(uint32_t slots, uint32_t max_elements, int nc_determi
     return sw;
 }
 
+/* A set's sums and result, in elements of the generation's packets: whole cache lines, and one line more, so
+ * that the sets lie densely and start on every cache set (at max_elements apart, a 1 KiB packet's sums used 1/8
+ * of the L2's sets, and a window of slots missed it) */
+static size_t acc_stride(uint32_t elements) { return ((size_t)elements + 7) / 8 * 8 + 8; }
+static size_t result_stride(uint32_t elements)
+{
+    return (INA_BLOCK_EXT_SIZE + 4 * (size_t)elements + 63) / 64 * 64 + 64;
+}
+
+/* every set empty, laid out for packets of j->elements */
 static void job_reset_slots(job_t *j)
 {
+    size_t acc = acc_stride(j->elements), result = result_stride(j->elements);
     for (uint32_t i = 0; i < 2 * j->slots; i++) {
         slot_set *st = &j->sets[i];
-        int64_t *acc = st->acc;
-        uint8_t *result = st->result;
         memset(st, 0, sizeof *st);
-        st->acc = acc;
-        st->result = result;
+        st->acc = j->acc_mem + i * acc;
+        st->result = j->result_mem + i * result;
         st->exp_max = INA_EXP_NONE;
         st->block = st->next_block = INA_BLOCK_NONE;
     }
@@ -126,18 +135,14 @@ static int job_alloc(const ina_switch *sw, job_t *j)
     size_t n_sets = 2 * (size_t)j->slots;
     j->sets = calloc(n_sets, sizeof *j->sets);
     /* calloc: pages of slots never used are never touched */
-    j->acc_mem = calloc(n_sets * sw->max_elements, sizeof(int64_t));
-    size_t result_size = INA_BLOCK_EXT_SIZE + (size_t)sw->max_elements * 4;
-    j->result_mem = calloc(n_sets, result_size);
+    j->acc_mem = calloc(n_sets * acc_stride(sw->max_elements), sizeof(int64_t));
+    j->result_mem = calloc(n_sets, result_stride(sw->max_elements));
     j->counters = calloc((size_t)INA_SLOT_COUNTERS * j->slots, sizeof(uint64_t));
     if (!j->sets || !j->acc_mem || !j->result_mem || !j->counters) {
         job_free(j);
         return -1;
     }
-    for (size_t i = 0; i < n_sets; i++) {
-        j->sets[i].acc = j->acc_mem + i * sw->max_elements;
-        j->sets[i].result = j->result_mem + i * result_size;
-    }
+    j->elements = sw->max_elements;
     job_reset_slots(j);
     return 0;
 }
