@@ -13,7 +13,7 @@
 const ina_kernel_ops ina_ops_scalar = {
     "scalar", ina_scalar_nc_encode, ina_scalar_nc_decode, ina_scalar_fixed_nearest, ina_scalar_fixed_sr,
     ina_scalar_fixed_value, ina_scalar_dither_natural, ina_scalar_dither_standard, ina_scalar_philox_fill,
-    ina_scalar_nc_decode,
+    ina_scalar_nc_decode, ina_scalar_int32_unwire,
 };
 
 static const ina_kernel_ops *const OPS[] = {&ina_ops_scalar, &ina_ops_avx2, &ina_ops_avx512};
@@ -87,6 +87,17 @@ int ina_nc_decode(const uint8_t *codes, size_t n, float *out)
 int ina_nc_decode_stream(const uint8_t *codes, size_t n, float *out)
 {
     return ops()->nc_decode_nt(codes, n, out) ? INA_KERNEL_BAD_CODE : 0;
+}
+
+void ina_int32_unwire_stream(const uint8_t *be, size_t n, int32_t *out)
+{
+    ops()->int32_unwire_nt(be, n, out);
+}
+
+void ina_int32_unwire_nt(const uint8_t *be, size_t n, int32_t *out)
+{
+    ina_int32_unwire_stream(be, n, out);
+    ina_store_fence();
 }
 
 void ina_store_fence(void)

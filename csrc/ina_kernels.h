@@ -39,6 +39,10 @@ int ina_nc_decode_nt(const uint8_t *codes, size_t n, float *out);
 /* ina_nc_decode_nt without its closing fence, for a loop that decodes many packets: ina_store_fence() once
  * before anything else reads out (a fence per 4 KiB packet waits for the write-combining buffers each time) */
 int ina_nc_decode_stream(const uint8_t *codes, size_t n, float *out);
+/* native int32 of n big-endian int32 (a result's sums) by streaming stores (scalar: plain), fenced; the
+ * _stream form unfenced, as ina_nc_decode_stream */
+void ina_int32_unwire_nt(const uint8_t *be, size_t n, int32_t *out);
+void ina_int32_unwire_stream(const uint8_t *be, size_t n, int32_t *out);
 void ina_store_fence(void);
 /* the fixed-point scale floor(INT32_MAX / world) / 2^exp of a block with agreed exponent exp (codecs/fixed.py) */
 double ina_fixed_scale(int exp, int world);

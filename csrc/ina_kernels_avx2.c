@@ -555,7 +555,25 @@ static void philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, ui
     ina_scalar_philox_fill(seed, offset + i, n - i, s, out + i);
 }
 
+/* a result's big-endian sums into a large output: 32-byte streaming stores from out's first whole line, two a
+ * line, so the output is never read for ownership (the int32 worker loop's, as nc_decode_nt is NC's) */
+static void int32_unwire_nt(const uint8_t *be, size_t n, int32_t *out)
+{
+    const __m256i swap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                          3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    size_t i = (uintptr_t)out & 3 ? n : (size_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
+    i = i < n ? i : n;
+    ina_scalar_int32_unwire(be, i, out);
+    for (; n - i >= 16; i += 16) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(be + 4 * i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(be + 4 * i + 32));
+        _mm256_stream_si256((__m256i *)(out + i), _mm256_shuffle_epi8(a, swap));
+        _mm256_stream_si256((__m256i *)(out + i + 8), _mm256_shuffle_epi8(b, swap));
+    }
+    ina_scalar_int32_unwire(be + 4 * i, n - i, out + i); /* unfenced: ina_store_fence */
+}
+
 const ina_kernel_ops ina_ops_avx2 = {
     "avx2", nc_encode, nc_decode, fixed_nearest, fixed_sr, fixed_value, dither_natural, dither_standard,
-    philox_fill, nc_decode_nt,
+    philox_fill, nc_decode_nt, int32_unwire_nt,
 };

@@ -570,7 +570,30 @@ static void philox_fill(uint64_t seed, uint64_t offset, size_t n, uint32_t s, ui
     ina_scalar_philox_fill(seed, offset + i, n - i, s, out + i);
 }
 
+/* a result's big-endian sums into a large output: a streaming store per whole 64-byte line of out, masked
+ * plain stores on the partial lines at either end (as nc_decode_nt) */
+static void int32_unwire_nt(const uint8_t *be, size_t n, int32_t *out)
+{
+    if ((uintptr_t)out & 3) {
+        ina_scalar_int32_unwire(be, n, out);
+        return;
+    }
+    const __m512i swap = _mm512_set4_epi32(0x0C0D0E0F, 0x08090A0B, 0x04050607, 0x00010203);
+    size_t i = (size_t)((64 - ((uintptr_t)out & 63)) & 63) / 4;
+    i = i < n ? i : n;
+    if (i) {
+        __mmask16 m = (__mmask16)((1u << i) - 1);
+        _mm512_mask_storeu_epi32(out, m, _mm512_shuffle_epi8(_mm512_maskz_loadu_epi32(m, be), swap));
+    }
+    for (; n - i >= 16; i += 16)
+        _mm512_stream_si512((void *)(out + i), _mm512_shuffle_epi8(_mm512_loadu_si512(be + 4 * i), swap));
+    if (n > i) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_epi32(out + i, m, _mm512_shuffle_epi8(_mm512_maskz_loadu_epi32(m, be + 4 * i), swap));
+    } /* unfenced: ina_store_fence */
+}
+
 const ina_kernel_ops ina_ops_avx512 = {
     "avx512", nc_encode, nc_decode, fixed_nearest, fixed_sr, fixed_value, dither_natural, dither_standard,
-    philox_fill, nc_decode_nt,
+    philox_fill, nc_decode_nt, int32_unwire_nt,
 };

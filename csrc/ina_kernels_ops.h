@@ -31,6 +31,8 @@ typedef struct {
     void (*philox_fill)(uint64_t seed, uint64_t offset, size_t n, uint32_t s, uint32_t *out);
     /* nc_decode for outputs larger than the caches: no read for ownership of out's lines (streaming stores) */
     uint32_t (*nc_decode_nt)(const uint8_t *codes, size_t n, float *out);
+    /* native int32 of big-endian int32 (a result's sums), by streaming stores where out is 4-byte aligned */
+    void (*int32_unwire_nt)(const uint8_t *be, size_t n, int32_t *out);
 } ina_kernel_ops;
 
 extern const ina_kernel_ops ina_ops_scalar, ina_ops_avx2, ina_ops_avx512;
@@ -136,6 +138,12 @@ static inline void ina_scalar_fixed_sr(const float *x, size_t n, double scale, d
     ina_stream st = {seed, 0, INA_SUB_MAIN, {0, 0, 0, 0}, 0};
     for (size_t i = 0; i < n; i++)
         ina_store_be32(out_be + 4 * i, ina_fixed_sr(x[i], scale, lim, ina_stream_word(&st, offset + i)));
+}
+
+static inline void ina_scalar_int32_unwire(const uint8_t *be, size_t n, int32_t *out)
+{
+    for (size_t i = 0; i < n; i++) /* the compiler vectorises it */
+        out[i] = (int32_t)__builtin_bswap32(ina_load_u32(be + 4 * i));
 }
 
 static inline void ina_scalar_fixed_value(const int32_t *sums, size_t n, double scale, float *out)

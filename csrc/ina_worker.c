@@ -548,7 +548,11 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
         memcpy((uint8_t *)w->result + lo, pl, count);
         return 0;
     }
-    sums_of(pl, count, (int32_t *)(w->out ? w->out : w->result) + lo);
+    int32_t *to = (int32_t *)(w->out ? w->out : w->result) + lo;
+    if (w->n >= NT_MIN_ELEMENTS) /* as NC's decode: the output is not read for ownership */
+        ina_int32_unwire_stream(pl, count, to);
+    else
+        sums_of(pl, count, to);
     return 0;
 }
 

@@ -88,6 +88,15 @@ def nc_decode(codes: np.ndarray, out=None, nt: bool = False):
     return values, rc
 
 
+def int32_unwire_nt(be: np.ndarray, out=None) -> np.ndarray:
+    """Native int32 of big-endian int32 (a '>i4' array, a result's sums) by streaming stores: the C worker
+    loop's store of a large int32 output."""
+    values = _out(out, be.size, np.int32)
+    lib.ina_int32_unwire_nt(ffi.from_buffer("uint8_t[]", be.view(np.uint8)), be.size,
+                            ffi.from_buffer("int32_t[]", values, require_writable=True))
+    return values
+
+
 def fixed_quantize(x32: np.ndarray, scale: float, limit: int, out=None) -> np.ndarray:
     """Big-endian int32 (as a '>i4' array) of clip(rint(x * scale), -limit, limit) for contiguous float32 x32."""
     q = _out(out, x32.size, ">i4")

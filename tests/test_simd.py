@@ -210,6 +210,19 @@ def test_nc_decode_streaming_stores_equal_plain(path, shift):
         assert kernels.nc_decode(c, out=out, nt=True)[1] == kernels.BAD_CODE
 
 
+@pytest.mark.parametrize("shift", [0, 1, 3, 16])
+@pytest.mark.parametrize("n", [0, 5, 16, 17, 256, 5003])
+def test_int32_unwire_streaming_stores_equal_plain(path, shift, n):
+    """The int32 worker loop's store of a large output (a result's big-endian sums, by streaming stores from
+    out's first whole line) writes each sum in native order, and nothing before or after out."""
+    be = np.random.default_rng(n).integers(-2**31, 2**31, n, dtype=np.int64).astype(">i4")
+    buf = np.full(n + 32, -7, dtype=np.int32)
+    out = buf[shift:shift + n]
+    kernels.int32_unwire_nt(be, out=out)
+    assert np.array_equal(out, be.astype(np.int32))
+    assert (buf[:shift] == -7).all() and (buf[shift + n:] == -7).all()
+
+
 def fixed_inputs() -> np.ndarray:
     rs = np.random.default_rng(3)
     x = rs.standard_normal(4099).astype(np.float32)
