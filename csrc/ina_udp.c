@@ -22,7 +22,7 @@
 /* a receive asks for as many messages as hold about RX_BATCH_BYTES at the last receive's mean size (UDP_GRO's
  * runs of up to 64 KiB: 8; single datagrams: INA_UDP_BATCH), so the sums read the datagrams while the kernel's copy
  * of them is still in this core's cache (docs/performance.md, "The switch's receive") */
-#define RX_BATCH_BYTES (512u << 10)
+#define RX_BATCH_BYTES (256u << 10)
 #define RX_BATCH_MIN 8
 /* a receive's cmsgs: UDP_GRO's segment size and the IP header's TOS byte (IP_RECVTOS: its ECN field) */
 #define RX_CMSG_SPACE (INA_GRO_CMSG_SPACE + CMSG_SPACE(sizeof(int)))
