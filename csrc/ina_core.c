@@ -335,7 +335,8 @@ void ina_switch_count_drop(ina_switch *sw, int reason)
 /* ------------------------------------------------------------------ data plane */
 /* payload -> the round's sums (int32 elements, or NC codes as multiples of the round's floor level); 0 if a
  * code is invalid for the block's exponent (model: natural.codes_to_int) */
-/* values' add modes: 0 write, 1 add, ADD_AT_FINISH validate only (the round's last NC packet: finish adds it) */
+/* values' add modes: 0 write, 1 add, ADD_AT_FINISH validate only (the round's last NC packet or narrow int32
+ * one: finish adds it) */
 #define ADD_AT_FINISH 2
 
 /* A round's NC sums are exact in int32 lanes when counted from a floor narrow_span levels below the block's
@@ -418,7 +419,8 @@ static int values(const ina_switch *sw, const job_t *j, const header *h, const u
     if (!add)
         st->narrow = 0; /* nc_values and int32_values set it for the rounds they sum */
     if (h->codec == INA_CODEC_INT32) {
-        int32_values(sw, p, n, st, add);
+        if (add != ADD_AT_FINISH)
+            int32_values(sw, p, n, st, add);
         return 1;
     }
     if (h->exp_cur == INA_EXP_NONE) {
@@ -486,7 +488,7 @@ static int nc_finish_round(const ina_switch *sw, const slot_set *st, const uint8
 }
 
 /* model: Switch._finish; the result payload is computed once per round so resends are identical. last: the
- * payload of the round's last NC packet, validated but not yet added (join_round), or NULL */
+ * payload of the round's last NC or narrow int32 packet, validated but not yet added (join_round), or NULL */
 static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
 {
     uint32_t n = st->n_elems;
@@ -498,6 +500,12 @@ static void finish(ina_switch *sw, slot_set *st, const uint8_t *last)
         wr32(st->result + 4, st->next_block);
     }
     if (st->codec == INA_CODEC_INT32) {
+        if (last && st->narrow && !sw->lanes->int32_add_finish32(last, (const int32_t *)(const void *)acc, n, res)) {
+            st->result_len = ext + 4 * n; /* every add fit, the last one too */
+            return;
+        }
+        if (last)
+            int32_values(sw, last, n, st, 1); /* it wrapped: add it again, widening the round */
         if (st->narrow) /* every add fit: so does the sum */
             sw->lanes->int32_finish32((const int32_t *)(const void *)acc, n, res);
         else if (sw->lanes->int32_finish(acc, n, res)) { /* wraps like the hardware; the flag says so */
@@ -855,11 +863,13 @@ static int mismatch(ina_switch *sw, job_t *j, const packet *p, const slot_set *s
                 h->count, h->exp_cur, st->codec, st->n_elems, st->exp_cur);
 }
 
-/* a dense NC packet that completes its round (every other rank in): its values go straight into the result */
-static int last_nc(const job_t *j, const header *h, const slot_set *st)
+/* a dense NC packet, or a narrow int32 round's, that completes its round (every other rank in): its values go
+ * straight into the result */
+static int last_dense(const job_t *j, const header *h, const slot_set *st)
 {
-    return h->msg_type == INA_MSG_UPDATE && h->codec == INA_CODEC_NC8 && h->exp_cur != INA_EXP_NONE &&
-           st->count + 1 == j->world_size;
+    if (h->msg_type != INA_MSG_UPDATE || st->count + 1 != j->world_size)
+        return 0;
+    return h->codec == INA_CODEC_NC8 ? h->exp_cur != INA_EXP_NONE : h->codec == INA_CODEC_INT32 && st->narrow;
 }
 
 /* model: Switch._update, before != 0. A later packet of the round: same round and call, the same shape
@@ -923,7 +933,7 @@ static int on_update(ina_switch *sw, const header *h, const uint8_t *pkt, size_t
         return duplicate(sw, j, &p, st, other);
     if (j->failed_len) /* no new contribution after a failure; completed rounds still resend */
         return answer_failed(sw, j, h, src, out);
-    int last = st->bitmap != 0 && last_nc(j, h, st); /* join_round leaves its values to complete */
+    int last = st->bitmap != 0 && last_dense(j, h, st); /* join_round leaves its values to complete */
     int n = st->bitmap == 0 ? start_round(sw, j, &p, st, other) : join_round(sw, j, &p, st, last);
     if (n != SUMMED)
         return n;

@@ -38,6 +38,9 @@ typedef struct {
      * wrapped (the caller widens the round); res = acc as big-endian int32. NULL: every round is wide */
     int (*int32_values32)(const uint8_t *p, uint32_t n, int32_t *v, int add);
     void (*int32_finish32)(const int32_t *acc, uint32_t n, uint8_t *res);
+    /* int32_values32 (add) of a narrow round's last packet and int32_finish32 in one pass, acc left as it was;
+     * nonzero if an add wrapped (res is then not the round's: the caller adds, widens and finishes) */
+    int (*int32_add_finish32)(const uint8_t *p, const int32_t *acc, uint32_t n, uint8_t *res);
 } ina_lane_ops;
 
 extern const ina_lane_ops ina_lanes_scalar, ina_lanes_avx2, ina_lanes_avx512;

@@ -58,6 +58,17 @@ static void int32_finish32_scalar(const int32_t *acc, uint32_t n, uint8_t *res)
         wr32(res + 4 * i, (uint32_t)acc[i]);
 }
 
+static int int32_add_finish32_scalar(const uint8_t *p, const int32_t *acc, uint32_t n, uint8_t *res)
+{
+    uint32_t wrap = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t a = (uint32_t)acc[i], b = rd32(p + 4 * i), s = a + b;
+        wrap |= (a ^ s) & (b ^ s);
+        wr32(res + 4 * i, s);
+    }
+    return (int)(wrap >> 31);
+}
+
 static int nc_valid_scalar(const uint8_t *p, uint32_t n, int floor, int top)
 {
     for (uint32_t i = 0; i < n; i++)
@@ -117,7 +128,7 @@ static int nc_add_finish32_scalar(const uint8_t *p, const int32_t *acc, uint32_t
 const ina_lane_ops ina_lanes_scalar = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
                                        nc_values_scalar, nc_finish_scalar, NULL, nc_values32_scalar,
                                        nc_finish32_scalar, nc_add_finish32_scalar, int32_values32_scalar,
-                                       int32_finish32_scalar};
+                                       int32_finish32_scalar, int32_add_finish32_scalar};
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -429,9 +440,26 @@ AVX2 static void int32_finish32_avx2(const int32_t *acc, uint32_t n, uint8_t *re
     int32_finish32_scalar(acc + i, n - i, res + 4 * i);
 }
 
+/* the round's last packet added as its result is written: its sums never go back to acc */
+AVX2 static int int32_add_finish32_avx2(const uint8_t *p, const int32_t *acc, uint32_t n, uint8_t *res)
+{
+    const __m256i bswap = _mm256_broadcastsi128_si256(BSWAP32_LANES(_mm_set_epi8));
+    __m256i wrap = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(p + 4 * i)), bswap);
+        __m256i a = _mm256_loadu_si256((const __m256i *)(acc + i)), s = _mm256_add_epi32(a, x);
+        wrap = _mm256_or_si256(wrap, _mm256_and_si256(_mm256_xor_si256(a, s), _mm256_xor_si256(x, s)));
+        _mm256_storeu_si256((__m256i *)(res + 4 * i), _mm256_shuffle_epi8(s, bswap));
+    }
+    int wrapped = _mm256_movemask_ps(_mm256_castsi256_ps(wrap)) != 0;
+    return wrapped | int32_add_finish32_scalar(p + 4 * i, acc + i, n - (uint32_t)i, res + 4 * i);
+}
+
 const ina_lane_ops ina_lanes_avx2 = {"avx2", int32_values_avx2, int32_finish_avx2, nc_valid_avx2, nc_values_avx2,
                                      nc_finish_avx2, NULL, nc_values32_avx2, nc_finish32_avx2,
-                                     nc_add_finish32_avx2, int32_values32_avx2, int32_finish32_avx2};
+                                     nc_add_finish32_avx2, int32_values32_avx2, int32_finish32_avx2,
+                                     int32_add_finish32_avx2};
 
 /* ------------------------------------------------------------------ AVX-512 */
 AVX512 static void int32_values_avx512(const uint8_t *p, uint32_t n, int64_t *v, int add)
@@ -703,10 +731,25 @@ AVX512 static void int32_finish32_avx512(const int32_t *acc, uint32_t n, uint8_t
     int32_finish32_scalar(acc + i, n - i, res + 4 * i);
 }
 
+AVX512 static int int32_add_finish32_avx512(const uint8_t *p, const int32_t *acc, uint32_t n, uint8_t *res)
+{
+    const __m512i bswap = _mm512_broadcast_i32x4(BSWAP32_LANES(_mm_set_epi8));
+    __m512i wrap = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i x = _mm512_shuffle_epi8(_mm512_loadu_si512(p + 4 * i), bswap);
+        __m512i a = _mm512_loadu_si512(acc + i), s = _mm512_add_epi32(a, x);
+        wrap = _mm512_or_si512(wrap, _mm512_ternarylogic_epi32(a, x, s, 0x42));
+        _mm512_storeu_si512(res + 4 * i, _mm512_shuffle_epi8(s, bswap));
+    }
+    int wrapped = _mm512_movepi32_mask(wrap) != 0;
+    return wrapped | int32_add_finish32_scalar(p + 4 * i, acc + i, n - (uint32_t)i, res + 4 * i);
+}
+
 const ina_lane_ops ina_lanes_avx512 = {"avx512", int32_values_avx512, int32_finish_avx512, nc_valid_avx512,
                                        nc_values_avx512, nc_finish_avx512, nc_add_finish_avx512,
                                        nc_values32_avx512, nc_finish32_avx512, nc_add_finish32_avx512,
-                                       int32_values32_avx512, int32_finish32_avx512};
+                                       int32_values32_avx512, int32_finish32_avx512, int32_add_finish32_avx512};
 
 static const ina_lane_ops *best_supported(void)
 {
@@ -720,11 +763,11 @@ static const ina_lane_ops *best_supported(void)
 const ina_lane_ops ina_lanes_avx2 = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
                                      nc_values_scalar, nc_finish_scalar, NULL, nc_values32_scalar,
                                      nc_finish32_scalar, nc_add_finish32_scalar, int32_values32_scalar,
-                                     int32_finish32_scalar};
+                                     int32_finish32_scalar, int32_add_finish32_scalar};
 const ina_lane_ops ina_lanes_avx512 = {"scalar", int32_values_scalar, int32_finish_scalar, nc_valid_scalar,
                                        nc_values_scalar, nc_finish_scalar, NULL, nc_values32_scalar,
                                        nc_finish32_scalar, nc_add_finish32_scalar, int32_values32_scalar,
-                                       int32_finish32_scalar};
+                                       int32_finish32_scalar, int32_add_finish32_scalar};
 static const ina_lane_ops *best_supported(void) { return &ina_lanes_scalar; }
 #endif
 
