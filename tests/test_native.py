@@ -526,6 +526,55 @@ def test_int32_rounds_in_int32_lanes_widen_where_an_add_wraps(monkeypatch, path,
     assert core.stats(per_slot=True) == stats and stats["overflows"] == 8 and sum(stats["dropped"].values()) == 0
 
 
+@pytest.mark.parametrize("path", SIMD_PATHS)
+def test_sets_laid_out_for_each_generations_elements_match_the_model(monkeypatch, path):
+    """Each generation lays its slots' sets out for the elements its join agreed, denser than max_elements. Rounds
+    in flight on every slot at once (int32 narrow, int32 wide where an add wraps: 8 bytes an element, and NC)
+    while the other sets keep the last rounds' results for a rank that has not moved on, results written right
+    to left, each resent, in generations of 256, 1000 and 7 elements: the model's bytes, so no round's sums or
+    result reach a neighbouring set's."""
+    config = dict(slots=4, max_elements=1024, seed=5, boot=BOOT)
+    model = Switch({1: 3}, **config)
+    core = forced_core(monkeypatch, path, {1: 3}, **config)
+    rs = np.random.default_rng(8)
+
+    def packet(k, session, r, slot, use):
+        if slot % 2:
+            payload, codec = rs.integers(60, 64, k).astype(np.uint8).tobytes(), wire.CODEC_NC8
+        else:  # slot 2's rounds wrap and widen to int64 sums
+            x = rs.integers(2**29, 2**30, k) if slot == 2 else rs.integers(-1000, 1000, k)
+            payload, codec = x.astype(">i4").tobytes(), wire.CODEC_INT32
+        return wire.pack(wire.MSG_UPDATE, 1, r, use, slot, use & 1, k, codec, 0, 0, 0, payload, session)
+
+    for gen, k in ((1, 256), (2, 1000), (3, 7)):
+        session = 0x5E55 + gen
+        for sw in (model, core):
+            sw.admit(1, gen, session, 0, [0, 1, 2], elements=k)
+        sent = {}
+
+        def send(r, slot, use):
+            sent[r, slot, use] = pkt = packet(k, session, r, slot, use)
+            want = model.process(pkt, r)
+            assert core.process(pkt, r) == want, f"generation {gen}, use {use}, rank {r}, slot {slot}"
+            return want
+
+        def resend(slot, use):  # rank 2's packet again: the round's stored result, unicast
+            want = model.process(sent[2, slot, use], 2)
+            assert len(want) == 1 and core.process(sent[2, slot, use], 2) == want, f"{gen}: {slot} {use}"
+
+        for use in range(4):
+            for r in (0, 1):  # every slot's round in flight at once, in the sets of this use's parity ...
+                for slot in range(4):
+                    assert send(r, slot, use) == []
+            for slot in range(4 if use else 0):  # ... while the other sets keep the last use's results for rank 2
+                resend(slot, use - 1)
+            for slot in reversed(range(4)):  # each result written after its right-hand neighbour's
+                assert len(send(2, slot, use)) == 3
+            for slot in range(4):
+                resend(slot, use)
+    assert core.stats(per_slot=True) == model.stats(per_slot=True)
+
+
 def test_core_answers_control_requests_like_the_model():
     clocks = [Clock(), Clock()]
     model = Switch({1: 2}, secret=5, clock=clocks[0], boot=BOOT)
