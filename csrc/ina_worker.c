@@ -236,19 +236,40 @@ void ina_wk_finish(ina_wk *w)
  * stream. Their encode is compute-bound, so the prefetches land under its arithmetic (64 MiB NC calls on a
  * Xeon's AVX2 paths: 5-7 % faster); AVX-512's runs at memory speed, and they only competed with its loads (2-4 %
  * slower). docs/performance.md, "Both SIMD paths on an Intel Xeon". */
-static void prefetch_next(const ina_wk *w, uint64_t lo, uint32_t count)
+static void prefetch(const ina_wk *w, uint64_t lo, uint32_t count)
 {
-    if (ina_simd_get() == INA_SIMD_AVX512)
-        return;
-    const char *next = (const char *)w->src + 4 * (lo + count), *end = (const char *)w->src + 4 * w->n;
+    const char *next = (const char *)w->src + 4 * lo, *end = (const char *)w->src + 4 * w->n;
     for (const char *c = next; c < next + 4 * (size_t)count && c < end; c += 64)
         __builtin_prefetch(c);
+}
+
+static void prefetch_next(const ina_wk *w, uint64_t lo, uint32_t count)
+{
+    if (ina_simd_get() != INA_SIMD_AVX512)
+        prefetch(w, lo + count, count);
+}
+
+/* NC encode in quarters of 1 KiB of elements, each after the prefetch of the next block's same quarter: 16
+ * lines, fewer than a core's fill buffers, so the prefetches do not stall the loop as a whole block's 64 did */
+#define NC_PREFETCH_CHUNK 256u
+
+static int nc_encode_prefetching(ina_wk *w, const float *s, uint64_t lo, uint32_t count, uint8_t *pl, int floor)
+{
+    for (uint32_t at = 0; at < count; at += NC_PREFETCH_CHUNK) {
+        uint32_t m = count - at < NC_PREFETCH_CHUNK ? count - at : NC_PREFETCH_CHUNK;
+        prefetch(w, lo + count + at, m);
+        int rc = ina_nc_encode(s + at, m, pl + at, w->seed, lo + at, w->deterministic, floor);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* count elements from lo, encoded with the agreed exponent exp_cur, into pl; 0, or -1 if a kernel failed */
 static int encode_elements(ina_wk *w, priv_t *p, uint64_t lo, uint32_t count, int8_t exp_cur, uint8_t *pl)
 {
-    prefetch_next(w, lo, count); /* int32 and float32: 4 bytes an element */
+    if (w->kind != INA_WK_NC)
+        prefetch_next(w, lo, count); /* int32 and float32: 4 bytes an element */
     if (w->kind == INA_WK_INT32) {
         const int32_t *s = (const int32_t *)w->src + lo;
         for (uint32_t i = 0; i < count; i++) { /* bswap + memcpy: the compiler vectorises it, wr32 it does not */
@@ -264,7 +285,8 @@ static int encode_elements(ina_wk *w, priv_t *p, uint64_t lo, uint32_t count, in
         ina_fixed_quantize(s, count, ina_fixed_scale(exp_cur, w->world), INT32_MAX_ / w->world, pl);
     } else {
         int floor = exp_cur == INA_EXP_NONE ? INA_NC_LEVEL_MIN : nc_floor(exp_cur);
-        int rc = ina_nc_encode(s, count, pl, w->seed, lo, w->deterministic, floor);
+        int rc = ina_simd_get() == INA_SIMD_AVX512 ? ina_nc_encode(s, count, pl, w->seed, lo, w->deterministic, floor)
+                                                   : nc_encode_prefetching(w, s, lo, count, pl, floor);
         if (rc) {
             w->sys_errno = rc;
             return -1;
