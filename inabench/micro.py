@@ -172,7 +172,7 @@ def bench_core(packets: int = 100_000, workers: int = 4) -> list[dict]:
             times = []
             for _ in range(3):  # a fresh core each time: a replayed stream's ids are stale the second time
                 replay_core, took = _core_with_lanes(native, config, path)
-                native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, addrs, 0, 0)
+                native.lib.ina_switch_admit(replay_core, 1, 1, BENCH_SESSION, 0, addrs, k, 0)  # a join's layout
                 times.append(best(lambda: native.lib.ina_switch_replay(replay_core, blob, lens, srcs, len(stream)), 1))
             if took != path:
                 continue  # this CPU lacks it
