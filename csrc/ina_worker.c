@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "ina_gso.h"
+#include "ina_kernels_ops.h" /* ina_scalar_int32_unwire: a result's sums in native order */
 #include "ina_kernels.h"
 #include "ina_packet.h"
 #include "ina_shm.h"
@@ -542,16 +543,6 @@ static void gap(ina_wk *w, priv_t *p, double t)
     p->gap_scan = k;
 }
 
-/* a result's payload as native int32 (wire order is big-endian) */
-static void sums_of(const uint8_t *pl, uint32_t count, int32_t *res)
-{
-    for (uint32_t i = 0; i < count; i++) { /* vectorised, as in encode_elements */
-        uint32_t be;
-        memcpy(&be, pl + 4 * (size_t)i, 4);
-        res[i] = (int32_t)__builtin_bswap32(be);
-    }
-}
-
 #define NT_MIN_ELEMENTS (2u << 20) /* 8 MiB of float32: more than a core's share of the caches */
 
 /* a result's elements of block b (from element lo) into the result buffer (native int32 sums, or NC codes),
@@ -562,7 +553,7 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
     if (w->out && w->kind == INA_WK_NC) /* a large output passes the caches by (docs/performance.md) */
         return (w->n >= NT_MIN_ELEMENTS ? ina_nc_decode_stream : ina_nc_decode)(pl, count, (float *)w->out + lo) ? -1 : 0;
     if (w->out && w->kind == INA_WK_FIXED) {
-        sums_of(pl, count, p->sums);
+        ina_scalar_int32_unwire(pl, count, p->sums);
         ina_fixed_dequantize(p->sums, count, count, w->agreed + b, w->world, (float *)w->out + lo);
         return 0;
     }
@@ -574,7 +565,7 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
     if (w->n >= NT_MIN_ELEMENTS) /* as NC's decode: the output is not read for ownership */
         ina_int32_unwire_stream(pl, count, to);
     else
-        sums_of(pl, count, to);
+        ina_scalar_int32_unwire(pl, count, to);
     return 0;
 }
 
