@@ -115,7 +115,8 @@ print(seen, flush=True)
 def test_a_marked_packet_reaches_the_switch_with_ce():
     """INA's datagrams are ECN-capable (ECT(0)); on an --ecn star whose link INA fills past the threshold,
     the switch's host receives some of them marked CE, as many as the links counted, and the int32 result
-    is still exact (a mark is not a loss)."""
+    is still exact (a mark is not a loss). The "ecn" policy: its window grows until a mark comes (the default
+    "aimd" may stop first on the delay signal, 5 ms of queue here below the 12 ms where the link marks)."""
     from topologies.run import Deployment, allreduce
 
     spec = Spec(2, "c", 20.0, 0.5, ecn=True)
@@ -123,7 +124,7 @@ def test_a_marked_packet_reaches_the_switch_with_ce():
         port = int(dep.members[0].switch.rsplit(":", 1)[1])
         sniff = dep.topo.popen(dep.topo.switch_ns, [sys.executable, "-c", SNIFF, port, 8, "br0"],
                                stdout=subprocess.PIPE, text=True)
-        report = allreduce(dep, "int32", 1 << 18, window=256, timeout=30)
+        report = allreduce(dep, "int32", 1 << 18, window=256, timeout=30, cc="ecn")
         seen = ast.literal_eval(sniff.communicate(timeout=20)[0])
         marked = sum(c.get("marked", 0) for c in dep.topo.stage_counters().values())
     assert report["exact"] is True
