@@ -358,20 +358,29 @@ static void deliver(ina_udp *u, int i)
 int ina_udp_run(ina_udp *u)
 {
     struct pollfd pfd = {.fd = u->fd, .events = POLLIN};
+    int yields = 0;
     for (int batches = 0; !u->stop && batches < RUN_BATCHES; batches++) {
-        int r = poll(&pfd, 1, IDLE_MS);
-        if (r < 0)
-            return errno == EINTR ? 0 : -1; /* a signal: let the caller's handlers run */
-        if (r == 0) { /* idle: let any packet held back for reordering go, and return to the caller */
-            release_held(u);
-            return 0;
-        }
         int n = receive_batch(u);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* nothing to read: yield, then sleep */
+            if (ina_udp_yield(&yields)) {
+                batches--; /* not a batch: RUN_BATCHES counts receives and sleeps */
+                continue;
+            }
+            int r = poll(&pfd, 1, IDLE_MS);
+            if (r < 0)
+                return errno == EINTR ? 0 : -1; /* a signal: let the caller's handlers run */
+            if (r == 0) { /* idle: let any packet held back for reordering go, and return to the caller */
+                release_held(u);
+                return 0;
+            }
+            continue;
+        }
         if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNREFUSED)
+            if (errno == EINTR || errno == ECONNREFUSED)
                 continue;
             return -1;
         }
+        yields = 0;
         u->c.recv_batches++;
         uint64_t bytes = 0;
         for (int i = 0; i < n; i++) {

@@ -71,6 +71,7 @@ typedef struct {
     uint8_t *rbuf;
     size_t rlen;        /* receive buffer per message: one result, or a coalesced run with UDP_GRO */
     int gro_on;         /* this call turned UDP_GRO on (and turns it off in ina_wk_finish) */
+    int yields;         /* ina_udp_yield: this wait's yields so far */
     double refused_since; /* the first ECONNREFUSED since the last datagram received; 0: none */
     double next_gone;   /* shm: when to check next whether the switch is gone */
     struct mmsghdr rmsg[INA_WK_BATCH];
@@ -979,8 +980,10 @@ static int run(ina_wk *w, int budget_ms)
             return rc;
         int got = receive(w, p);
         t = now();
-        if (got > 0)
+        if (got > 0) {
             gap(w, p, t);
+            p->yields = 0;
+        }
         flush(w, p); /* sparse: the rounds the results started; the gaps' resends */
         if (got < 0)
             return -got;
@@ -1005,6 +1008,8 @@ static int run(ina_wk *w, int budget_ms)
                 ina_shm_wait(w->shm, fmax(wait, 0));
                 continue;
             }
+            if (ina_udp_yield(&p->yields))
+                continue;
             struct timespec ts = {0, (long)(fmax(wait, 0) * 1e9)};
             struct pollfd pfd[2] = {{.fd = w->fd, .events = POLLIN}, {.fd = w->group_fd, .events = POLLIN}};
             if (ppoll(pfd, w->group_fd > 0 ? 2 : 1, &ts, NULL) < 0 && errno == EINTR)

@@ -478,3 +478,40 @@ def test_junk_from_the_switchs_address_does_not_hide_a_stopped_switch(switch_pro
         for c in comms:
             if isinstance(c, hostlib.Communicator):
                 c.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user and system CPU so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@serve_on("c")
+def test_waiting_loops_yield_a_few_times_then_sleep(switch_process):
+    """The C loops yield before they sleep in poll (csrc/ina_gso.h, ina_udp_yield), a bounded number of times:
+    a switch with no traffic and a rank whose call waits on a stopped switch each use a small part of a core
+    (a loop that yielded without end would use all of it: sched_yield returns at once on an idle core)."""
+    sw = switch_process("--workers", 2)
+    comms = each_rank(lambda r: hostlib.connect(sw.address, r, 2, codec="int32", timeout=30, fast=True))
+    try:
+        before = cpu_seconds(sw.proc.pid)
+        time.sleep(1.0)
+        assert cpu_seconds(sw.proc.pid) - before < 0.2  # ~0.02: a poll of IDLE_MS and 8 yields, 100 times
+        x = np.ones(200_000, np.int32)
+        os.kill(sw.proc.pid, signal.SIGSTOP)
+
+        def waiting(r):
+            t0 = time.thread_time()
+            e, took = failed_call(comms[r], x)
+            return e, took, time.thread_time() - t0
+
+        seen = each_rank(waiting)
+        for e, took, cpu in seen:
+            assert isinstance(e, errors.SwitchSilent), e
+            assert cpu < 0.25 * took, (cpu, took)
+    finally:
+        os.kill(sw.proc.pid, signal.SIGCONT)
+        for c in comms:
+            if isinstance(c, hostlib.Communicator):
+                c.close()
