@@ -1,5 +1,4 @@
-/* UDP GSO / GRO helpers shared by the worker loop (ina_worker.c) and the switch's UDP loop (ina_udp.c), and
- * how both wait for datagrams (ina_udp_yield).
+/* UDP GSO / GRO helpers shared by the worker loop (ina_worker.c) and the switch's UDP loop (ina_udp.c).
  *
  * Why: on loopback one datagram per send costs the kernel about as much as 63 segments of one GSO send
  * (issue 16: 0.23 M vs 5.7 M datagrams/s from one sender to one receiver). A GSO send (UDP_SEGMENT) is
@@ -12,7 +11,6 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -35,26 +33,6 @@
 
 /* how many of the n packets with lengths len[0..n) can go as one GSO send: all but the last exactly len[0]
  * bytes, the last at most that, within the segment and byte limits; 1 means send it on its own */
-/* yields before a loop with nothing to read sleeps in poll. Where the ranks and the switch share a few cores, a
- * datagram for a loop asleep is a wakeup (an IPI and two context switches; a VM exit in a VM): about 1800 in a 64
- * MiB int32 call of 4 ranks on 2 cores, and up to a third of a 1 KiB call. A loop that yields first lets the
- * others on its core run, and finds their datagrams on its next read without being woken. On an idle core a
- * yield returns at once: a few microseconds of reads before the sleep. docs/performance.md, "Yield, then sleep" */
-#define INA_UDP_YIELDS 8
-
-/* 1 after a yield (*yields counted; read again before sleeping), 0 when the loop should sleep now (*yields
- * reset: the next wait yields again) */
-static inline int ina_udp_yield(int *yields)
-{
-    if (*yields >= INA_UDP_YIELDS) {
-        *yields = 0;
-        return 0;
-    }
-    ++*yields;
-    sched_yield();
-    return 1;
-}
-
 static inline int ina_gso_run(const uint32_t *len, int n)
 {
     uint32_t seg = len[0], total = seg;

@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ina_wait.h"
+
 #define INA_SHM_MAGIC 0x31304d5348414e49ull /* "INASHM01" */
 #define INA_SHM_RING_BYTES (2u << 20)        /* per ring: twice the worker's default window (IN_FLIGHT_BYTES) */
 #define INA_SHM_WRAP 0xFFFFFFFFu
@@ -146,7 +148,8 @@ static inline void ina_bell_ring(_Atomic uint32_t *bell, _Atomic uint32_t *sleep
     }
 }
 
-/* wait until ready(ctx) or seconds pass: a short spin (the producer is usually mid-batch), then the futex */
+/* wait until ready(ctx) or seconds pass: a short spin (the producer is usually mid-batch), a few yields (the
+ * producer may be waiting for this core: ina_wait.h), then the futex */
 static inline void ina_bell_wait(_Atomic uint32_t *bell, _Atomic uint32_t *sleeping, int (*ready)(void *), void *ctx,
                                  double seconds)
 {
@@ -155,6 +158,9 @@ static inline void ina_bell_wait(_Atomic uint32_t *bell, _Atomic uint32_t *sleep
             return;
         INA_CPU_RELAX();
     }
+    for (int yields = 0; ina_wait_yield(&yields);)
+        if (ready(ctx))
+            return;
     uint32_t b = atomic_load_explicit(bell, memory_order_relaxed);
     atomic_store_explicit(sleeping, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);

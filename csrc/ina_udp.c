@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include "ina_gso.h"
+#include "ina_wait.h"
 #include "ina_loop.h"
 
 #define RX_BUF 65536
@@ -362,7 +363,7 @@ int ina_udp_run(ina_udp *u)
     for (int batches = 0; !u->stop && batches < RUN_BATCHES; batches++) {
         int n = receive_batch(u);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* nothing to read: yield, then sleep */
-            if (ina_udp_yield(&yields)) {
+            if (ina_wait_yield(&yields)) {
                 batches--; /* not a batch: RUN_BATCHES counts receives and sleeps */
                 continue;
             }

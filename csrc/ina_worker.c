@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "ina_gso.h"
+#include "ina_wait.h"
 #include "ina_kernels_ops.h" /* ina_scalar_int32_unwire: a result's sums in native order */
 #include "ina_kernels.h"
 #include "ina_packet.h"
@@ -71,7 +72,7 @@ typedef struct {
     uint8_t *rbuf;
     size_t rlen;        /* receive buffer per message: one result, or a coalesced run with UDP_GRO */
     int gro_on;         /* this call turned UDP_GRO on (and turns it off in ina_wk_finish) */
-    int yields;         /* ina_udp_yield: this wait's yields so far */
+    int yields;         /* ina_wait_yield: this wait's yields so far */
     double refused_since; /* the first ECONNREFUSED since the last datagram received; 0: none */
     double next_gone;   /* shm: when to check next whether the switch is gone */
     struct mmsghdr rmsg[INA_WK_BATCH];
@@ -1008,7 +1009,7 @@ static int run(ina_wk *w, int budget_ms)
                 ina_shm_wait(w->shm, fmax(wait, 0));
                 continue;
             }
-            if (ina_udp_yield(&p->yields))
+            if (ina_wait_yield(&p->yields))
                 continue;
             struct timespec ts = {0, (long)(fmax(wait, 0) * 1e9)};
             struct pollfd pfd[2] = {{.fd = w->fd, .events = POLLIN}, {.fd = w->group_fd, .events = POLLIN}};

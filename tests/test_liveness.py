@@ -489,7 +489,7 @@ def cpu_seconds(pid: int) -> float:
 
 @serve_on("c")
 def test_waiting_loops_yield_a_few_times_then_sleep(switch_process):
-    """The C loops yield before they sleep in poll (csrc/ina_gso.h, ina_udp_yield), a bounded number of times:
+    """The C loops yield before they sleep in poll (csrc/ina_wait.h), a bounded number of times:
     a switch with no traffic and a rank whose call waits on a stopped switch each use a small part of a core
     (a loop that yielded without end would use all of it: sched_yield returns at once on an idle core)."""
     sw = switch_process("--workers", 2)

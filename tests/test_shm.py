@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -238,3 +239,39 @@ def test_serve_shm_needs_the_c_backend():
     r = subprocess.run([sys.executable, "-m", "switchsim", "serve", "--backend", "python", "--shm", "x"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--backend c" in r.stderr
+
+
+def test_an_idle_shm_switch_and_a_waiting_rank_sleep():
+    """The shared-memory waits yield a few times, then sleep on the futex (csrc/ina_wait.h): a switch process
+    with no traffic, and a rank whose call waits on a stopped one until its timeout, use a small part of a core
+    (a wait that yielded without end would use all of it: sched_yield returns at once on an idle core)."""
+    from .test_liveness import cpu_seconds
+
+    sw = SwitchProcess("--workers", 2, backend="shm")
+    comms = [None, None]
+
+    def join(r):
+        comms[r] = hostlib.connect(sw.address, r, 2, timeout=2, join_timeout=30, codec="int32")
+
+    try:
+        ts = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        assert all(comms), "a rank did not join"
+        before = cpu_seconds(sw.proc.pid)
+        time.sleep(1.0)
+        assert cpu_seconds(sw.proc.pid) - before < 0.2
+        os.kill(sw.proc.pid, signal.SIGSTOP)
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        with pytest.raises(ina_errors.INAError):
+            comms[0].allreduce(np.ones(100_000, np.int32))
+        took, cpu = time.monotonic() - t0, time.thread_time() - cpu0
+        assert cpu < 0.25 * took, (cpu, took)
+    finally:
+        os.kill(sw.proc.pid, signal.SIGCONT)
+        for c in comms:
+            if c is not None:
+                c.close()
+        sw.stop()
