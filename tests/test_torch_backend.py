@@ -1120,3 +1120,31 @@ def test_a_full_pool_puts_ddp_on_gloo_with_one_warning_and_it_moves_to_the_switc
         dist.destroy_process_group()
         holder.close()
         sw.stop()
+
+
+def test_the_extensions_inline_reads_equal_pythons():
+    """inline_call.cpp reads a call's tensor and c10d options from their C++ objects; it gives what the Python
+    reads give (the key the lanes are kept under, avg, asyncOp), and None for what the inline path does not
+    take: a strided view, a non-CPU layout, MAX, options of another class."""
+    from hostlib.integrations import futures, torch_backend
+
+    ext = futures.extension()
+    if ext is None:
+        pytest.skip("the torch extension could not be built here (no compiler or headers): Python's reads apply")
+    base = torch.arange(12, dtype=torch.float32)
+    tensors = [base, base.view(3, 4), torch.zeros(5, dtype=torch.int32), base.to(torch.float64), base[2:],
+               base.view(3, 4).t(), base[::2], torch.tensor(2.5), base.to_sparse()]
+    for t in tensors:
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+            for async_op in (False, True):
+                opts = dist.AllreduceOptions()
+                opts.reduceOp, opts.asyncOp = op, async_op
+                want = torch_backend._python_reads(t, opts)
+                assert ext.inline_call(t, opts) == want, (t, op, async_op)
+                if want is not None:
+                    assert want[0] == (t.data_ptr(), t.numel(), t.dtype)
+    kept = ext.inline_call(base, dist.AllreduceOptions())
+    assert kept == ((base.data_ptr(), 12, torch.float32), False, True)  # c10d's defaults: SUM, asyncOp
+    assert ext.inline_call(base, dist.AllreduceCoalescedOptions()) is None  # a subclass: not read raw
+    assert ext.inline_call(base, dist.BroadcastOptions()) is None
+    assert ext.inline_call(base.numpy(), dist.AllreduceOptions()) is None

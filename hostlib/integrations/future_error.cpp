@@ -20,6 +20,9 @@ static void set_error(const py::object& future, const py::object& exception) {
   wrapper->fut->setError(eptr);
 }
 
+void def_inline_call(py::module_& m);  // inline_call.cpp: the inline path's reads, built into this module
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_error", &set_error, "Complete `future` with `exception` as its C++ error (class kept).");
+  def_inline_call(m);
 }

@@ -9,7 +9,8 @@ process group written in Python must complete the future with a C++ error instea
   cpp_extension, cached in $TORCH_EXTENSIONS_DIR, ~30 s on 2 cores; `python -m
   hostlib.integrations.futures` builds it, `make install-test` does): the error is a torch::python_error
   holding the exception, so `loss.backward()` under DDP raises the *same* exception (PeerDead, ValueError,
-  ...) on every rank.
+  ...) on every rank. The same extension holds `inline_call.cpp`, the torch backend's reads of a small
+  call's tensor and options in one call (torch_backend.ProcessGroupINA._inline_allreduce).
 - Without a compiler: the future is a `then` of a private one whose callback raises; torch stores that as a
   RuntimeError whose text starts with the exception's class and message. Never a crash, but the class is
   only in the text (wait() on the Work still raises the exception itself).
@@ -25,6 +26,7 @@ import warnings
 import torch
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "future_error.cpp")
+_SOURCES = [_SOURCE, os.path.join(os.path.dirname(_SOURCE), "inline_call.cpp")]  # the torch backend's inline reads
 _lock = threading.Lock()
 _module = None
 _tried = False
@@ -45,7 +47,7 @@ def extension():
         path = os.environ.get("PATH", "")
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + path  # pip's ninja, beside python
         try:
-            _module = cpp_extension.load("hostlib_future_error", [_SOURCE], verbose=False)
+            _module = cpp_extension.load("hostlib_torch", _SOURCES, verbose=False)
         except Exception as e:  # noqa: BLE001 - no compiler, no headers: the portable path still works
             warnings.warn(f"hostlib: could not build {os.path.basename(_SOURCE)} ({e}); collective errors reach "
                           f"DDP as RuntimeError naming the exception", RuntimeWarning, stacklevel=2)
@@ -238,6 +240,6 @@ class _Call:
 
 if __name__ == "__main__":
     module = extension()
-    print(f"hostlib: {'built' if module is not None else 'could not build'} the future-error extension "
-          f"({_SOURCE})")
+    print(f"hostlib: {'built' if module is not None else 'could not build'} the torch extension "
+          f"({', '.join(_SOURCES)})")
     raise SystemExit(0 if module is not None else 1)

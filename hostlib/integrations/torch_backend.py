@@ -117,6 +117,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         # waits on it at once and drops it (a Work costs more to make than the rest of the inline path)
         self.paths: dict[tuple, int] = {}  # (what, path): calls per kind of call and the path that carried it
         self.failover: Failover | None = None
+        self._reads = _python_reads  # the inline path's reads of a call's tensor and options (inline_call.cpp)
         if not use_switch:
             self._warn_once("subgroup", "process group 'ina': a subgroup runs every collective on gloo (the "
                                         "switch job belongs to the world group)")
@@ -133,7 +134,8 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.failover = Failover(store, rank, size, c10d_timeout, self.switch, job, self.codec, connect_kwargs,
                                  retry_every, on_drop=lambda: self.calls.reset())
         self.calls = SwitchCalls(self.failover, self.codec, connect_kwargs, self._count)
-        futures.extension()  # built (once per machine) before the first call, not inside DDP's backward
+        ext = futures.extension()  # built (once per machine) before the first call, not inside DDP's backward
+        self._reads = ext.inline_call if ext is not None else _python_reads
         self.failover.start(os.environ.get("INA_STRICT") == "1" if strict is None else strict)
         self.failover.watch(lambda fn, *args: self._worker.submit(fn, *args), self.calls.idle_recovery)
 
@@ -303,13 +305,11 @@ class ProcessGroupINA(dist.ProcessGroup):
         if opts is None or len(tensors) != 1:
             return None
         t = tensors[0]
-        if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
+        got = self._reads(t, opts)
+        if got is None:
             return None
-        op = int(opts.reduceOp.op)  # an int: comparing pybind enums costs more than the read (cold, ~3 us)
-        avg = op == _AVG
-        if not avg and op != _SUM:
-            return None
-        lane = self.calls.lane(t)
+        key, avg, asynchronous = got
+        lane = self.calls.lane(t, key)
         if lane is None or not self._worker.enter_here():
             return None
         try:
@@ -322,7 +322,7 @@ class ProcessGroupINA(dist.ProcessGroup):
             return DoneWork(error=e)
         finally:
             self._worker.leave()
-        return DoneWork(tensors) if opts.asyncOp else self._done
+        return DoneWork(tensors) if asynchronous else self._done
 
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
@@ -407,6 +407,17 @@ class FutureWork(dist.Work):
         if self.entry is not None:
             self.queue.wake()
         return self.future.done()
+
+
+def _python_reads(t: torch.Tensor, opts):
+    """inline_call.cpp's reads, in Python (where the extension is not built): ((address, elements, dtype), avg,
+    asyncOp) of a contiguous strided CPU tensor and a SUM or AVG call, else None."""
+    if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
+        return None
+    op = int(opts.reduceOp.op)  # an int: comparing pybind enums costs more than the read (cold, ~3 us)
+    if op != _SUM and op != _AVG:
+        return None
+    return (t.data_ptr(), t.numel(), t.dtype), op == _AVG, opts.asyncOp
 
 
 class DoneWork(dist.Work):

@@ -170,11 +170,11 @@ class SwitchCalls:
             route = self.routes[key] = (codec, k, f"switch ({codec.name}{', per element' if k == 1 else ''})")
         return route
 
-    def lane(self, t: torch.Tensor) -> "Lane | None":
+    def lane(self, t: torch.Tensor, key: tuple | None = None) -> "Lane | None":
         """t's lane (made at its first call, kept per address, size and dtype while this connection lives), or
         None where the inline path does not apply: other dtypes, an empty tensor, sums that do not land block by
-        block (the Python loop)."""
-        key = (t.data_ptr(), t.numel(), t.dtype)
+        block (the Python loop). key: (t.data_ptr(), t.numel(), t.dtype) where the caller has read them."""
+        key = key or (t.data_ptr(), t.numel(), t.dtype)
         lane = self.lanes.get(key)
         if lane is not None:
             return lane

@@ -1,0 +1,67 @@
+// The inline path's reads of a dist.all_reduce call (torch_backend.ProcessGroupINA._inline_allreduce), in one
+// call into C++: is its one tensor a contiguous strided CPU tensor, and which reduce op and asyncOp did c10d's
+// options ask for.
+//
+// In Python each is a read through pybind or torch's bindings (t.is_cpu, t.layout, t.is_contiguous(),
+// opts.reduceOp.op, opts.asyncOp, t.data_ptr() ...): nine calls that cost several microseconds apiece with the
+// cold caches a rank has after each sleep, about 18 us of CPU of a 1 KiB call's 120 (docs/performance.md, "The
+// torch rows' small calls"). The options are read from their pybind instance directly, and only when the
+// object is exactly c10d's AllreduceOptions in pybind's simple layout (its value pointer first in the
+// instance): pybind's generic cast of a class registered by another module was the slower part of an earlier
+// attempt. Anything else gives None, and the caller takes Python's reads.
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+
+static PyTypeObject* allreduce_options_type = nullptr;
+
+// ((address, elements, dtype), avg, asyncOp) for a contiguous strided CPU tensor and a SUM or AVG call, the
+// key the lanes are kept under (torch_calls.SwitchCalls.lane); None for anything else. A CPython function, not
+// pybind's: a rank's first pybind call after it slept cost ~20 us of CPU in the 4-rank loop (its dispatcher,
+// cold), this one about what the tensor's own reads cost.
+static PyObject* inline_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "inline_call(tensor, opts)");
+    return nullptr;
+  }
+  PyObject *t = args[0], *o = args[1];
+  if (allreduce_options_type == nullptr || Py_TYPE(o) != allreduce_options_type || !THPVariable_Check(t))
+    Py_RETURN_NONE;
+  auto* inst = reinterpret_cast<py::detail::instance*>(o);
+  if (!inst->simple_layout || inst->simple_value_holder[0] == nullptr)
+    Py_RETURN_NONE;
+  const auto* options = static_cast<const c10d::AllreduceOptions*>(inst->simple_value_holder[0]);
+  auto op = options->reduceOp.op_;
+  if (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG)
+    Py_RETURN_NONE;
+  const at::Tensor& x = THPVariable_Unpack(t);
+  if (!x.is_cpu() || x.layout() != at::kStrided || !x.is_contiguous())
+    Py_RETURN_NONE;
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(x.scalar_type()));
+  PyObject* address = PyLong_FromVoidPtr(x.data_ptr());
+  PyObject* elements = PyLong_FromLongLong(x.numel());
+  PyObject* key = address && elements ? PyTuple_Pack(3, address, elements, dtype) : nullptr;
+  Py_XDECREF(address);
+  Py_XDECREF(elements);
+  if (key == nullptr)
+    return nullptr;
+  PyObject* got = PyTuple_Pack(3, key, op == c10d::ReduceOp::AVG ? Py_True : Py_False,
+                               options->asyncOp ? Py_True : Py_False);
+  Py_DECREF(key);
+  return got;
+}
+
+static PyMethodDef methods[] = {
+    {"inline_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(inline_call)), METH_FASTCALL,
+     "((address, elements, dtype), avg, asyncOp) of an all_reduce the inline path takes, else None."},
+    {nullptr, nullptr, 0, nullptr}};
+
+void def_inline_call(py::module_& m) {
+  py::object cls = py::module_::import("torch.distributed").attr("AllreduceOptions");
+  allreduce_options_type = reinterpret_cast<PyTypeObject*>(cls.release().ptr());  // kept for the process's life
+  if (PyModule_AddFunctions(m.ptr(), methods) != 0)
+    throw py::error_already_set();
+}
