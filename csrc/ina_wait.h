@@ -10,7 +10,7 @@
 #define INA_WAIT_H
 #include <sched.h>
 
-#define INA_WAIT_YIELDS 8
+#define INA_WAIT_YIELDS 32
 
 /* 1 after a yield (*yields counted: look again, then call again), 0 when the loop should sleep now (*yields
  * reset: its next wait yields again) */

@@ -497,7 +497,7 @@ def test_waiting_loops_yield_a_few_times_then_sleep(switch_process):
     try:
         before = cpu_seconds(sw.proc.pid)
         time.sleep(1.0)
-        assert cpu_seconds(sw.proc.pid) - before < 0.2  # ~0.02: a poll of IDLE_MS and 8 yields, 100 times
+        assert cpu_seconds(sw.proc.pid) - before < 0.2  # ~0.02: a poll of IDLE_MS and its yields, 100 times
         x = np.ones(200_000, np.int32)
         os.kill(sw.proc.pid, signal.SIGSTOP)
 
