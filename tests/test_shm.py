@@ -149,13 +149,14 @@ def test_shm_ports_names_and_owners():
     assert not os.path.exists(f"/dev/shm/ina-{name}")
 
 
-def join_both(address):
-    """Rank 0 on the C loop, rank 1 on the Python loop, joined (a barrier); a long timeout, so only the
-    switch-gone check can end a call fast."""
+def join_both(address, timeout=30, **connect):
+    """Rank 0 on the C loop, rank 1 on the Python loop, joined (a barrier); by default a long timeout, so only
+    the switch-gone check can end a call fast."""
     comms = [None, None]
 
     def join(r):
-        comms[r] = hostlib.connect(address, r, 2, timeout=30, join_timeout=30, fast=None if r == 0 else False)
+        comms[r] = hostlib.connect(address, r, 2, timeout=timeout, join_timeout=30, fast=None if r == 0 else False,
+                                   **connect)
 
     ts = [threading.Thread(target=join, args=(r,)) for r in range(2)]
     for t in ts:
@@ -248,18 +249,9 @@ def test_an_idle_shm_switch_and_a_waiting_rank_sleep():
     from .test_liveness import cpu_seconds
 
     sw = SwitchProcess("--workers", 2, backend="shm")
-    comms = [None, None]
-
-    def join(r):
-        comms[r] = hostlib.connect(sw.address, r, 2, timeout=2, join_timeout=30, codec="int32")
-
+    comms = []
     try:
-        ts = [threading.Thread(target=join, args=(r,)) for r in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(30)
-        assert all(comms), "a rank did not join"
+        comms = join_both(sw.address, timeout=2, codec="int32")  # rank 0's call: the C loop's wait
         before = cpu_seconds(sw.proc.pid)
         time.sleep(1.0)
         assert cpu_seconds(sw.proc.pid) - before < 0.2
@@ -272,6 +264,5 @@ def test_an_idle_shm_switch_and_a_waiting_rank_sleep():
     finally:
         os.kill(sw.proc.pid, signal.SIGCONT)
         for c in comms:
-            if c is not None:
-                c.close()
+            c.close()
         sw.stop()
