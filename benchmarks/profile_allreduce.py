@@ -30,9 +30,8 @@ from collections import Counter, defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from inabench.allreduce import parse_size  # noqa: E402
-from inabench.harness import SwitchProcess, free_port  # noqa: E402
+from inabench.harness import SwitchProcess, cpu_seconds, free_port  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 # (category, regex on "symbol dso"): the first match names a sample
 CATEGORIES = [
     ("idle", r"^(intel_idle|default_idle|cpu_idle|poll_idle|acpi_idle|mwait_idle|native_safe_halt|pv_native_safe_halt|"
@@ -108,13 +107,6 @@ def _gloo_rank(rank, n, port, count, warm, iters, barrier, out):
     barrier.wait()
     out.put((rank, os.getpid(), wall))
     dist.destroy_process_group()
-
-
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process so far, all its threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 class Perf:

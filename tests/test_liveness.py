@@ -19,7 +19,7 @@ import pytest
 import hostlib
 from hostlib import errors, wire
 from hostlib.worker import AUTO_WINDOW_MAX, auto_window
-from inabench.harness import SwitchProcess
+from inabench.harness import SwitchProcess, cpu_seconds
 from inaproto.net import parse_address
 from switchsim import control
 from switchsim.server import query_stats
@@ -480,13 +480,6 @@ def test_junk_from_the_switchs_address_does_not_hide_a_stopped_switch(switch_pro
                 c.close()
 
 
-def cpu_seconds(pid: int) -> float:
-    """A process's user and system CPU so far (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @serve_on("c")
 def test_waiting_loops_yield_a_few_times_then_sleep(switch_process):
     """The C loops yield before they sleep in poll (csrc/ina_wait.h), a bounded number of times:
@@ -495,9 +488,9 @@ def test_waiting_loops_yield_a_few_times_then_sleep(switch_process):
     sw = switch_process("--workers", 2)
     comms = each_rank(lambda r: hostlib.connect(sw.address, r, 2, codec="int32", timeout=30, fast=True))
     try:
-        before = cpu_seconds(sw.proc.pid)
+        before = sum(cpu_seconds(sw.proc.pid))
         time.sleep(1.0)
-        assert cpu_seconds(sw.proc.pid) - before < 0.2  # ~0.02: a poll of IDLE_MS and its yields, 100 times
+        assert sum(cpu_seconds(sw.proc.pid)) - before < 0.2  # ~0.02: a poll of IDLE_MS and its yields, 100 times
         x = np.ones(200_000, np.int32)
         os.kill(sw.proc.pid, signal.SIGSTOP)
 

@@ -15,7 +15,7 @@ import pytest
 
 import hostlib
 from hostlib import errors as ina_errors
-from inabench.harness import ROOT, SwitchProcess
+from inabench.harness import ROOT, SwitchProcess, cpu_seconds
 from inaproto import wire
 from switchsim import native
 
@@ -246,15 +246,13 @@ def test_an_idle_shm_switch_and_a_waiting_rank_sleep():
     """The shared-memory waits yield a few times, then sleep on the futex (csrc/ina_wait.h): a switch process
     with no traffic, and a rank whose call waits on a stopped one until its timeout, use a small part of a core
     (a wait that yielded without end would use all of it: sched_yield returns at once on an idle core)."""
-    from .test_liveness import cpu_seconds
-
     sw = SwitchProcess("--workers", 2, backend="shm")
     comms = []
     try:
         comms = join_both(sw.address, timeout=2, codec="int32")  # rank 0's call: the C loop's wait
-        before = cpu_seconds(sw.proc.pid)
+        before = sum(cpu_seconds(sw.proc.pid))
         time.sleep(1.0)
-        assert cpu_seconds(sw.proc.pid) - before < 0.2
+        assert sum(cpu_seconds(sw.proc.pid)) - before < 0.2
         os.kill(sw.proc.pid, signal.SIGSTOP)
         t0, cpu0 = time.monotonic(), time.thread_time()
         with pytest.raises(ina_errors.INAError):
