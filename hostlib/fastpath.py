@@ -57,7 +57,8 @@ STATUS = {"INA_WK_DONE": "done", "INA_WK_SWITCH_ERROR": "switch_error", "INA_WK_
           "INA_WK_SYSTEM_ERROR": "system_error"}
 
 
-def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=None, out=None) -> Outcome:
+def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=None, out=None,
+              bound: "BoundFrame | None" = None) -> Outcome:
     """Run one call's packet stream (call: generation.Call, started) in the C loop; its Outcome. Done, the
     Outcome holds the result (native int32 sums for int32 and fixed, NC codes per element; with out,
     contiguous of out_dtype(kind_) and possibly flat itself, the loop decodes each result into out instead),
@@ -66,9 +67,10 @@ def allreduce(comm, call, kind_: int, flat: np.ndarray, exps, progress, held=Non
     came for SWITCH_SILENT seconds (the heartbeat thread beats meanwhile; the switch answers each), checked
     between the C loop's chunks (RUN_MS). Every packet carries the call's identity; results of another call are
     stale. It writes nothing of comm's: what it learned is in the Outcome (Communicator.learn takes it in).
-    held (a bool per block: this worker's block is non-zero): block-sparse."""
+    held (a bool per block: this worker's block is non-zero): block-sparse. bound: a persistent call's frame
+    (flat summed into itself, its pointers set once)."""
     lib = kernels.lib
-    w, keep = _loop_args(comm, call, kind_, flat, exps, held, out)
+    w, keep = _loop_args(comm, call, kind_, flat, exps, held, out) if bound is None else bound.args(comm, call, exps)
     rc = lib.ina_wk_start(w)
     if rc == lib.INA_WK_NO_MEMORY:
         raise MemoryError(f"native worker loop: no memory for a window of {w.window} x {w.k} elements")
@@ -148,19 +150,31 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
     w = frame.w
     keep = {"src": np.ascontiguousarray(flat, dtype=np.int32 if kind_ == lib.INA_WK_INT32 else np.float32),
             "agreed": frame.agreed, "done": frame.done, "rounds": frame.rounds,
-            "result": out if out is not None else np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32),
-            "uses": np.ascontiguousarray(call.slots.uses, dtype=np.uint32)}
-    w.session, w.call_kind, w.call, w.call_len, w.boot = call.fields()
-    w.first_slot, w.slot_uses = call.slots.first, ffi.from_buffer("uint32_t[]", keep["uses"])
-    w.deterministic = int(getattr(call.codec, "deterministic", False))
-    w.seed = call.seed & kernels.MASK64
+            "result": out if out is not None else np.zeros(n, dtype=np.uint8 if kind_ == lib.INA_WK_NC else np.int32)}
     w.src = ffi.from_buffer(keep["src"])
-    if exps is not None:
-        keep["exps"] = np.ascontiguousarray(exps, dtype=np.int8)
-        w.exps = ffi.from_buffer("int8_t[]", keep["exps"])
     w.result = ffi.from_buffer(keep["result"])
     if out is not None:
         w.out = w.result  # each result decoded into out as it lands
+    _call_args(w, comm, call, exps, keep, gso_modes(comm.link))
+    if held is not None:
+        frame.rounds.fill(0)
+        keep["held"] = np.ascontiguousarray(held, dtype=np.uint8)
+        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", keep["held"])
+    return w, keep
+
+
+def _call_args(w, comm, call, exps, keep: dict, gso: tuple[bool, bool]):
+    """What every call sets of its own in the C loop's arguments: its identity, slots and seed, its exponents,
+    and the connection's round-trip estimate, window and offloads as the last call left them."""
+    ffi = kernels.ffi
+    keep["uses"] = uses = np.ascontiguousarray(call.slots.uses, dtype=np.uint32)
+    w.session, w.call_kind, w.call, w.call_len, w.boot = call.fields()
+    w.first_slot, w.slot_uses = call.slots.first, ffi.from_buffer("uint32_t[]", uses)
+    w.deterministic = int(getattr(call.codec, "deterministic", False))
+    w.seed = call.seed & kernels.MASK64
+    if exps is not None:
+        keep["exps"] = np.ascontiguousarray(exps, dtype=np.int8)
+        w.exps = ffi.from_buffer("int8_t[]", keep["exps"])
     rtt = comm.rtt  # the estimate carries over between the C and the Python loop
     w.rto, w.min_rto, w.max_rto, w.timeout = rtt.rto, rtt.min_rto, rtt.max_rto, comm.timeout
     w.have_srtt = rtt.srtt is not None
@@ -171,13 +185,30 @@ def _loop_args(comm, call, kind_, flat, exps, held, out):
         for name in cc.FIELDS:
             setattr(w.cc, name, getattr(comm.cc, name))
     # what the kernel refused once (the C loop clears the flag) is not tried again on this communicator
-    gso, gro = gso_modes(comm.link)
-    w.gso, w.gro = gso and comm.link.gso_ok, gro and comm.link.gro_ok
-    if held is not None:
-        frame.rounds.fill(0)
-        keep["held"] = np.ascontiguousarray(held, dtype=np.uint8)
-        w.sparse, w.held = 1, ffi.from_buffer("uint8_t[]", keep["held"])
-    return w, keep
+    w.gso, w.gro = gso[0] and comm.link.gso_ok, gso[1] and comm.link.gro_ok
+
+
+class BoundFrame(_Frame):
+    """The frame of a persistent call (persistent.PersistentAllreduce): one array summed into itself on every
+    call, so its pointers, the result's place and the offload modes are set once, in the template."""
+
+    __slots__ = ("keep", "gso")
+
+    def __init__(self, comm, flat: np.ndarray, k: int, window: int, kind_: int):
+        super().__init__(comm, flat.size, k, window, kind_)
+        t = self.template
+        self.keep = {"src": flat, "agreed": self.agreed, "done": self.done, "rounds": self.rounds, "result": flat,
+                     "buffer": kernels.ffi.from_buffer(flat)}
+        t.src = t.result = t.out = self.keep["buffer"]
+        self.gso = gso_modes(comm.link)
+
+    def args(self, comm, call, exps):
+        """This call's arguments on the frame, as _loop_args makes them for flat, out=flat."""
+        kernels.ffi.memmove(self.w, self.template, WK_SIZE)
+        self.agreed.fill(wire.EXP_NONE)
+        self.done.fill(0)
+        _call_args(self.w, comm, call, exps, self.keep, self.gso)
+        return self.w, self.keep
 
 
 def _run(w, n: int, progress, heard_at: float) -> tuple[int, float]:

@@ -37,6 +37,7 @@ from .codecs.base import extremes
 from .errors import INAError
 from .generation import Generation, Link, Outcome
 from .heartbeat import HEARTBEAT_EVERY, Heartbeat  # noqa: F401 - HEARTBEAT_EVERY: public name
+from .persistent import PersistentAllreduce
 from .shm import ShmSocket
 from .streams import DenseStream, RttEstimator, SparseStream
 from .window import AUTO_WINDOW_MAX, IN_FLIGHT_BYTES, CommStats, auto_window  # noqa: F401 - public
@@ -268,6 +269,14 @@ class Communicator:
         several times their hot cost on a busy machine. Returns flat."""
         return self._call(codec, False, flat.size, elements, self._in_place, flat)
 
+    def allreduce_init(self, flat: np.ndarray, codec=None, elements: int | None = None) -> PersistentAllreduce:
+        """A persistent allreduce of flat (MPI 4's MPI_Allreduce_init): calling it sums flat in place over the
+        ranks, as allreduce(flat, out=flat, codec=codec, elements=elements), with what that call works out
+        each time made once. flat: a contiguous, writable 1-D array of the codec's own dtype (float32 for
+        fixed and nc, int32 for int32), alive and unmoved while the persistent call is used; every rank calls
+        it (or an allreduce of the same shape) in the same order. See hostlib/persistent.py."""
+        return PersistentAllreduce(self, flat, self._codec(codec), elements)
+
     def _in_place(self, call, flat: np.ndarray) -> np.ndarray:
         res = self._timed(functools.partial(self._allreduce_flat, call, flat, None, flat), flat.size)
         if res is not flat:  # the Python loop decodes into an array of its own
@@ -390,11 +399,15 @@ class Communicator:
         """run() counted in the stats."""
         start = time.perf_counter()
         out = run()
-        self.stats.seconds += time.perf_counter() - start
+        self.count_call(time.perf_counter() - start, elements)
+        return out
+
+    def count_call(self, seconds: float, elements: int):
+        """A call that completed, in the stats."""
+        self.stats.seconds += seconds
         self.stats.heartbeats = self._heartbeat.sent()
         self.stats.allreduces += 1
         self.stats.elements += elements
-        return out
 
     def _allreduce_cuda(self, call, x, progress):
         """A CUDA tensor with nc/dither (hostlib.cuda): exponents and codes made on the GPU, each block with
@@ -449,16 +462,16 @@ class Communicator:
         self._calls += 1
         return self._c_loop_kind(call.codec, flat)
 
-    def _run_c_loop(self, call, kind, flat, exps, progress, held=None, dst=None) -> np.ndarray:
+    def _run_c_loop(self, call, kind, flat, exps, progress, held=None, dst=None, bound=None) -> np.ndarray:
         """The C loop; dense, it decodes each result into dst (the caller's out, where its dtype is the
-        loop's) or a result buffer as it arrives."""
+        loop's) or a result buffer as it arrives. bound: a persistent call's frame (dst is flat)."""
         into_out = held is None and dst is not None and dst.dtype == fastpath.out_dtype(kind)
         if held is None and not into_out:
             dst = self._result_buffer(flat.size, fastpath.out_dtype(kind))
         try:
             try:
                 outcome = fastpath.allreduce(self, call, kind, flat, exps, progress, held,
-                                             out=None if held is not None else dst)
+                                             out=None if held is not None else dst, bound=bound)
             except BaseException as e:  # an interrupt between the loop's chunks
                 if getattr(e, "outcome", None) is not None:
                     self.learn(e.outcome, call)

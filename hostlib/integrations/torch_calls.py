@@ -136,7 +136,7 @@ class SwitchCalls:
             if comm.gen is not lane.gen:  # the lane's first call on this generation (a re-join may change both)
                 lane.land_on(comm.gen)
             self.landing = lane.landing
-            comm.allreduce_in_place(lane.view, lane.codec, lane.k)
+            lane.call()
             return x, lane.count[1]
         codec, k, path = self.route(x)
         self.landing = None
@@ -188,7 +188,7 @@ class SwitchCalls:
             return None
         if len(self.lanes) >= LANES:
             self.lanes.clear()
-        lane = self.lanes[key] = Lane(view, codec, k, (_kind(t), path))
+        lane = self.lanes[key] = Lane(self.failover.comm.allreduce_init(view, codec, k), (_kind(t), path))
         return lane
 
 
@@ -196,22 +196,24 @@ class Lane:
     """What the inline path (ProcessGroupINA._inline_allreduce) keeps of one host tensor's memory while the
     connection lives: a numpy view of the memory that does not hold it (used only while the call's tensor has
     that address, size and dtype, so the memory is the caller's, alive), the route (codec, elements per
-    packet) and the (kind, path) its calls count under. Making the view costs more than the rest of the call."""
+    packet) and the (kind, path) its calls count under. Making the view costs more than the rest of the call;
+    its persistent allreduce (`call`, hostlib/persistent.py) makes the rest of the call's set-up once."""
 
-    __slots__ = ("view", "codec", "k", "count", "gen", "landing", "start", "tail", "kept")
+    __slots__ = ("call", "count", "gen", "landing", "start", "tail", "kept")
 
-    def __init__(self, view, codec, k, count):
-        self.view, self.codec, self.k, self.count = view, codec, k, count
+    def __init__(self, call, count):
+        self.call, self.count = call, count  # call.flat: the view
         self.gen = None  # the generation landing, start, tail and kept were made for
 
     def land_on(self, gen):
         """Its calls' landing on generation gen and what SwitchCalls._keep keeps of their sums (the tail from
         `start`, copied into `kept`, a buffer of the lane's own: the kept sum of the last call that succeeded,
         overwritten only by the next success, which replaces it)."""
-        k = min(self.k, gen.max_elements)
-        self.landing = Landing(k, gen.window, self.view)
-        self.start = kept_from(self.view.size, k, gen.window)
-        self.tail = self.view[self.start:]
+        view = self.call.flat
+        k = min(self.call.elements, gen.max_elements)
+        self.landing = Landing(k, gen.window, view)
+        self.start = kept_from(view.size, k, gen.window)
+        self.tail = view[self.start:]
         self.kept = np.empty_like(self.tail)
         self.gen = gen
 
