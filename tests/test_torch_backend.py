@@ -12,6 +12,7 @@ from queue import Empty
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -1125,7 +1126,8 @@ def test_a_full_pool_puts_ddp_on_gloo_with_one_warning_and_it_moves_to_the_switc
 def test_the_extensions_inline_reads_equal_pythons():
     """inline_call.cpp reads a call's tensor and c10d options from their C++ objects; it gives what the Python
     reads give (the key the lanes are kept under, avg, asyncOp), and None for what the inline path does not
-    take: a strided view, a non-CPU layout, MAX, options of another class."""
+    take: a strided view, a non-CPU layout, MAX, options of another class, a call from another thread or inside
+    backward."""
     from hostlib.integrations import futures, torch_backend
 
     ext = futures.extension()
@@ -1148,3 +1150,23 @@ def test_the_extensions_inline_reads_equal_pythons():
     assert ext.inline_call(base, dist.AllreduceCoalescedOptions()) is None  # a subclass: not read raw
     assert ext.inline_call(base, dist.BroadcastOptions()) is None
     assert ext.inline_call(base.numpy(), dist.AllreduceOptions()) is None
+    # a call from another thread or inside backward is not run inline (it must progress with nobody waiting)
+    opts, got = dist.AllreduceOptions(), []
+    assert ext.inline_call(base, opts) is not None and torch_backend._python_reads(base, opts) is not None
+    other = threading.Thread(target=lambda: got.append((ext.inline_call(base, opts),
+                                                        torch_backend._python_reads(base, opts))))
+    other.start()
+    other.join()
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):  # a CPU graph: on this (the main) thread
+            got.append((ext.inline_call(base, opts), torch_backend._python_reads(base, opts)))
+            return g
+
+    Probe.apply(torch.ones(3, requires_grad=True)).sum().backward()
+    assert got == [(None, None), (None, None)]

@@ -153,11 +153,6 @@ class CallQueue:
             self.inline += 1
         return True
 
-    def enter_here(self) -> bool:
-        """enter() for a call that would run on this thread (on_callers_thread), in one call: the inline path's
-        entry, where each call into Python costs a small call's time several times over on a busy machine."""
-        return self.on_callers_thread() and self.enter()
-
     def wake(self):
         """Let the queue's thread run the queued calls (someone will wait on a call's future, not here)."""
         with self._cv:

@@ -1,6 +1,6 @@
 // The inline path's reads of a dist.all_reduce call (torch_backend.ProcessGroupINA._inline_allreduce), in one
-// call into C++: is its one tensor a contiguous strided CPU tensor, and which reduce op and asyncOp did c10d's
-// options ask for.
+// call into C++: is it made from the main thread outside backward (where the caller may run it: CallQueue),
+// is its one tensor a contiguous strided CPU tensor, and which reduce op and asyncOp did c10d's options ask for.
 //
 // In Python these are nine reads through torch's bindings and pybind (t.is_cpu, t.layout, t.is_contiguous(),
 // opts.reduceOp.op, opts.asyncOp, t.data_ptr() ...). With the cold caches a rank has after each sleep they cost
@@ -11,6 +11,7 @@
 // None, and the call takes the general path. tests/test_torch_backend.py holds it equal to the Python reads
 // (torch_backend._python_reads), which apply where this extension cannot be built.
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/node.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -18,16 +19,20 @@
 namespace py = pybind11;
 
 static PyTypeObject* allreduce_options_type = nullptr;
+static unsigned long main_thread = 0;  // threading.main_thread().ident
 
-// ((address, elements, dtype), avg, asyncOp) for a contiguous strided CPU tensor and a SUM or AVG call, the
-// key the lanes are kept under (torch_calls.SwitchCalls.lane); None for anything else. Bound with pybind's m.def
-// it cost the 4-rank loop as much as the Python reads (0.95 us warm against 0.18 as it is).
+// ((address, elements, dtype), avg, asyncOp) for a contiguous strided CPU tensor and a SUM or AVG call from the
+// main thread outside backward, the key the lanes are kept under (torch_calls.SwitchCalls.lane); None for
+// anything else. Bound with pybind's m.def it cost the 4-rank loop as much as the Python reads (0.95 us warm
+// against 0.18 as it is).
 static PyObject* inline_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "inline_call(tensor, opts)");
     return nullptr;
   }
   PyObject *t = args[0], *o = args[1];
+  if (PyThread_get_thread_ident() != main_thread || torch::autograd::get_current_node() != nullptr)
+    Py_RETURN_NONE;  // another thread's or backward's call: queued, it progresses with nobody waiting on it
   if (allreduce_options_type == nullptr || Py_TYPE(o) != allreduce_options_type || !THPVariable_Check(t))
     Py_RETURN_NONE;
   auto* inst = reinterpret_cast<py::detail::instance*>(o);
@@ -56,12 +61,14 @@ static PyObject* inline_call(PyObject*, PyObject* const* args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"inline_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(inline_call)), METH_FASTCALL,
-     "((address, elements, dtype), avg, asyncOp) of an all_reduce the inline path takes, else None."},
+     "((address, elements, dtype), avg, asyncOp) of an all_reduce the inline path takes (from the main thread, "
+     "outside backward), else None."},
     {nullptr, nullptr, 0, nullptr}};
 
 void def_inline_call(py::module_& m) {
   py::object cls = py::module_::import("torch.distributed").attr("AllreduceOptions");
   allreduce_options_type = reinterpret_cast<PyTypeObject*>(cls.release().ptr());  // kept for the process's life
+  main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   if (PyModule_AddFunctions(m.ptr(), methods) != 0)
     throw py::error_already_set();
 }

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 Op = dist.ReduceOp
 _SUM, _AVG = int(Op.SUM), int(Op.AVG)
+_MAIN_THREAD = threading.main_thread().ident  # where a call may run inline (futures.CallQueue.on_callers_thread)
 SUMS = frozenset((Op.SUM, Op.AVG))  # what the switch sums (AVG: a sum, then divided as gloo divides)
 
 
@@ -310,7 +311,7 @@ class ProcessGroupINA(dist.ProcessGroup):
             return None
         key, avg, asynchronous = got
         lane = self.calls.lane(t, key)
-        if lane is None or not self._worker.enter_here():
+        if lane is None or not self._worker.enter():  # _reads: a call from the main thread, outside backward
             return None
         try:
             total = self.calls.sum(t, lane)
@@ -411,7 +412,10 @@ class FutureWork(dist.Work):
 
 def _python_reads(t: torch.Tensor, opts):
     """inline_call.cpp's reads, in Python (where the extension is not built): ((address, elements, dtype), avg,
-    asyncOp) of a contiguous strided CPU tensor and a SUM or AVG call, else None."""
+    asyncOp) of a contiguous strided CPU tensor and a SUM or AVG call from the main thread outside backward
+    (futures.CallQueue.on_callers_thread), else None."""
+    if threading.get_ident() != _MAIN_THREAD or torch._C._current_autograd_node() is not None:
+        return None
     if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
         return None
     op = int(opts.reduceOp.op)  # an int: comparing pybind enums costs more than the read (cold, ~3 us)
