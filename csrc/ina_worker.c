@@ -151,7 +151,7 @@ int ina_wk_start(ina_wk *w)
         return INA_WK_NO_MEMORY;
     }
     uint64_t nb = (w->n + w->k - 1) / w->k;
-    if (nb >= ANNOUNCE || (w->sparse && !w->held)) {
+    if (nb >= ANNOUNCE || (w->sparse && !w->held) || (w->keep && (!w->out || w->sparse || w->keep_from > w->n))) {
         w->priv = p;
         ina_wk_finish(w);
         return INA_WK_BAD_PARAMETERS;
@@ -571,6 +571,14 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
     return 0;
 }
 
+/* the elements lo..lo+count of out from keep_from on, copied into keep as well (w->keep: a dense call's) */
+static void keep_elements(ina_wk *w, uint64_t lo, uint32_t count)
+{
+    uint64_t from = lo > w->keep_from ? lo : w->keep_from, end = lo + count;
+    if (end > from)
+        memcpy((uint8_t *)w->keep + (from - w->keep_from) * 4, (const uint8_t *)w->out + from * 4, (end - from) * 4);
+}
+
 /* a packet's first timeout: not less than START_RTO, SwitchML's constant, before the call's first result (the
  * peers may not have started the call: a rank's compute runs late) and in slow start (no estimate has seen
  * the queue a doubling window builds): a resend then would be spurious */
@@ -739,6 +747,8 @@ static int on_result(ina_wk *w, priv_t *p, const uint8_t *d, size_t len)
         w->agreed[q] = h.exp_next;
     if (q >= w->D && store_elements(w, p, q - w->D, lo, d + INA_HEADER_SIZE, h.count))
         return INA_WK_BAD_RESULT;
+    if (q >= w->D && w->keep && w->out)
+        keep_elements(w, lo, h.count);
     w->done[q] = 1;
     w->ndone++;
     p->cand[p->n_cand++] = q + w->window; /* its lane's next packet */

@@ -64,6 +64,9 @@ typedef struct {
     void *out;          /* NULL, or per element the decoded sum, written as each result arrives: int32 (int32),
                          * float32 (fixed, nc); may be src itself (in place: a block is read for the last time
                          * before its result can arrive) */
+    void *keep;         /* NULL, or (with out) where the sums of elements keep_from.. are copied too as they land,
+                         * from the caches: a persistent call's kept tail (hostlib/persistent.py) */
+    uint64_t keep_from;
     uint8_t *done;      /* per packet of the stream: nb + D entries, zeroed */
     double rto, min_rto, max_rto, timeout;
     double srtt, rttvar; /* the round-trip estimate, carried over calls */

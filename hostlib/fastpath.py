@@ -190,17 +190,31 @@ def _call_args(w, comm, call, exps, keep: dict, gso: tuple[bool, bool]):
 
 class BoundFrame(_Frame):
     """The frame of a persistent call (persistent.PersistentAllreduce): one array summed into itself on every
-    call, so its pointers, the result's place and the offload modes are set once, in the template."""
+    call, so its pointers, the result's place and the offload modes are set once, in the template. keep_from:
+    the C loop also copies the sums from that element on into one of two tail buffers, in turn (kept)."""
 
-    __slots__ = ("keep", "gso")
+    __slots__ = ("keep", "gso", "tails")
 
-    def __init__(self, comm, flat: np.ndarray, k: int, window: int, kind_: int):
+    def __init__(self, comm, flat: np.ndarray, k: int, window: int, kind_: int, keep_from: int | None = None):
         super().__init__(comm, flat.size, k, window, kind_)
-        t = self.template
+        ffi, t = kernels.ffi, self.template
         self.keep = {"src": flat, "agreed": self.agreed, "done": self.done, "rounds": self.rounds, "result": flat,
-                     "buffer": kernels.ffi.from_buffer(flat)}
+                     "buffer": ffi.from_buffer(flat)}
         t.src = t.result = t.out = self.keep["buffer"]
         self.gso = gso_modes(comm.link)
+        self.tails: list = []
+        if keep_from is not None:
+            self.tails = [np.empty(flat.size - keep_from, flat.dtype) for _ in range(2)]
+            self.keep["tail buffers"] = [ffi.from_buffer(a) for a in self.tails]
+            t.keep, t.keep_from = self.keep["tail buffers"][0], keep_from
+
+    def kept(self) -> tuple[int, np.ndarray]:
+        """After a call that succeeded: (keep_from, the tail it wrote); the next call writes the other buffer."""
+        tail = self.tails[0]
+        self.tails.reverse()
+        self.keep["tail buffers"].reverse()
+        self.template.keep = self.keep["tail buffers"][0]
+        return self.template.keep_from, tail
 
     def args(self, comm, call, exps):
         """This call's arguments on the frame, as _loop_args makes them for flat, out=flat."""

@@ -17,12 +17,23 @@ import numpy as np
 from . import fastpath, wire
 
 
+def kept_from(size: int, k: int, window: int) -> int:
+    """The first element a rank keeps of a sum of size elements landed in blocks of k with this window: the
+    last `window` blocks' (a rank whose call failed has every block's sum but those of the window's last
+    packets: it sent a slot's next packet only after the result of its last)."""
+    return max(0, -(-size // k) - window) * k
+
+
 class PersistentAllreduce:
-    """`Communicator.allreduce_init(flat, codec, elements)`: call it to sum flat in place (returns flat)."""
+    """`Communicator.allreduce_init(flat, codec, elements, keep_tail)`: call it to sum flat in place (returns
+    flat). keep_tail: each call that succeeds leaves `kept` = (start, a copy of flat[start:]'s sums) from
+    kept_from, what a recovery hands to ranks that missed the call's last results (the torch backend's
+    failover); the C loop copies each block of the tail as it lands, into one of two buffers in turn, so a
+    call that fails leaves the last success's."""
 
-    __slots__ = ("comm", "flat", "codec", "elements", "kind", "_bound", "_for")
+    __slots__ = ("comm", "flat", "codec", "elements", "kind", "keep_tail", "kept", "_bound", "_for")
 
-    def __init__(self, comm, flat: np.ndarray, codec, elements: int | None = None):
+    def __init__(self, comm, flat: np.ndarray, codec, elements: int | None = None, keep_tail: bool = False):
         if not isinstance(flat, np.ndarray) or flat.ndim != 1 or not flat.flags.c_contiguous:
             raise ValueError("allreduce_init: flat must be a contiguous 1-D numpy array")
         if not flat.flags.writeable:
@@ -39,12 +50,16 @@ class PersistentAllreduce:
         self.kind = comm._c_loop_kind(codec, flat)
         if self.kind is not None and fastpath.out_dtype(self.kind) != flat.dtype:
             self.kind = None
+        self.keep_tail, self.kept = keep_tail, None
         self._bound, self._for = None, None  # the C loop's frame, and the (generation, k) it was made for
 
     def __call__(self) -> np.ndarray:
         comm = self.comm
         if self.kind is None:
-            return comm.allreduce_in_place(self.flat, self.codec, self.elements)
+            out = comm.allreduce_in_place(self.flat, self.codec, self.elements)
+            if self.keep_tail:
+                self.kept = (0, out.copy())  # the whole sum holds the tail
+            return out
         return comm._call(self.codec, False, self.flat.size, self.elements, self._run)
 
     def _run(self, call) -> np.ndarray:
@@ -53,8 +68,11 @@ class PersistentAllreduce:
         exps = self.codec.flat_exponents(flat, call.k) if self.codec.negotiates_exponent else None
         comm._start(call, None)  # the call's seed and slots (flat None: the kind is known)
         if self._for != (call.gen, call.k):
-            self._bound = fastpath.BoundFrame(comm, flat, call.k, call.gen.window, self.kind)
+            tail = kept_from(flat.size, call.k, call.gen.window) if self.keep_tail else None
+            self._bound = fastpath.BoundFrame(comm, flat, call.k, call.gen.window, self.kind, tail)
             self._for = (call.gen, call.k)
         comm._run_c_loop(call, self.kind, flat, exps, None, dst=flat, bound=self._bound)
+        if self.keep_tail:
+            self.kept = self._bound.kept()
         comm.count_call(time.perf_counter() - start, flat.size)
         return flat

@@ -269,13 +269,15 @@ class Communicator:
         several times their hot cost on a busy machine. Returns flat."""
         return self._call(codec, False, flat.size, elements, self._in_place, flat)
 
-    def allreduce_init(self, flat: np.ndarray, codec=None, elements: int | None = None) -> PersistentAllreduce:
+    def allreduce_init(self, flat: np.ndarray, codec=None, elements: int | None = None,
+                       keep_tail: bool = False) -> PersistentAllreduce:
         """A persistent allreduce of flat (MPI 4's MPI_Allreduce_init): calling it sums flat in place over the
         ranks, as allreduce(flat, out=flat, codec=codec, elements=elements), with what that call works out
         each time made once. flat: a contiguous, writable 1-D array of the codec's own dtype (float32 for
         fixed and nc, int32 for int32), alive and unmoved while the persistent call is used; every rank calls
-        it (or an allreduce of the same shape) in the same order. See hostlib/persistent.py."""
-        return PersistentAllreduce(self, flat, self._codec(codec), elements)
+        it (or an allreduce of the same shape) in the same order. keep_tail: each call that succeeds also leaves
+        a copy of its sum's last `window` blocks in `kept` (hostlib/persistent.py)."""
+        return PersistentAllreduce(self, flat, self._codec(codec), elements, keep_tail)
 
     def _in_place(self, call, flat: np.ndarray) -> np.ndarray:
         res = self._timed(functools.partial(self._allreduce_flat, call, flat, None, flat), flat.size)

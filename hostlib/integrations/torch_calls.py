@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..codecs import get_codec
+from ..persistent import kept_from
 from .torch_failover import SWITCH_FAULTS, Failover, Kept, Place
 
 SMALL_ELEMENTS = 64  # floating reductions up to this size (a loss, metrics) go per element (EXACT_SMALL)
@@ -100,9 +101,8 @@ class SwitchCalls:
         failed has every block's sum but those of the window's last packets (it sent a slot's next packet
         only after the result of its last), so of a sum landed block by block the last `window` blocks (a
         lane's into its own buffer); otherwise the whole sum (a copy when it is x, the caller's)."""
-        if lane is not None:
-            lane.kept[...] = lane.tail
-            self.kept, self.landing = Kept(n, lane.start, lane.kept), None
+        if lane is not None:  # the tail its C loop copied as the blocks landed
+            self.kept, self.landing = Kept(n, *lane.call.kept), None
             return
         if self.landing is None:
             self.kept = Kept(n, 0, total.clone() if total is x else total)
@@ -188,40 +188,29 @@ class SwitchCalls:
             return None
         if len(self.lanes) >= LANES:
             self.lanes.clear()
-        lane = self.lanes[key] = Lane(self.failover.comm.allreduce_init(view, codec, k), (_kind(t), path))
+        lane = self.lanes[key] = Lane(self.failover.comm.allreduce_init(view, codec, k, keep_tail=True),
+                                      (_kind(t), path))
         return lane
 
 
 class Lane:
     """What the inline path (ProcessGroupINA._inline_allreduce) keeps of one host tensor's memory while the
-    connection lives: a numpy view of the memory that does not hold it (used only while the call's tensor has
-    that address, size and dtype, so the memory is the caller's, alive), the route (codec, elements per
-    packet) and the (kind, path) its calls count under. Making the view costs more than the rest of the call;
-    its persistent allreduce (`call`, hostlib/persistent.py) makes the rest of the call's set-up once."""
+    connection lives: its persistent allreduce (`call`, hostlib/persistent.py) over a numpy view of the memory
+    that does not hold it (used only while the call's tensor has that address, size and dtype, so the memory is
+    the caller's, alive), which keeps each successful sum's tail for a recovery, and the (kind, path) its calls
+    count under. Making the view costs more than the rest of the call; the persistent call makes the rest of
+    the call's set-up once."""
 
-    __slots__ = ("call", "count", "gen", "landing", "start", "tail", "kept")
+    __slots__ = ("call", "count", "gen", "landing")
 
     def __init__(self, call, count):
-        self.call, self.count = call, count  # call.flat: the view
-        self.gen = None  # the generation landing, start, tail and kept were made for
+        self.call, self.count = call, count
+        self.gen = None  # the generation landing was made for
 
     def land_on(self, gen):
-        """Its calls' landing on generation gen and what SwitchCalls._keep keeps of their sums (the tail from
-        `start`, copied into `kept`, a buffer of the lane's own: the kept sum of the last call that succeeded,
-        overwritten only by the next success, which replaces it)."""
-        view = self.call.flat
-        k = min(self.call.elements, gen.max_elements)
-        self.landing = Landing(k, gen.window, view)
-        self.start = kept_from(view.size, k, gen.window)
-        self.tail = view[self.start:]
-        self.kept = np.empty_like(self.tail)
+        """Its calls' landing on generation gen (which blocks of a failed call hold their sum)."""
+        self.landing = Landing(min(self.call.elements, gen.max_elements), gen.window, self.call.flat)
         self.gen = gen
-
-
-def kept_from(size: int, k: int, window: int) -> int:
-    """The first element a rank keeps of a sum of size elements landed in blocks of k with this window: the
-    last `window` blocks' (a rank whose call failed lacks at most those)."""
-    return max(0, -(-size // k) - window) * k
 
 
 def _kind(x: torch.Tensor) -> str:
