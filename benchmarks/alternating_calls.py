@@ -12,9 +12,10 @@ shared the machine's state:
 - `hostlib plain`: `y = comm.allreduce(x)`, as users call it;
 - `hostlib in place`: `comm.allreduce(x, out=x)`;
 - `torch dist.all_reduce`: `dist.all_reduce(t)` in place, the path DDP and users take;
-- with --layers, the torch path peeled: `torch pg.allreduce` (the group's allreduce with c10d's options, as
-  dist.all_reduce calls it, then wait(): without torch's Python wrapper) and `torch calls.sum` (the inline
-  path's sum on the tensor's lane: without the tensor's and the options' checks).
+- with --layers, the torch path peeled: `torch pg.allreduce, new options` (the group's allreduce with c10d's
+  options made and filled per call, as dist.all_reduce makes them, then wait()), `torch pg.allreduce` (the
+  same with one options object made beforehand: without torch's Python wrapper) and `torch calls.sum` (the
+  inline path's sum on the tensor's lane: without the tensor's and the options' checks).
 
 Each call starts from the same input (copied in first, in every variant). Reported per variant, on rank 0:
 the median time per call over the rounds with min and max, and its ratio to `hostlib out=`.
@@ -35,7 +36,7 @@ from inabench.allreduce import init_ina_group, parse_size  # noqa: E402
 from inabench.harness import SwitchProcess, run_ranks  # noqa: E402
 
 VARIANTS = ("hostlib out=", "hostlib plain", "hostlib in place", "torch dist.all_reduce")
-LAYERS = ("torch pg.allreduce", "torch calls.sum")
+LAYERS = ("torch pg.allreduce, new options", "torch pg.allreduce", "torch calls.sum")
 
 
 def _elements(codec: str, payload: int) -> int:
@@ -68,6 +69,14 @@ def _rank(rank, world, port, address, codec, count, payload, rounds, batch, vari
     opts = dist.AllreduceOptions()
     opts.reduceOp, opts.asyncOp = dist.ReduceOp.SUM, False  # what dist.all_reduce(t) passes
     calls["torch pg.allreduce"] = lambda: pg.allreduce([t], opts).wait()
+
+    def new_options():  # as dist.all_reduce(t) makes its options: through pybind, on every call
+        fresh = dist.AllreduceOptions()
+        fresh.reduceOp = dist.ReduceOp.SUM
+        fresh.asyncOp = False
+        pg.allreduce([t], fresh).wait()
+
+    calls["torch pg.allreduce, new options"] = new_options
     calls["torch calls.sum"] = lambda: pg.calls.sum(t, pg.calls.lane(t))
     times = {v: [] for v in variants}
     cpu = {v: [] for v in variants}
@@ -127,10 +136,10 @@ def main(argv=None) -> int:
     else:
         print(f"# {args.size} x {args.workers}, {args.codec}, {args.payload} B packets, {args.backend} switch: "
               f"{args.rounds} rounds of {batch} calls per variant, in turn (rank 0)")
-        print(f"{'variant':24s} {'us per call':>12s} {'min':>10s} {'max':>10s} {'x hostlib out=':>15s} "
+        print(f"{'variant':32s} {'us per call':>12s} {'min':>10s} {'max':>10s} {'x hostlib out=':>15s} "
               f"{'cpu us per call':>16s}")
         for r in rows:
-            print(f"{r['variant']:24s} {r['us per call']:12.1f} {r['min']:10.1f} {r['max']:10.1f} "
+            print(f"{r['variant']:32s} {r['us per call']:12.1f} {r['min']:10.1f} {r['max']:10.1f} "
                   f"{r['x hostlib out=']:15.2f} {r['cpu us per call']:16.1f}")
         if fell_back:
             print(f"# {fell_back} calls fell back to gloo: the switch failed under the run")
