@@ -11,6 +11,7 @@ shared the machine's state:
 - `hostlib out=`: `comm.allreduce(x, out=y)` on the group's own hostlib connection (nccl-tests' out of place);
 - `hostlib plain`: `y = comm.allreduce(x)`, as users call it;
 - `hostlib in place`: `comm.allreduce(x, out=x)`;
+- `hostlib persistent`: `p()` of `p = comm.allreduce_init(x, ...)` (in place; hostlib/persistent.py);
 - `torch dist.all_reduce`: `dist.all_reduce(t)` in place, the path DDP and users take;
 - with --layers, the torch path peeled: `torch pg.allreduce, new options` (the group's allreduce with c10d's
   options made and filled per call, as dist.all_reduce makes them, then wait()), `torch pg.allreduce` (the
@@ -35,7 +36,7 @@ sys.path.insert(0, ROOT)
 from inabench.allreduce import init_ina_group, parse_size  # noqa: E402
 from inabench.harness import SwitchProcess, run_ranks  # noqa: E402
 
-VARIANTS = ("hostlib out=", "hostlib plain", "hostlib in place", "torch dist.all_reduce")
+VARIANTS = ("hostlib out=", "hostlib plain", "hostlib in place", "hostlib persistent", "torch dist.all_reduce")
 LAYERS = ("torch pg.allreduce, new options", "torch pg.allreduce", "torch calls.sum")
 
 
@@ -64,6 +65,7 @@ def _rank(rank, world, port, address, codec, count, payload, rounds, batch, vari
         "hostlib out=": lambda: comm.allreduce(x, out=y, codec=route_codec, elements=k),
         "hostlib plain": lambda: comm.allreduce(x, codec=route_codec, elements=k),
         "hostlib in place": lambda: comm.allreduce(x, out=x, codec=route_codec, elements=k),
+        "hostlib persistent": comm.allreduce_init(x, route_codec, k),
         "torch dist.all_reduce": lambda: dist.all_reduce(t),
     }
     opts = dist.AllreduceOptions()

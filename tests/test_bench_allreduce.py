@@ -285,7 +285,8 @@ def test_alternating_calls_peels_the_torch_path():
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout)
     rows = {r["variant"]: r for r in got["rows"]}
-    assert set(rows) == {"hostlib out=", "hostlib plain", "hostlib in place", "torch dist.all_reduce",
-                         "torch pg.allreduce, new options", "torch pg.allreduce", "torch calls.sum"}
+    assert set(rows) == {"hostlib out=", "hostlib plain", "hostlib in place", "hostlib persistent",
+                         "torch dist.all_reduce", "torch pg.allreduce, new options", "torch pg.allreduce",
+                         "torch calls.sum"}
     assert got["gloo calls"] == 0 and rows["hostlib out="]["x hostlib out="] == pytest.approx(1.0)
     assert all(r["us per call"] > 0 and r["cpu us per call"] > 0 for r in rows.values())
