@@ -11,8 +11,6 @@ caches and is about half of a 1 KiB call's CPU; the torch lanes' sums through it
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from . import fastpath, wire
@@ -32,9 +30,11 @@ class PersistentAllreduce:
     failover); the C loop copies each block of the tail as it lands, into one of two buffers in turn, so a
     call that fails leaves the last success's."""
 
-    __slots__ = ("comm", "flat", "codec", "elements", "kind", "keep_tail", "kept", "_bound", "_for")
+    __slots__ = ("comm", "flat", "codec", "elements", "kind", "keep_tail", "kept", "_frame", "_for")
 
-    def __init__(self, comm, flat: np.ndarray, codec, elements: int | None = None, keep_tail: bool = False):
+    def __init__(self, comm, flat: np.ndarray, codec, elements: int | None, keep_tail: bool, kind: int | None):
+        """kind: the C loop's for flat (None: the Python loop, as with fast=False, INA_KERNELS=numpy or an
+        empty array, when the call was made)."""
         if not isinstance(flat, np.ndarray) or flat.ndim != 1 or not flat.flags.c_contiguous:
             raise ValueError("allreduce_init: flat must be a contiguous 1-D numpy array")
         if not flat.flags.writeable:
@@ -46,34 +46,27 @@ class PersistentAllreduce:
             raise ValueError(f"allreduce of {flat.size} elements: at most {wire.MAX_CALL_LEN} per call "
                              f"(split the tensor)")
         self.comm, self.flat, self.codec, self.elements = comm, flat, codec, elements
-        # the C loop's kind, or None: every call is comm.allreduce_in_place (the Python loop: fast=False,
-        # INA_KERNELS=numpy when it was made, an empty array)
-        self.kind = comm._c_loop_kind(codec, flat)
-        if self.kind is not None and fastpath.out_dtype(self.kind) != flat.dtype:
-            self.kind = None
+        self.kind = kind if kind is not None and fastpath.out_dtype(kind) == flat.dtype else None
         self.keep_tail, self.kept = keep_tail, None
-        self._bound, self._for = None, None  # the C loop's frame, and the (generation, k) it was made for
+        self._frame, self._for = None, None  # the C loop's frame, and the (generation, k) it was made for
 
     def __call__(self) -> np.ndarray:
-        comm = self.comm
-        if self.kind is None:
-            out = comm.allreduce_in_place(self.flat, self.codec, self.elements)
-            if self.keep_tail:
-                self.kept = (0, out.copy())  # the whole sum holds the tail
-            return out
-        return comm._call(self.codec, False, self.flat.size, self.elements, self._run)
-
-    def _run(self, call) -> np.ndarray:
-        comm, flat = self.comm, self.flat
-        start = time.perf_counter()
-        exps = self.codec.flat_exponents(flat, call.k) if self.codec.negotiates_exponent else None
-        comm._start(call, None)  # the call's seed and slots (flat None: the kind is known)
-        if self._for != (call.gen, call.k):
-            tail = kept_from(flat.size, call.k, call.gen.window) if self.keep_tail else None
-            self._bound = fastpath.BoundFrame(comm, flat, call.k, call.gen.window, self.kind, tail)
-            self._for = (call.gen, call.k)
-        comm._run_c_loop(call, self.kind, flat, exps, None, dst=flat, bound=self._bound)
+        if self.kind is not None:
+            return self.comm.persistent_call(self)
+        self.comm.allreduce(self.flat, out=self.flat, codec=self.codec, elements=self.elements)
         if self.keep_tail:
-            self.kept = self._bound.kept()
-        comm.count_call(time.perf_counter() - start, flat.size)
-        return flat
+            self.kept = (0, self.flat.copy())  # the whole sum holds the tail
+        return self.flat
+
+    def frame(self, comm, call) -> fastpath.BoundFrame:
+        """The C loop's frame for call (made again for a new generation or packet size)."""
+        if self._for != (call.gen, call.k):
+            tail = kept_from(self.flat.size, call.k, call.gen.window) if self.keep_tail else None
+            self._frame = fastpath.BoundFrame(comm, self.flat, call.k, call.gen.window, self.kind, tail)
+            self._for = (call.gen, call.k)
+        return self._frame
+
+    def succeeded(self):
+        """The call on the frame succeeded: its tail is the one kept."""
+        if self.keep_tail:
+            self.kept = self._frame.kept()

@@ -261,29 +261,26 @@ class Communicator:
         return self._call(self._codec(codec), sparse, tensors.numel(x), elements, self._allreduce, x, progress, sparse,
                           out)
 
-    def allreduce_in_place(self, flat: np.ndarray, codec, elements: int | None = None) -> np.ndarray:
-        """allreduce(flat, out=flat, codec=codec, elements=elements) for a caller that knows what allreduce
-        works out per call (the torch backend's inline path): flat is a contiguous, writable 1-D array of the
-        codec's own dtype (float32 for fixed and nc, int32 for int32), codec a Codec. The same call, packets and
-        errors; none of allreduce's conversions and checks of x and out, which cost a small call's Python
-        several times their hot cost on a busy machine. Returns flat."""
-        return self._call(codec, False, flat.size, elements, self._in_place, flat)
-
     def allreduce_init(self, flat: np.ndarray, codec=None, elements: int | None = None,
                        keep_tail: bool = False) -> PersistentAllreduce:
-        """A persistent allreduce of flat (MPI 4's MPI_Allreduce_init): calling it sums flat in place over the
-        ranks, as allreduce(flat, out=flat, codec=codec, elements=elements), with what that call works out
-        each time made once. flat: a contiguous, writable 1-D array of the codec's own dtype (float32 for
-        fixed and nc, int32 for int32), alive and unmoved while the persistent call is used; every rank calls
-        it (or an allreduce of the same shape) in the same order. keep_tail: each call that succeeds also leaves
-        a copy of its sum's last `window` blocks in `kept` (hostlib/persistent.py)."""
-        return PersistentAllreduce(self, flat, self._codec(codec), elements, keep_tail)
+        """A persistent allreduce of flat (MPI 4's MPI_Allreduce_init): calling it sums flat in place, as
+        allreduce(flat, out=flat, codec=codec, elements=elements), with what that call works out each time made
+        once. flat: contiguous, writable, 1-D, of the codec's own dtype (float32 for fixed and nc, int32 for
+        int32), alive and unmoved while it is used. keep_tail: see hostlib/persistent.py."""
+        codec = self._codec(codec)
+        return PersistentAllreduce(self, flat, codec, elements, keep_tail, self._c_loop_kind(codec, flat))
 
-    def _in_place(self, call, flat: np.ndarray) -> np.ndarray:
-        res = self._timed(functools.partial(self._allreduce_flat, call, flat, None, flat), flat.size)
-        if res is not flat:  # the Python loop decodes into an array of its own
-            np.copyto(flat, res)
-        return flat
+    def persistent_call(self, p: PersistentAllreduce) -> np.ndarray:
+        """One call of p, with the C loop (p.kind), on p's frame."""
+        return self._call(p.codec, False, p.flat.size, p.elements, self._persistent, p)
+
+    def _persistent(self, call, p: PersistentAllreduce) -> np.ndarray:
+        exps = p.codec.flat_exponents(p.flat, call.k) if p.codec.negotiates_exponent else None
+        self._start(call, None)  # the call's seed and slots (the kind is p's)
+        out = self._timed(functools.partial(self._run_c_loop, call, p.kind, p.flat, exps, None, dst=p.flat,
+                                            bound=p.frame(self, call)), p.flat.size)
+        p.succeeded()
+        return out
 
     def _call(self, codec, sparse: bool, n: int, elements: int | None, body, *args):
         """body(call, *args) as this connection's next call: the call's identity, and what its failure does
@@ -401,15 +398,11 @@ class Communicator:
         """run() counted in the stats."""
         start = time.perf_counter()
         out = run()
-        self.count_call(time.perf_counter() - start, elements)
-        return out
-
-    def count_call(self, seconds: float, elements: int):
-        """A call that completed, in the stats."""
-        self.stats.seconds += seconds
+        self.stats.seconds += time.perf_counter() - start
         self.stats.heartbeats = self._heartbeat.sent()
         self.stats.allreduces += 1
         self.stats.elements += elements
+        return out
 
     def _allreduce_cuda(self, call, x, progress):
         """A CUDA tensor with nc/dither (hostlib.cuda): exponents and codes made on the GPU, each block with

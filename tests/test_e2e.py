@@ -299,7 +299,7 @@ def test_shapes_dtypes_and_torch_tensors(switch_process):
 def _with_out(address, xs, codec, mode, fast):
     """Each rank allreduces once into a fresh out (mode "out"), into its input ("in place"), into a
     non-contiguous view ("strided", copied into at the end) or a torch tensor ("torch"), or through
-    allreduce_in_place (the torch backend's inline path); returns the outs."""
+    a persistent call (allreduce_init: the torch backend's inline path); returns the outs."""
     torch = pytest.importorskip("torch", reason="torch is an optional extra") if mode == "torch" else None
 
     def call(comm, r, _):
@@ -310,8 +310,8 @@ def _with_out(address, xs, codec, mode, fast):
             out = np.zeros(2 * x.size, x.dtype)[::2]
         elif mode == "torch":
             x, out = torch.from_numpy(x), torch.zeros(x.size, dtype=torch.from_numpy(x[:0]).dtype)
-        elif mode == "allreduce_in_place":
-            assert comm.allreduce_in_place(x, comm.codec) is x
+        elif mode == "allreduce_init":
+            assert comm.allreduce_init(x)() is x
             return x
         else:
             out = np.full_like(x, 7)
@@ -335,7 +335,7 @@ def test_allreduce_into_out_and_in_place(switch_process, fast):
         xs = [(rs.standard_normal(5000) * 100).astype(dtype) for _ in range(2)]
         ref, errors, _ = run_workers(sw.address, xs, codec, seed=3, fast=fast, timeout=20)
         assert errors == [None, None]
-        for mode in ("out", "in place", "strided", "torch", "allreduce_in_place"):
+        for mode in ("out", "in place", "strided", "torch", "allreduce_init"):
             got = _with_out(sw.address, xs, codec, mode, fast)
             assert got[0].tobytes() == ref[0].tobytes() and got[1].tobytes() == ref[1].tobytes(), (codec, mode)
     x = np.ones(10, np.int32)
