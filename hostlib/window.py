@@ -60,6 +60,13 @@ class CommStats:
     allreduces: int = 0
     seconds: float = 0.0
 
+    def called(self, seconds: float, elements: int, heartbeats: int):
+        """A call that completed: its time and elements; the heartbeats sent so far."""
+        self.seconds += seconds
+        self.allreduces += 1
+        self.elements += elements
+        self.heartbeats = heartbeats
+
     @property
     def wire_bytes_sent(self) -> int:
         """bytes_sent plus the Ethernet/IPv4/UDP overhead per packet: what a link carries, so small packets

@@ -275,12 +275,13 @@ class Communicator:
         return self._call(p.codec, False, p.flat.size, p.elements, self._persistent, p)
 
     def _persistent(self, call, p: PersistentAllreduce) -> np.ndarray:
-        exps = p.codec.flat_exponents(p.flat, call.k) if p.codec.negotiates_exponent else None
+        start, flat = time.perf_counter(), p.flat  # as _timed, without its closure: a small call's Python
+        exps = p.codec.flat_exponents(flat, call.k) if p.codec.negotiates_exponent else None
         self._start(call, None)  # the call's seed and slots (the kind is p's)
-        out = self._timed(functools.partial(self._run_c_loop, call, p.kind, p.flat, exps, None, dst=p.flat,
-                                            bound=p.frame(self, call)), p.flat.size)
+        self._run_c_loop(call, p.kind, flat, exps, None, dst=flat, bound=p.frame(self, call))
         p.succeeded()
-        return out
+        self.stats.called(time.perf_counter() - start, flat.size, self._heartbeat.sent())
+        return flat
 
     def _call(self, codec, sparse: bool, n: int, elements: int | None, body, *args):
         """body(call, *args) as this connection's next call: the call's identity, and what its failure does
@@ -398,10 +399,7 @@ class Communicator:
         """run() counted in the stats."""
         start = time.perf_counter()
         out = run()
-        self.stats.seconds += time.perf_counter() - start
-        self.stats.heartbeats = self._heartbeat.sent()
-        self.stats.allreduces += 1
-        self.stats.elements += elements
+        self.stats.called(time.perf_counter() - start, elements, self._heartbeat.sent())
         return out
 
     def _allreduce_cuda(self, call, x, progress):
