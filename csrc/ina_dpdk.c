@@ -22,17 +22,18 @@
 #define BURST 32
 #define RING 1024
 #define POOL_SIZE 8191
-#define PEER_BUCKETS 4096 /* MAC cache: direct-mapped by a keyed hash of the peer's address id */
+#define PEER_BUCKETS 4096 /* MAC cache: direct-mapped by a keyed hash of the peer's IPv4 address */
 #define RUN_POLLS 2000  /* empty polls before returning to the caller */
 #define RUN_BURSTS 4096 /* bursts before returning to the caller, so it sees signals and its stop flag */
 #define SPIN_POLLS 256  /* empty polls before sleeping between polls: workers may share our cores */
 #define L2_L4 (sizeof(struct rte_ether_hdr) + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
 
 /* A peer is named by its address id, IPv4 << 16 | UDP port (host order), as in the UDP loop, so the
- * control plane admits the same ids on both. Its MAC is cached for replies; a colliding address evicts
- * an entry, and the evicted peer's next packet restores it (its lost result is resent on request). */
+ * control plane admits the same ids on both. Replies need its MAC, cached per IPv4 address (a host's ranks
+ * share it, so they never evict one another); a colliding address evicts an entry, and the evicted host's next
+ * packet restores it (its lost result is resent on request). */
 typedef struct {
-    uint64_t id; /* 0: empty */
+    uint32_t ip; /* host order; 0: empty */
     struct rte_ether_addr mac;
 } peer_t;
 
@@ -129,18 +130,18 @@ ina_dpdk *ina_dpdk_new(ina_switch *sw, uint16_t port, uint32_t ip, uint16_t udp_
 }
 
 /* ------------------------------------------------------------------ peers */
-static inline peer_t *peer_slot(ina_dpdk *d, uint64_t id)
+static inline peer_t *peer_slot(ina_dpdk *d, uint32_t ip)
 {
-    return &d->peers[ina_rng_word(d->peer_key, id) % PEER_BUCKETS];
+    return &d->peers[ina_rng_word(d->peer_key, ip) % PEER_BUCKETS];
 }
 
 static uint64_t learn_peer(ina_dpdk *d, const struct rte_ether_addr *mac, uint32_t ip_be, uint16_t port_be)
 {
-    uint64_t id = (uint64_t)rte_be_to_cpu_32(ip_be) << 16 | rte_be_to_cpu_16(port_be);
-    peer_t *p = peer_slot(d, id);
-    p->id = id;
+    uint32_t ip = rte_be_to_cpu_32(ip_be);
+    peer_t *p = peer_slot(d, ip);
+    p->ip = ip;
     rte_ether_addr_copy(mac, &p->mac);
-    return id;
+    return (uint64_t)ip << 16 | rte_be_to_cpu_16(port_be);
 }
 
 /* ------------------------------------------------------------------ sending */
@@ -168,8 +169,8 @@ static void enqueue(ina_dpdk *d, struct rte_mbuf *m)
 static int send_to(ina_dpdk *d, uint64_t dst, const uint8_t *hdr, uint32_t hlen, const uint8_t *payload,
                    uint32_t plen)
 {
-    const peer_t *p = peer_slot(d, dst);
-    if (p->id != dst) {
+    const peer_t *p = peer_slot(d, (uint32_t)(dst >> 16));
+    if (p->ip != (uint32_t)(dst >> 16)) {
         d->c.tx_no_peer++;
         return -1;
     }
