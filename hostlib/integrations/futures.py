@@ -88,6 +88,15 @@ class ErrorFuture:
         self.completed.set()
 
 
+_MAIN_THREAD = threading.main_thread().ident  # read once: on_callers_thread runs on every call
+
+
+def on_callers_thread() -> bool:
+    """Whether a call made now may run on the thread that waits for it: made from the main thread, outside
+    backward (whose calls must progress with nobody waiting on them). inline_call.cpp answers the same in C."""
+    return threading.get_ident() == _MAIN_THREAD and torch._C._current_autograd_node() is None
+
+
 class CallQueue:
     """A group's calls in call order, run by one thread or by the caller that waits for them.
 
@@ -108,21 +117,15 @@ class CallQueue:
         self._running = False
         self._closed = False
         self.inline = 0  # calls run by the thread that waited for them
-        self._main = threading.main_thread().ident  # read once: on_callers_thread runs on every call
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
-
-    def on_callers_thread(self) -> bool:
-        """Whether a call made now may run on the thread that waits for it: made from the main thread, outside
-        backward (whose calls must progress with nobody waiting on them)."""
-        return threading.get_ident() == self._main and torch._C._current_autograd_node() is None
 
     def submit(self, fn, *args, wake: bool | None = None) -> "_Call":
         """Queue fn(*args) and return its entry. wake=None: wake the queue's thread for a call made from
         another thread or inside backward (DDP's reducer, FSDP's hooks: the autograd engine runs CPU graphs
         on the caller's thread), which must progress with nobody waiting on it."""
         if wake is None:
-            wake = not self.on_callers_thread()
+            wake = not on_callers_thread()
         entry = _Call(fn, args)
         with self._cv:
             if self._closed:

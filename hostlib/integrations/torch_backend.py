@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 
 Op = dist.ReduceOp
 _SUM, _AVG = int(Op.SUM), int(Op.AVG)
-_MAIN_THREAD = threading.main_thread().ident  # where a call may run inline (futures.CallQueue.on_callers_thread)
 SUMS = frozenset((Op.SUM, Op.AVG))  # what the switch sums (AVG: a sum, then divided as gloo divides)
 
 
@@ -275,7 +274,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         """run() on the worker thread, after the caller's CUDA stream has produced the tensors; a Work of
         its future at once. An error completes the future with a C++ error (futures.ErrorFuture): DDP's
         reducer, functional collectives, comm hooks and wait() raise it as the exception it is."""
-        if not _on_cuda(tensors) and self._worker.on_callers_thread():
+        if not _on_cuda(tensors) and futures.on_callers_thread():
             done = DoneWork()
             if self._worker.try_run(lambda: done.run(run)):  # synchronous: no future, no queue, no hand-off
                 return done
@@ -413,8 +412,8 @@ class FutureWork(dist.Work):
 def _python_reads(t: torch.Tensor, opts):
     """inline_call.cpp's reads, in Python (where the extension is not built): ((address, elements, dtype), avg,
     asyncOp) of a contiguous strided CPU tensor and a SUM or AVG call from the main thread outside backward
-    (futures.CallQueue.on_callers_thread), else None."""
-    if threading.get_ident() != _MAIN_THREAD or torch._C._current_autograd_node() is not None:
+    (futures.on_callers_thread), else None."""
+    if not futures.on_callers_thread():
         return None
     if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
         return None
