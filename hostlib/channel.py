@@ -25,6 +25,18 @@ class Channel:
         self._view = memoryview(self._buf)
         # whether datagrams come with their TOS byte, as open_socket asked (rings carry no IP header)
         self._tos = not isinstance(sock, ShmSocket) and bool(sock.getsockopt(socket.IPPROTO_IP, IP_RECVTOS))
+        self._poll = None  # the sockets, for waiting(): a ring has none
+        if not isinstance(sock, ShmSocket):
+            self._poll = select.poll()
+            for s in (sock, group):
+                if s is not None:
+                    self._poll.register(s, select.POLLIN | select.POLLERR)
+
+    def waiting(self) -> bool:
+        """Whether a datagram (or a refusal) may wait on the socket or the group: False only where none does.
+        One poll costs a third of the two failing recvs (and their exceptions) that would find out otherwise,
+        a call's largest piece of Python between calls (with cold caches, ~15 us of CPU)."""
+        return self._poll is None or bool(self._poll.poll(0))
 
     def send(self, data: bytes):
         try:

@@ -326,7 +326,7 @@ class Communicator:
         gen = self.gen
         if gen.state == "broken":
             raise RuntimeError("communicator unusable after an earlier failure (corrupt result); reconnect")
-        if gen.pending is None and not gen.ended:
+        if gen.pending is None and not gen.ended and self.chan.waiting():
             self._drain()
         if gen.pending is not None:
             raise gen.take_pending()
