@@ -25,6 +25,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "ina_gso.h"
 #include "ina_wait.h"
@@ -571,12 +574,28 @@ static int store_elements(ina_wk *w, priv_t *p, uint64_t b, uint64_t lo, const u
     return 0;
 }
 
+/* n bytes from src to dst by streaming stores where SSE2 has them (dst's lines are not read for ownership nor
+ * kept in the caches: a copy that only a recovery reads); the loop's closing fence orders them */
+static void copy_stream(uint8_t *dst, const uint8_t *src, size_t n)
+{
+#if defined(__SSE2__)
+    size_t head = (size_t)(-(uintptr_t)dst & 15);
+    head = head < n ? head : n;
+    memcpy(dst, src, head);
+    dst += head, src += head, n -= head;
+    for (; n >= 16; n -= 16, dst += 16, src += 16)
+        _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
+#endif
+    memcpy(dst, src, n);
+}
+
 /* the elements lo..lo+count of out from keep_from on, copied into keep as well (w->keep: a dense call's) */
 static void keep_elements(ina_wk *w, uint64_t lo, uint32_t count)
 {
     uint64_t from = lo > w->keep_from ? lo : w->keep_from, end = lo + count;
     if (end > from)
-        memcpy((uint8_t *)w->keep + (from - w->keep_from) * 4, (const uint8_t *)w->out + from * 4, (end - from) * 4);
+        copy_stream((uint8_t *)w->keep + (from - w->keep_from) * 4, (const uint8_t *)w->out + from * 4,
+                    (end - from) * 4);
 }
 
 /* a packet's first timeout: not less than START_RTO, SwitchML's constant, before the call's first result (the

@@ -1125,9 +1125,9 @@ def test_a_full_pool_puts_ddp_on_gloo_with_one_warning_and_it_moves_to_the_switc
 
 def test_the_extensions_inline_reads_equal_pythons():
     """inline_call.cpp reads a call's tensor and c10d options from their C++ objects; it gives what the Python
-    reads give (the key the lanes are kept under, avg, asyncOp), and None for what the inline path does not
-    take: a strided view, a non-CPU layout, MAX, options of another class, a call from another thread or inside
-    backward."""
+    reads give: the tensor's lane for a synchronous SUM where the lanes hold one, else (the key the lanes are
+    kept under, avg, asyncOp), and None for what the inline path does not take: not one tensor, a strided view,
+    a non-CPU layout, MAX, options of another class, a call from another thread or inside backward."""
     from hostlib.integrations import futures, torch_backend
 
     ext = futures.extension()
@@ -1136,25 +1136,37 @@ def test_the_extensions_inline_reads_equal_pythons():
     base = torch.arange(12, dtype=torch.float32)
     tensors = [base, base.view(3, 4), torch.zeros(5, dtype=torch.int32), base.to(torch.float64), base[2:],
                base.view(3, 4).t(), base[::2], torch.tensor(2.5), base.to_sparse()]
+    lane = object()
+    lanes = {(base.data_ptr(), 12, torch.float32): lane, (base.data_ptr(), 12, torch.int32): object()}
     for t in tensors:
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
             for async_op in (False, True):
                 opts = dist.AllreduceOptions()
                 opts.reduceOp, opts.asyncOp = op, async_op
-                want = torch_backend._python_reads(t, opts)
-                assert ext.inline_call(t, opts) == want, (t, op, async_op)
-                if want is not None:
-                    assert want[0] == (t.data_ptr(), t.numel(), t.dtype)
-    kept = ext.inline_call(base, dist.AllreduceOptions())
+                for held in ({}, lanes, None):
+                    want = torch_backend._python_reads([t], opts, held)
+                    assert ext.inline_call([t], opts, held) == want, (t, op, async_op, held)
+                    assert ext.inline_call((t,), opts, held) == torch_backend._python_reads((t,), opts, held)
+                    if want is not None and want is not lane:
+                        assert want[0] == (t.data_ptr(), t.numel(), t.dtype)
+    sync_sum = dist.AllreduceOptions()
+    sync_sum.asyncOp = False
+    assert ext.inline_call([base], sync_sum, lanes) is lane  # the commonest call: its lane, nothing else made
+    assert ext.inline_call([base.view(3, 4)], sync_sum, lanes) is lane  # the same memory, size and dtype
+    kept = ext.inline_call([base], dist.AllreduceOptions(), lanes)
     assert kept == ((base.data_ptr(), 12, torch.float32), False, True)  # c10d's defaults: SUM, asyncOp
-    assert ext.inline_call(base, dist.AllreduceCoalescedOptions()) is None  # a subclass: not read raw
-    assert ext.inline_call(base, dist.BroadcastOptions()) is None
-    assert ext.inline_call(base.numpy(), dist.AllreduceOptions()) is None
+    for other in ([base, base], [], base, None):
+        assert ext.inline_call(other, sync_sum, lanes) is None
+        assert torch_backend._python_reads(other, sync_sum, lanes) is None
+    assert ext.inline_call([base], dist.AllreduceCoalescedOptions(), lanes) is None  # a subclass: not read raw
+    assert ext.inline_call([base], dist.BroadcastOptions(), lanes) is None
+    assert ext.inline_call([base.numpy()], dist.AllreduceOptions(), lanes) is None
     # a call from another thread or inside backward is not run inline (it must progress with nobody waiting)
     opts, got = dist.AllreduceOptions(), []
-    assert ext.inline_call(base, opts) is not None and torch_backend._python_reads(base, opts) is not None
-    other = threading.Thread(target=lambda: got.append((ext.inline_call(base, opts),
-                                                        torch_backend._python_reads(base, opts))))
+    assert ext.inline_call([base], opts, lanes) is not None
+    assert torch_backend._python_reads([base], opts, lanes) is not None
+    other = threading.Thread(target=lambda: got.append((ext.inline_call([base], opts, lanes),
+                                                        torch_backend._python_reads([base], opts, lanes))))
     other.start()
     other.join()
 
@@ -1165,7 +1177,7 @@ def test_the_extensions_inline_reads_equal_pythons():
 
         @staticmethod
         def backward(ctx, g):  # a CPU graph: on this (the main) thread
-            got.append((ext.inline_call(base, opts), torch_backend._python_reads(base, opts)))
+            got.append((ext.inline_call([base], opts, lanes), torch_backend._python_reads([base], opts, lanes)))
             return g
 
     Probe.apply(torch.ones(3, requires_grad=True)).sum().backward()

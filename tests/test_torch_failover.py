@@ -1,6 +1,7 @@
 """The torch backend's failure protocol alone (hostlib/integrations/torch_failover.py): its states move only
 along TRANSITIONS, a join is voted, a switch that cannot be reached puts the group on gloo with a re-join
-every retry_every calls, and a recovery's result is a value. One rank, a file store, no process group."""
+every retry_every calls, a recovery's result is a value, and the call path never calls a lane of a connection
+that is gone. One rank, a file store, no process group."""
 from __future__ import annotations
 
 import socket
@@ -69,3 +70,48 @@ def test_a_recovery_returns_the_calls_sum_as_a_value(failover):
     total = failover.recover(5, Place(5, 6), x, None, Kept(4, 0, torch.zeros(6)), None)
     assert total.tolist() == [2.0] * 6 and total.data_ptr() != x.data_ptr()
     assert failover.state is State.ON_GLOO and failover.retry_at == 8 and failover.recovery.epoch == 1
+
+
+def test_a_lane_of_a_dropped_connection_takes_the_general_path(failover):
+    """The queue's thread may drop the connection and join a new one between the caller's lane lookup and its
+    call: a lane whose persistent call belongs to another connection is not called; the sum takes the general
+    path on the connection of the moment. A lane of the live connection runs its own call and counts on itself."""
+    from types import SimpleNamespace
+
+    from hostlib.integrations.torch_calls import Lane, SwitchCalls
+
+    class Connection:  # the Communicator's side the call path uses
+        max_elements, window = 256, 4
+        gen = SimpleNamespace(max_elements=256, window=4)
+
+        def __init__(self):
+            self.calls = 0
+
+        def lands_blocks(self, flat, codec):
+            return False
+
+        def allreduce(self, x, out=None, codec=None, elements=None):
+            self.calls += 1
+            out[...] = 2 * x
+
+        def close(self):
+            pass
+
+    class Call(SimpleNamespace):  # a persistent call: sums its array in place (here: triples it)
+        def __call__(self):
+            self.flat[...] = 3 * self.flat
+
+    with pytest.warns(RuntimeWarning):
+        failover.start(strict=False)
+    live = failover.comm = Connection()
+    counted: dict = {}
+    calls = SwitchCalls(failover, "fixed", {}, lambda what, path, n=1: counted.update({(what, path): n}))
+    x = torch.arange(100, dtype=torch.float32)
+    stale = Lane(Call(comm=Connection(), flat=x.numpy(), elements=256, kept=None), ("float32", "switch (fixed)"))
+    assert calls.sum(x, stale).tolist() == [2.0 * k for k in range(100)]  # the live connection's allreduce
+    assert live.calls == 1 and stale.calls == 0 and counted == {("float32", "switch (fixed)"): 1}
+    y = torch.ones(10)
+    own = Lane(Call(comm=live, flat=y.numpy(), elements=256, kept=(0, y.numpy())), ("float32", "switch (fixed)"))
+    assert calls.sum(y, own) is y and y.tolist() == [3.0] * 10 and own.calls == 1 and live.calls == 1
+    kept = calls._kept()  # made from the lane's tail only now
+    assert kept.call == 1 and kept.start == 0 and kept.total is own.call.kept[1]

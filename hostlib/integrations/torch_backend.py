@@ -46,7 +46,7 @@ import torch.distributed as dist
 from ..worker import Communicator
 from . import futures
 from .common import switch_address
-from .torch_calls import SwitchCalls, _kind
+from .torch_calls import Lane, SwitchCalls, _kind
 from .torch_failover import COUNTERS, Failover
 
 BACKEND = "ina"
@@ -118,6 +118,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.paths: dict[tuple, int] = {}  # (what, path): calls per kind of call and the path that carried it
         self.failover: Failover | None = None
         self._reads = _python_reads  # the inline path's reads of a call's tensor and options (inline_call.cpp)
+        self._lanes = None  # the lanes the reads look in (SwitchCalls.lanes: none on a subgroup)
         if not use_switch:
             self._warn_once("subgroup", "process group 'ina': a subgroup runs every collective on gloo (the "
                                         "switch job belongs to the world group)")
@@ -134,6 +135,7 @@ class ProcessGroupINA(dist.ProcessGroup):
         self.failover = Failover(store, rank, size, c10d_timeout, self.switch, job, self.codec, connect_kwargs,
                                  retry_every, on_drop=lambda: self.calls.reset())
         self.calls = SwitchCalls(self.failover, self.codec, connect_kwargs, self._count)
+        self._lanes = self.calls.lanes
         ext = futures.extension()  # built (once per machine) before the first call, not inside DDP's backward
         self._reads = ext.inline_call if ext is not None else _python_reads
         self.failover.start(os.environ.get("INA_STRICT") == "1" if strict is None else strict)
@@ -149,9 +151,15 @@ class ProcessGroupINA(dist.ProcessGroup):
         return BACKEND
 
     def allreduce(self, tensors, opts=None):
-        work = self._inline_allreduce(tensors, opts) if self.comm is not None else None
-        if work is not None:
-            return work
+        got = self._reads(tensors, opts, self._lanes)  # the inline path's: a lane, (key, avg, asyncOp), or None
+        if got is not None:
+            if got.__class__ is Lane:  # a synchronous SUM on a tensor seen before: the commonest call
+                lane, avg, asynchronous = got, False, False
+            else:  # its tensor's first call (its lane made now), an AVG or an asyncOp call
+                key, avg, asynchronous = got
+                lane = self.calls.lane(tensors[0], key) if self.comm is not None else None
+            if lane is not None and self._worker.enter():  # nothing queued or running: this thread runs it
+                return self._inline_allreduce(tensors[0], lane, avg, asynchronous)
         tensors, op = _as_list(tensors), _reduce_op(opts)
         if len(tensors) != 1 or not self._through_switch(tensors, op):
             return self.gloo.allreduce(tensors, opts or dist.AllreduceOptions())
@@ -235,7 +243,11 @@ class ProcessGroupINA(dist.ProcessGroup):
         """Counters: calls through the switch and through gloo (fallback), faults, re-joins, the join votes,
         the recoveries' seconds, which path carried each kind of call, and the live connection's CommStats."""
         stats = dict.fromkeys(("switch_calls",) + COUNTERS, 0) | {"last_fault": None}  # a subgroup: all zero
-        stats["paths"] = {f"{w} -> {p}": n for (w, p), n in self.paths.items()}
+        paths = dict(self.paths)
+        if self.failover is not None:
+            for key, n in self.calls.lane_counts().items():
+                paths[key] = paths.get(key, 0) + n
+        stats["paths"] = {f"{w} -> {p}": n for (w, p), n in paths.items() if n}
         if self.failover is not None:
             stats.update(self.failover.stats(), switch_calls=self.calls.switch_calls, last_fault=self.failover.last_fault,
                          future_errors="extension" if futures.extension() else "text")
@@ -266,9 +278,9 @@ class ProcessGroupINA(dist.ProcessGroup):
         self._count(what, "gloo")
         return False
 
-    def _count(self, what: str, path: str):
+    def _count(self, what: str, path: str, n: int = 1):
         key = (what, path)
-        self.paths[key] = self.paths.get(key, 0) + 1
+        self.paths[key] = self.paths.get(key, 0) + n
 
     def _submit(self, tensors, run):
         """run() on the worker thread, after the caller's CUDA stream has produced the tensors; a Work of
@@ -295,23 +307,13 @@ class ProcessGroupINA(dist.ProcessGroup):
 
         return FutureWork(fut.future, fut, self._worker, self._worker.submit(task))
 
-    def _inline_allreduce(self, tensors, opts) -> "DoneWork | None":
-        """The call users and the bench make most, run here with the least Python: dist.all_reduce of one
-        contiguous float32 or int32 host tensor, SUM or AVG, from the main thread outside backward with no call
-        queued, while the switch is joined. The same call as the general path (_submit's synchronous branch,
-        _sum, _finish) without its per-call closures, checks and tensor views: on a 2-core machine that four
-        ranks and the switch share, each call's Python runs with cold caches and costs several times its
-        measure in a tight loop (issue 37). Returns the call's Work, or None where the general path applies."""
-        if opts is None or len(tensors) != 1:
-            return None
-        t = tensors[0]
-        got = self._reads(t, opts)
-        if got is None:
-            return None
-        key, avg, asynchronous = got
-        lane = self.calls.lane(t, key)
-        if lane is None or not self._worker.enter():  # _reads: a call from the main thread, outside backward
-            return None
+    def _inline_allreduce(self, t: torch.Tensor, lane, avg: bool, asynchronous: bool) -> "DoneWork":
+        """The call users and the bench make most, run on the caller's thread (the queue entered) with the least
+        Python: dist.all_reduce of one contiguous float32 or int32 host tensor, SUM or AVG, from the main thread
+        outside backward with no call queued, while the switch is joined, on the lane of the tensor's memory.
+        The same call as the general path (_submit's synchronous branch, _sum, _finish) without its per-call
+        closures, checks and tensor views: on a 2-core machine that four ranks and the switch share, each
+        call's Python runs with cold caches and costs several times its measure in a tight loop (issue 37)."""
         try:
             total = self.calls.sum(t, lane)
             if total is not t:  # a recovery's sum: the switch failed under the call
@@ -322,7 +324,7 @@ class ProcessGroupINA(dist.ProcessGroup):
             return DoneWork(error=e)
         finally:
             self._worker.leave()
-        return DoneWork(tensors) if asynchronous else self._done
+        return DoneWork([t]) if asynchronous else self._done
 
     def _scatter(self, outputs, inputs, op):
         """Sum the inputs (one switch call), then each output gets this rank's shard of its input's sum."""
@@ -409,18 +411,24 @@ class FutureWork(dist.Work):
         return self.future.done()
 
 
-def _python_reads(t: torch.Tensor, opts):
-    """inline_call.cpp's reads, in Python (where the extension is not built): ((address, elements, dtype), avg,
-    asyncOp) of a contiguous strided CPU tensor and a SUM or AVG call from the main thread outside backward
-    (futures.on_callers_thread), else None."""
-    if not futures.on_callers_thread():
+def _python_reads(tensors, opts, lanes: dict):
+    """inline_call.cpp's reads, in Python (where the extension is not built): for one contiguous strided CPU
+    tensor and a SUM or AVG call from the main thread outside backward (futures.on_callers_thread), its lane
+    (lanes[(address, elements, dtype)]) where it has one and the call is a synchronous SUM, else ((address,
+    elements, dtype), avg, asyncOp); None for any other call."""
+    if tensors.__class__ not in (list, tuple) or len(tensors) != 1 or opts.__class__ is not dist.AllreduceOptions:
+        return None
+    t = tensors[0]
+    if not futures.on_callers_thread() or not isinstance(t, torch.Tensor):
         return None
     if not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
         return None
     op = int(opts.reduceOp.op)  # an int: comparing pybind enums costs more than the read (cold, ~3 us)
     if op != _SUM and op != _AVG:
         return None
-    return (t.data_ptr(), t.numel(), t.dtype), op == _AVG, opts.asyncOp
+    key, avg = (t.data_ptr(), t.numel(), t.dtype), op == _AVG
+    lane = lanes.get(key) if not avg and not opts.asyncOp and lanes.__class__ is dict else None
+    return lane if lane is not None else (key, avg, opts.asyncOp)
 
 
 class DoneWork(dist.Work):

@@ -36,7 +36,7 @@ class SwitchCalls:
     """The calls of one group that can go through the switch, numbered the same on every rank."""
 
     def __init__(self, failover: Failover, codec: str, connect_kwargs: dict, count):
-        self.failover, self.count = failover, count  # count(kind, path): the group's per-path counter
+        self.failover, self.count = failover, count  # count(kind, path, n=1): the group's per-path counter
         self.number = 0  # calls made, the same count on every rank (a re-join and a recovery name calls by it)
         self.switch_calls = 0
         self.elements_per_packet = connect_kwargs.get("elements_per_packet")
@@ -44,14 +44,27 @@ class SwitchCalls:
         self.codecs = {"float": get_codec(codec, **rounding), "int32": get_codec("int32"),
                        EXACT_SMALL: get_codec("fixed")}
         self.routes: dict = {}  # (dtype, small) -> (codec, elements per packet, path name): route
+        self.lanes: dict = {}  # (address, numel, dtype) -> Lane of the inline path (one dict: the reads look in it)
         self.reset()
 
     def reset(self):
         """The connection is gone: what was made for it goes too."""
         self.lands: dict = {}  # (dtype, block size, non-empty) -> whether sums land block by block
-        self.lanes: dict = {}  # (address, numel, dtype) -> Lane of the inline path
+        self._drop_lanes()
         self.landing: Landing | None = None  # the current call's, while it runs
-        self.kept: Kept | None = None  # of the last call that succeeded: what a recovery may hand over
+        self.kept: Kept | tuple | None = None  # of the last call that succeeded: a Kept, or (call, its lane)
+
+    def lane_counts(self) -> dict:
+        """The calls each lane made, per (kind, path) (a lane counts its own: one add on the inline path)."""
+        counts: dict = {}
+        for lane in self.lanes.values():
+            counts[lane.count] = counts.get(lane.count, 0) + lane.calls
+        return counts
+
+    def _drop_lanes(self):
+        for (what, path), n in self.lane_counts().items():
+            self.count(what, path, n)
+        self.lanes.clear()
 
     @property
     def comm(self):
@@ -60,50 +73,79 @@ class SwitchCalls:
     def sum(self, x: torch.Tensor, lane: "Lane | None" = None) -> torch.Tensor:
         """x (flat) summed over the ranks, a tensor of x's dtype: x itself (the sum lands in place) or
         another; through the switch, or through gloo on every rank while the switch is down. With x's lane
-        (the inline path: the switch is joined), x is any contiguous shape, and the sum lands in it."""
+        (the inline path: the switch is joined), x is any contiguous shape, and the sum lands in it: the same
+        steps in fewer calls (each costs a few us with the cold caches a rank has between calls)."""
         n = self.number
         self.number += 1
-        what = _kind(x) if lane is None else lane.count[0]
+        comm = self.failover.comm
+        if lane is None or comm is None or lane.call.comm is not comm:  # a lane of a connection dropped meanwhile
+            return self._sum(n, x if lane is None else x.view(-1))  # (by the queue's thread): the general path
+        try:
+            self._switch_sum(x, lane)
+        except SWITCH_FAULTS as e:
+            return self._recover(n, x.view(-1), lane.count[0], e)
+        except Exception:
+            self._raised(n, lane.count[0])
+            raise
+        self.switch_calls += 1
+        lane.calls += 1
+        self.kept, self.landing = (n, lane), None  # its tail, kept by its C loop: a Kept only if a recovery asks
+        return x
+
+    def _sum(self, n: int, x: torch.Tensor) -> torch.Tensor:
+        what = _kind(x)
         if self.failover.connection(n) is None:
             self.count(what, "gloo (switch down)")
             return self.failover.gloo_sum(x)
         try:
-            total, path = self._switch_sum(x, lane)
+            total, path = self._switch_sum(x)
         except SWITCH_FAULTS as e:
-            self.count(what, "gloo (recovered)")
-            flat = x if lane is None else x.view(-1)
-            place, mask = self._place(n, flat, e)
-            kept, self.kept = self.kept, None
-            return self.failover.recover(n, place, flat, mask, kept, e)
-        except Exception:  # a CollectiveError or the call's input (every rank raises; the next call re-joins)
-            self.count(what, "error")
-            self.failover.raised(n)
+            return self._recover(n, x, what, e)
+        except Exception:
+            self._raised(n, what)
             raise
         self.switch_calls += 1
         self.count(what, path)
-        self._keep(n, x, total, lane)
+        self._keep(n, x, total)
         return total
+
+    def _recover(self, n: int, flat: torch.Tensor, what: str, e: BaseException) -> torch.Tensor:
+        """Call n failed under a switch fault: the failure protocol's sum of flat (through gloo)."""
+        self.count(what, "gloo (recovered)")
+        place, mask = self._place(n, flat, e)
+        kept, self.kept = self._kept(), None
+        return self.failover.recover(n, place, flat, mask, kept, e)
+
+    def _raised(self, n: int, what: str):
+        """A CollectiveError or the call's input (every rank raises; the next call re-joins)."""
+        self.count(what, "error")
+        self.failover.raised(n)
+
+    def _kept(self) -> Kept | None:
+        """What the last call that succeeded kept (a lane's tail, from its persistent call)."""
+        if self.kept.__class__ is tuple:
+            n, lane = self.kept
+            return Kept(n, *lane.call.kept)
+        return self.kept
 
     def idle_recovery(self, epoch: int):
         """Another rank's recovery, seen by the watcher while this rank makes no call: join it (worker thread)."""
         if self.failover.recovery.epoch != epoch:  # handled by a call of this rank's own meanwhile
             return
         place, _ = self._place(self.number, None, None)
-        kept, self.kept = self.kept, None
+        kept, self.kept = self._kept(), None
         try:
             self.failover.recover(self.number, place, None, None, kept, None)
         except Exception as e:  # noqa: BLE001 - the next call goes to gloo anyway; say why
             log.warning("process group 'ina': rank %d: joining another rank's recovery failed: %s",
                         self.failover.rank, e)
 
-    def _keep(self, n: int, x: torch.Tensor, total: torch.Tensor, lane: "Lane | None"):
+    def _keep(self, n: int, x: torch.Tensor, total: torch.Tensor):
         """What a recovery may have to hand to ranks that missed call n's last results: a rank whose call
         failed has every block's sum but those of the window's last packets (it sent a slot's next packet
         only after the result of its last), so of a sum landed block by block the last `window` blocks (a
-        lane's into its own buffer); otherwise the whole sum (a copy when it is x, the caller's)."""
-        if lane is not None:  # the tail its C loop copied as the blocks landed
-            self.kept, self.landing = Kept(n, *lane.call.kept), None
-            return
+        lane's: its C loop copies them as they land); otherwise the whole sum (a copy when it is x, the
+        caller's)."""
         if self.landing is None:
             self.kept = Kept(n, 0, total.clone() if total is x else total)
             return
@@ -121,8 +163,9 @@ class SwitchCalls:
             mask = torch.from_numpy(landed).repeat_interleave(self.landing.block)[: x.numel()]
             missing = (~mask).nonzero()
             place = Place(n, x.numel(), int(missing[0]) if missing.numel() else x.numel(), int(landed.sum()))
-        if self.kept is not None and self.kept.call == n - 1:
-            place.kept_from = self.kept.start
+        kept = self._kept()
+        if kept is not None and kept.call == n - 1:
+            place.kept_from = kept.start
         return place, mask
 
     def _switch_sum(self, x: torch.Tensor, lane: "Lane | None" = None) -> tuple[torch.Tensor, str]:
@@ -187,7 +230,7 @@ class SwitchCalls:
         if not self.failover.comm.lands_blocks(view, codec):
             return None
         if len(self.lanes) >= LANES:
-            self.lanes.clear()
+            self._drop_lanes()
         lane = self.lanes[key] = Lane(self.failover.comm.allreduce_init(view, codec, k, keep_tail=True),
                                       (_kind(t), path))
         return lane
@@ -201,11 +244,12 @@ class Lane:
     count under. Making the view costs more than the rest of the call; the persistent call makes the rest of
     the call's set-up once."""
 
-    __slots__ = ("call", "count", "gen", "landing")
+    __slots__ = ("call", "count", "gen", "landing", "calls")
 
     def __init__(self, call, count):
         self.call, self.count = call, count
         self.gen = None  # the generation landing was made for
+        self.calls = 0  # that succeeded through the switch (ina_stats' paths, under count)
 
     def land_on(self, gen):
         """Its calls' landing on generation gen (which blocks of a failed call hold their sum)."""
