@@ -6,8 +6,8 @@ belongs to a generation), and each call sets only what is its own: its number, s
 and the connection's round-trip estimate and window. The packets, results and errors are allreduce's.
 
 Why it is worth a module: with four ranks and a switch on two cores, each small call's Python runs on cold
-caches and is about half of a 1 KiB call's CPU; the torch lanes' sums through it take 0.73-0.93x hostlib's
-`allreduce(x, out=y)` (docs/performance.md, "A persistent call").
+caches and is about half of a 1 KiB call's CPU; a call through it takes 0.61-0.85x hostlib's `allreduce(x,
+out=y)` at 1 KiB and 64 KiB (docs/performance.md, "The torch layer, lean").
 """
 from __future__ import annotations
 
