@@ -93,15 +93,20 @@ def test_bench_net_failure_leaves_nothing():
 
 
 SNIFF = r"""
-import socket, struct, sys, time
+import signal, socket, struct, sys, time
+told = []  # SIGTERM: what is queued is read, then the counts printed
+signal.signal(signal.SIGTERM, lambda *_: told.append(1))
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
 s.bind((sys.argv[3], 0))  # the bridge: what the switch's socket receives, each datagram once
-s.settimeout(0.5)
+s.settimeout(0.1)
+print("ready", flush=True)
 port, end, seen = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), {}
 while time.monotonic() < end:
     try:
         frame = s.recv(65536)
     except socket.timeout:
+        if told:
+            break
         continue
     ip = frame[14:]
     if ip[9] != 17 or struct.unpack(">H", ip[(ip[0] & 15) * 4 + 2:][:2])[0] != port:
@@ -122,9 +127,11 @@ def test_a_marked_packet_reaches_the_switch_with_ce():
     spec = Spec(2, "c", 20.0, 0.5, ecn=True)
     with tempfile.TemporaryDirectory() as logs, Deployment(spec, logs) as dep:
         port = int(dep.members[0].switch.rsplit(":", 1)[1])
-        sniff = dep.topo.popen(dep.topo.switch_ns, [sys.executable, "-c", SNIFF, port, 8, "br0"],
+        sniff = dep.topo.popen(dep.topo.switch_ns, [sys.executable, "-c", SNIFF, port, 20, "br0"],
                                stdout=subprocess.PIPE, text=True)
+        assert sniff.stdout.readline() == "ready\n"  # bound to the bridge before the first datagram
         report = allreduce(dep, "int32", 1 << 18, window=256, timeout=30, cc="ecn")
+        sniff.terminate()  # the call is over: every datagram it sent the switch is on the bridge already
         seen = ast.literal_eval(sniff.communicate(timeout=20)[0])
         marked = sum(c.get("marked", 0) for c in dep.topo.stage_counters().values())
     assert report["exact"] is True

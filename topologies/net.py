@@ -150,7 +150,11 @@ def phase(spec: Spec, seconds: float, ina: bool, tcp: bool, short: bool, codec: 
                                                           f"{dep.topo.worker_ips[1]}:{RR_PORT}", seconds, short_rate,
                                                           short_kb], tmp, "rr-client")))
         ping = _ping(dep, seconds)
-        got = {what: _last_json(p, seconds + 30, what, tmp) for what, p in clients + servers}
+        got = {what: _last_json(p, seconds + 30, what, tmp) for what, p in clients}
+        for what, p in servers:  # their clients are done: the sink reports on its own, the rr-server when told
+            if what == "rr-server":
+                p.terminate()
+            got[what] = _last_json(p, seconds + 30, what, tmp)
         ina_out = _ina_wait(inas, tmp, seconds + START_LIMIT)
         job2_out = _ina_wait(job2_procs, tmp, seconds + START_LIMIT, "job2")
         rtts = _rtts(ping)

@@ -8,8 +8,9 @@ lookups). One process per role, started inside a host by the benchmark and stopp
     python -m topologies.traffic rr-server PORT SECONDS      # answers each request with the bytes it asks
     python -m topologies.traffic rr-client HOST:PORT SECONDS RATE KB   # RATE flows/s of KB each, timed
 
-Each prints one JSON line when its time is up (or on SIGTERM): the sink its bytes per bin, the client
-every flow's completion time. Every loop is bounded in time; nothing outlives SECONDS + a few seconds.
+Each prints one JSON line when its time is up (or on SIGTERM): the sink its bytes per bin (early, once its
+senders have closed and SECONDS from its first byte have passed), the client every flow's completion time.
+Every loop is bounded in time; nothing outlives SECONDS + a few seconds.
 """
 from __future__ import annotations
 
@@ -48,13 +49,15 @@ def _listener(port: int) -> socket.socket:
 
 
 def sink(port: int, seconds: float):
-    """Bytes received from every TCP sender, per BIN seconds since the first byte (goodput over time)."""
+    """Bytes received from every TCP sender, per BIN seconds since the first byte (goodput over time). It
+    reports once every sender has closed and the window (SECONDS from the first byte) has passed: a
+    benchmark's phase need not wait out the GRACE kept for a straggling sender."""
     stop, sel, t0 = Stop(seconds + GRACE), selectors.DefaultSelector(), None
     lst = _listener(port)
     sel.register(lst, selectors.EVENT_READ)
     bins: list[int] = []
     print("ready", flush=True)
-    while not stop:
+    while not stop and not (t0 is not None and len(sel.get_map()) == 1 and time.monotonic() >= t0 + seconds):
         for key, _ in sel.select(0.1):
             if key.fileobj is lst:
                 conn, _ = lst.accept()
