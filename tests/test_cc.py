@@ -232,7 +232,9 @@ class _ResultDropper:
 def test_a_calls_last_result_lost_is_probed_not_left_to_the_timeout(fast, monkeypatch):
     """Rank 0 loses its call's last result: no later result shows a gap, so under "aimd" the tail probe
     resends that packet a few round trips later (a fast retransmit), long before the timeout's 2 s floor;
-    the sum is exact. Under "none" the same loss waits for the timer."""
+    the sum is exact. Under "none" the same loss waits for the timer. On loopback a round trip is ~100 us:
+    a loaded machine may delay an answer past the probe's own timer (3 round trips) and add spurious
+    resends, so the probe's count is a floor and its time the check."""
     if fast and not kernels.enabled():
         pytest.skip("the C worker loop is off here: the C kernels are not built, or INA_KERNELS=numpy")
     from .conftest import SwitchProcess
@@ -253,8 +255,10 @@ def test_a_calls_last_result_lost_is_probed_not_left_to_the_timeout(fast, monkey
                 relay.stop()
             assert errors == [None, None] and relay.dropped == 1
             assert all(np.array_equal(o, xs[0] + xs[1]) for o in outs)
-            assert stats[0].retransmissions == 1 and stats[0].fast_retransmits == fast_resends, policy
-            if policy == "aimd":  # (under "none" rank 1's second call waits out rank 0's timer and resends too)
-                assert stats[1].retransmissions == 0
+            if policy == "aimd":  # probed: the two calls took a fraction of the timer's floor
+                assert stats[0].fast_retransmits >= 1 and stats[0].seconds < 1.0, (policy, stats[0])
+            else:  # the timer's one resend, after its 2 s floor
+                assert stats[0].retransmissions == 1 and stats[0].fast_retransmits == 0, (policy, stats[0])
+                assert stats[0].seconds >= 2.0, (policy, stats[0])
     finally:
         sw.stop()
