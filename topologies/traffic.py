@@ -57,7 +57,11 @@ def sink(port: int, seconds: float):
     sel.register(lst, selectors.EVENT_READ)
     bins: list[int] = []
     print("ready", flush=True)
-    while not stop and not (t0 is not None and len(sel.get_map()) == 1 and time.monotonic() >= t0 + seconds):
+
+    def senders_done() -> bool:  # a sender came, none is left (only the listener), the window has passed
+        return t0 is not None and len(sel.get_map()) == 1 and time.monotonic() >= t0 + seconds
+
+    while not stop and not senders_done():
         for key, _ in sel.select(0.1):
             if key.fileobj is lst:
                 conn, _ = lst.accept()
